@@ -1,0 +1,60 @@
+//! `emuhost`: replay a game session through the host layer, A/B two settings, and measure.
+//! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
+
+mod bench;
+mod probe;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "emuhost", version, about = "The host layer of console emulators: replay, measure, probe")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print what this machine offers the runtime (kernel, pages, userfaultfd, PAGEMAP_SCAN, CPUs).
+    Probe {
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks: both arms in one run, several rounds, medians and the ratio (use a release build).
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+/// What a command found: all well, or a check that failed (exit 1).
+pub enum Outcome {
+    Ok,
+    CheckFailed,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EMUHOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Probe { json } => probe::run(json),
+        Command::Bench { which } => bench::run(which),
+    };
+    match result {
+        Ok(Outcome::Ok) => ExitCode::SUCCESS,
+        Ok(Outcome::CheckFailed) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("emuhost: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! `emuhost probe`.
+
+use emuhost::probe::{Offer, Probe};
+use serde_json::json;
+
+use crate::Outcome;
+
+fn offer<T: serde::Serialize>(o: &Offer<T>) -> serde_json::Value {
+    match o {
+        Offer::Yes(v) => json!({ "ok": true, "value": v }),
+        Offer::No(why) => json!({ "ok": false, "why": why }),
+    }
+}
+
+fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String {
+    match o {
+        Offer::Yes(v) => show(v),
+        Offer::No(why) => format!("no ({why})"),
+    }
+}
+
+pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
+    let p = Probe::run();
+    if as_json {
+        let v = json!({
+            "kernel": p.kernel,
+            "page_size": p.page_size,
+            "cpus": offer(&p.cpus),
+            "uffd_features": offer(&p.uffd_features),
+            "uffd_wp_async": p.uffd_wp_async(),
+            "uffd_wp_unpopulated": p.uffd_wp_unpopulated(),
+            "pagemap_scan": offer(&p.pagemap_scan),
+            "procmap_query": offer(&p.procmap_query),
+            "thp": p.thp,
+        });
+        println!("{v}");
+    } else {
+        println!("kernel            {}", p.kernel);
+        println!("page size         {} bytes", p.page_size);
+        println!("logical CPUs      {} (in this process's affinity mask)", text(&p.cpus, |n| n.to_string()));
+        println!(
+            "userfaultfd       {}",
+            text(&p.uffd_features, |f| format!(
+                "features {f:#x}; WP_ASYNC {}, WP_UNPOPULATED {}",
+                yes(p.uffd_wp_async()),
+                yes(p.uffd_wp_unpopulated())
+            ))
+        );
+        println!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
+        println!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
+        println!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
+    }
+    Ok(Outcome::Ok)
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}

@@ -1,0 +1,17 @@
+//! emuhost: the host layer a console emulator or static recompiler runs its game on.
+//!
+//! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
+//!
+//! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
+#![deny(unsafe_code)]
+
+pub mod space;
+mod sys;
+
+pub mod probe;
+
+/// System-call counters (per thread). Filled only in a build with the `counters` feature;
+/// [`counters::snapshot`] returns `None` otherwise.
+pub mod counters {
+    pub use crate::sys::counters::{Call, Counts, snapshot};
+}

@@ -1,0 +1,39 @@
+use std::io;
+
+/// What went wrong in the guest address space. Addresses and lengths are guest addresses
+/// (offsets into the window), in hex; an OS failure keeps the OS error as its source.
+#[derive(Debug, thiserror::Error)]
+pub enum SpaceError {
+    #[error("guest range {addr:#x}+{len:#x} is outside the guest window 0x0..{window:#x}")]
+    OutOfWindow { addr: u64, len: u64, window: u64 },
+    #[error("guest range at {addr:#x} has zero length")]
+    ZeroLength { addr: u64 },
+    #[error("guest range {addr:#x}+{len:#x} is not aligned to the {page:#x}-byte page")]
+    Unaligned { addr: u64, len: u64, page: u64 },
+    #[error("guest window size {size:#x} is not a non-zero multiple of the {page:#x}-byte page")]
+    BadWindow { size: u64, page: u64 },
+    #[error("reserving the {size:#x}-byte guest window failed")]
+    Reserve {
+        size: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{op} {addr:#x}+{len:#x} failed")]
+    Os {
+        op: &'static str,
+        addr: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("section {0} does not exist")]
+    NoSection(u64),
+    #[error("section {section}: pages at offset {offset:#x}+{len:#x} run past its end {size:#x}")]
+    PastSection { section: u64, offset: u64, len: u64, size: u64 },
+}
+
+impl SpaceError {
+    pub(crate) fn os(op: &'static str, addr: u64, len: u64, source: io::Error) -> Self {
+        SpaceError::Os { op, addr, len, source }
+    }
+}

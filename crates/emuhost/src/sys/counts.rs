@@ -1,0 +1,53 @@
+//! What the system-call counters count (shared by `counters.rs` and `counters_disabled.rs`).
+
+/// The system calls emuhost counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Call {
+    /// `mmap` (a reservation, a reset to reserved, a shared view, a filled hole).
+    Mmap,
+    /// `mprotect` (a commit or a protection change).
+    Mprotect,
+    /// `madvise` (populate).
+    Madvise,
+    /// A region query (`PROCMAP_QUERY` on `/proc/self/maps`).
+    Query,
+    /// `process_vm_readv` / `process_vm_writev` (checked copies into and out of guest memory).
+    Copy,
+    /// An `ioctl` on a tracker (userfaultfd, `PAGEMAP_SCAN`).
+    Ioctl,
+    /// `munmap`.
+    Munmap,
+}
+
+/// Counts of system calls, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub mmap: u64,
+    pub mprotect: u64,
+    pub madvise: u64,
+    pub query: u64,
+    pub copy: u64,
+    pub ioctl: u64,
+    pub munmap: u64,
+}
+
+impl Counts {
+    /// All calls together.
+    pub fn total(&self) -> u64 {
+        self.mmap + self.mprotect + self.madvise + self.query + self.copy + self.ioctl + self.munmap
+    }
+
+    /// The calls made between `earlier` and `self`.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        Counts {
+            mmap: self.mmap - earlier.mmap,
+            mprotect: self.mprotect - earlier.mprotect,
+            madvise: self.madvise - earlier.madvise,
+            query: self.query - earlier.query,
+            copy: self.copy - earlier.copy,
+            ioctl: self.ioctl - earlier.ioctl,
+            munmap: self.munmap - earlier.munmap,
+        }
+    }
+}

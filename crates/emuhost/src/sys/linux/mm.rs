@@ -1,0 +1,268 @@
+//! One anonymous reservation and what is done to pages inside it.
+//!
+//! The reservation is `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)`: address
+//! space only, no memory and no commit charge. A commit is an `mprotect` to a usable protection
+//! (with `MAP_NORESERVE` the kernel charges nothing when the mapping becomes writable, and pages
+//! are faulted in at first touch). A reset is a `MAP_FIXED` anonymous `PROT_NONE` mapping over the
+//! range: it drops the pages (and any shared view there) in one call and leaves the range reserved.
+//! A shared view is a `MAP_SHARED | MAP_FIXED` mapping of a memfd over the range.
+//!
+//! Every method takes offsets into the reservation and checks them against its length, so no call
+//! here can touch memory the reservation does not own. The reservation never hands out references
+//! into its memory: bytes are copied in and out with `process_vm_writev`/`process_vm_readv`, which
+//! fail with `EFAULT` on a page the protection forbids instead of faulting.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
+
+use crate::sys::counters::{Call, count};
+
+/// Page protection, as the kernel takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RawProt {
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+}
+
+impl RawProt {
+    fn prot_flags(self) -> ProtFlags {
+        let mut f = ProtFlags::empty();
+        if self.read {
+            f |= ProtFlags::READ;
+        }
+        if self.write {
+            f |= ProtFlags::WRITE;
+        }
+        if self.exec {
+            f |= ProtFlags::EXEC;
+        }
+        f
+    }
+
+    fn mprotect_flags(self) -> MprotectFlags {
+        MprotectFlags::from_bits_truncate(self.prot_flags().bits())
+    }
+}
+
+/// The system's page size.
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
+/// An anonymous `PROT_NONE` reservation, unmapped on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    base: usize,
+    len: usize,
+}
+
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+impl Reservation {
+    /// Reserves `len` bytes of address space (no memory, no commit charge).
+    pub fn new(len: usize) -> io::Result<Self> {
+        if len == 0 || len % page_size() != 0 {
+            return Err(einval());
+        }
+        count(Call::Mmap);
+        // SAFETY: a null hint without MAP_FIXED lets the kernel choose free address space; no
+        // existing memory is affected.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }?;
+        Ok(Self { base: p as usize, len })
+    }
+
+    /// The host address of offset 0.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// The reservation's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The host pointer of `off..off + len`, after checking that the range lies inside the
+    /// reservation and is page-aligned.
+    fn span(&self, off: usize, len: usize) -> io::Result<*mut libc::c_void> {
+        let page = page_size();
+        let end = off.checked_add(len).ok_or_else(einval)?;
+        if len == 0 || end > self.len || off % page != 0 || len % page != 0 {
+            return Err(einval());
+        }
+        Ok((self.base + off) as *mut libc::c_void)
+    }
+
+    /// Sets the protection of `off..off + len` in one `mprotect`. Over reserved pages this is the
+    /// commit; over committed pages it keeps their bytes.
+    pub fn protect(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
+        let p = self.span(off, len)?;
+        count(Call::Mprotect);
+        // SAFETY: `span` checked that the range lies inside this reservation, which owns it; no
+        // Rust reference into the reservation exists (bytes are only copied in and out).
+        unsafe { rustix::mm::mprotect(p, len, prot.mprotect_flags()) }.map_err(Into::into)
+    }
+
+    /// Returns `off..off + len` to reserved: fresh anonymous `PROT_NONE` `MAP_NORESERVE` pages
+    /// replace whatever was there (private pages or a shared view) in one `mmap`.
+    pub fn reset(&self, off: usize, len: usize) -> io::Result<()> {
+        let p = self.span(off, len)?;
+        count(Call::Mmap);
+        // SAFETY: MAP_FIXED replaces only `span`-checked pages inside this reservation, which it
+        // owns; no Rust reference into it exists.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                p,
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::NORESERVE,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// Maps fresh anonymous pages with `prot` where nothing is mapped (a hole left by memory
+    /// released behind the reservation's back). `MAP_FIXED_NOREPLACE` refuses to touch any page
+    /// that is still mapped.
+    pub fn fill_hole(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
+        let p = self.span(off, len)?;
+        count(Call::Mmap);
+        // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped, inside the `span`-checked
+        // range this reservation owns; it never replaces a mapping.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                p,
+                len,
+                prot.prot_flags(),
+                MapFlags::PRIVATE | MapFlags::FIXED_NOREPLACE | MapFlags::NORESERVE,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// Maps `len` bytes of `fd` from `file_off` at `off` as one shared view (`MAP_SHARED |
+    /// MAP_FIXED`), replacing what was there.
+    pub fn map_shared(&self, off: usize, len: usize, fd: &OwnedFd, file_off: u64, prot: RawProt) -> io::Result<()> {
+        let p = self.span(off, len)?;
+        count(Call::Mmap);
+        // SAFETY: MAP_FIXED replaces only `span`-checked pages inside this reservation, which it
+        // owns; no Rust reference into it exists.
+        unsafe {
+            rustix::mm::mmap(p, len, prot.prot_flags(), MapFlags::SHARED | MapFlags::FIXED, fd.as_fd(), file_off)
+        }?;
+        Ok(())
+    }
+
+    /// Faults every page of `off..off + len` in, writable, ahead of use
+    /// (`MADV_POPULATE_WRITE`, Linux 5.14+).
+    pub fn populate_write(&self, off: usize, len: usize) -> io::Result<()> {
+        let p = self.span(off, len)?;
+        count(Call::Madvise);
+        // SAFETY: POPULATE_WRITE only faults pages in (as a write of their own bytes would) inside
+        // the `span`-checked range; it changes no byte and no mapping.
+        unsafe { rustix::mm::madvise(p, len, Advice::LinuxPopulateWrite) }.map_err(Into::into)
+    }
+
+    /// Copies `data` into the reservation at `off` (any alignment). Fails with `EFAULT`, never
+    /// faults, where a page is not writable.
+    pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        self.copy(off, data.as_ptr() as *mut u8, data.len(), true)
+    }
+
+    /// Copies bytes out of the reservation at `off` into `buf`. Fails with `EFAULT` where a page
+    /// is not readable.
+    pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.copy(off, buf.as_mut_ptr(), buf.len(), false)
+    }
+
+    /// Writes zeros over `off..off + len` in place: the pages stay mapped (and pinned pages stay
+    /// the pages the GPU sees), unlike a reset.
+    pub fn zero(&self, off: usize, len: usize) -> io::Result<()> {
+        self.span(off, len)?;
+        static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+        let mut done = 0;
+        while done < len {
+            // One call writes up to 1024 iovecs of the same zero buffer.
+            let n = (len - done).min(ZEROS.len() * 1024);
+            let local: Vec<libc::iovec> = (0..n.div_ceil(ZEROS.len()))
+                .map(|i| libc::iovec {
+                    iov_base: ZEROS.as_ptr() as *mut libc::c_void,
+                    iov_len: ZEROS.len().min(n - i * ZEROS.len()),
+                })
+                .collect();
+            let remote = libc::iovec { iov_base: (self.base + off + done) as *mut libc::c_void, iov_len: n };
+            count(Call::Copy);
+            // SAFETY: the local iovecs point into a static buffer of at least their length; the
+            // remote one lies inside the `span`-checked range. The kernel writes through the page
+            // tables (not through a Rust reference) and fails with EFAULT on a page it may not
+            // write.
+            let r = unsafe { libc::process_vm_writev(libc::getpid(), local.as_ptr(), local.len() as _, &remote, 1, 0) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if r == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EFAULT));
+            }
+            done += r as usize;
+        }
+        Ok(())
+    }
+
+    fn copy(&self, off: usize, local: *mut u8, len: usize, write: bool) -> io::Result<()> {
+        let end = off.checked_add(len).ok_or_else(einval)?;
+        if end > self.len {
+            return Err(einval());
+        }
+        let mut done = 0;
+        while done < len {
+            let l = libc::iovec { iov_base: local.wrapping_add(done) as *mut libc::c_void, iov_len: len - done };
+            let r_iov = libc::iovec { iov_base: (self.base + off + done) as *mut libc::c_void, iov_len: len - done };
+            count(Call::Copy);
+            // SAFETY: `local` points to `len` bytes the caller borrowed (mutably for a read); the
+            // remote range was checked to lie inside this reservation. The kernel copies through
+            // the page tables and fails with EFAULT on a page the protection forbids.
+            let r = unsafe {
+                if write {
+                    libc::process_vm_writev(libc::getpid(), &l, 1, &r_iov, 1, 0)
+                } else {
+                    libc::process_vm_readv(libc::getpid(), &l, 1, &r_iov, 1, 0)
+                }
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if r == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EFAULT));
+            }
+            done += r as usize;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        count(Call::Munmap);
+        // SAFETY: the reservation owns `base..base + len` (it mapped it) and is being dropped, so
+        // nothing uses the range afterwards.
+        let _ = unsafe { rustix::mm::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Creates a memfd of `len` bytes for a shared section.
+pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+    rustix::fs::ftruncate(&fd, len)?;
+    Ok(fd)
+}

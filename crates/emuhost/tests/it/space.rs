@@ -1,0 +1,340 @@
+use std::io::{Read, Seek, SeekFrom};
+
+use emuhost::counters;
+use emuhost::space::{CommitPath, GuestAddr, GuestRange, Prot, Space, SpaceConfig, SpaceError, page_size};
+
+const MIB: u64 = 1 << 20;
+
+fn page() -> u64 {
+    page_size()
+}
+
+fn space() -> Space {
+    Space::with_window(1 << 30).unwrap()
+}
+
+fn pages(space: &Space, first: u64, n: u64) -> GuestRange {
+    space.range(first * page(), n * page()).unwrap()
+}
+
+fn calls() -> counters::Counts {
+    counters::snapshot().expect("tests build with the counters feature")
+}
+
+/// The `/proc/self/pagemap` entry of a guest page: (present, page frame number).
+fn pagemap(space: &Space, addr: GuestAddr) -> (bool, u64) {
+    let host = space.host_addr(addr).unwrap() as u64;
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start(host / page() * 8)).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b).unwrap();
+    let e = u64::from_le_bytes(b);
+    (e >> 63 == 1, e & ((1 << 55) - 1))
+}
+
+fn fill(space: &Space, range: GuestRange, byte: impl Fn(u64) -> u8) {
+    for p in 0..range.pages() {
+        let a = range.start().0 + p * page();
+        space.write(GuestAddr(a), &vec![byte(a / page()); page() as usize]).unwrap();
+    }
+}
+
+fn first_byte(space: &Space, addr: u64) -> Result<u8, SpaceError> {
+    let mut b = [0u8; 1];
+    space.read(GuestAddr(addr), &mut b).map(|_| b[0])
+}
+
+/// Unmaps pages behind the space's back, as foreign code would.
+fn unmap_behind(space: &Space, range: GuestRange) {
+    let host = space.host_addr(range.start()).unwrap();
+    // SAFETY: the pages lie inside the space's reservation, which the test owns; no reference into
+    // them is live, and the hole is refilled or reported by the space, never read through.
+    let r = unsafe { libc::munmap(host as *mut libc::c_void, range.len() as usize) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn the_default_window_is_512_gib_and_reserved() {
+    let s = SpaceConfig::default().build().unwrap();
+    assert_eq!(s.window(), 512 << 30);
+    let regions = s.kernel_regions(s.range(0, s.window()).unwrap()).unwrap();
+    assert_eq!(regions.len(), 1, "one reservation: {regions:?}");
+    assert!(!regions[0].read && !regions[0].write && !regions[0].shared);
+}
+
+#[test]
+fn commit_is_one_system_call() {
+    let s = space();
+    let r = s.range(16 * MIB, 16 * MIB).unwrap();
+    let before = calls();
+    assert_eq!(s.commit(r, Prot::READ_WRITE).unwrap(), CommitPath::OneCall);
+    let used = calls().since(&before);
+    assert_eq!((used.mprotect, used.query, used.total()), (1, 0, 1), "{used:?}");
+    s.write(GuestAddr(16 * MIB + 5), b"guest").unwrap();
+    let mut b = [0u8; 5];
+    s.read(GuestAddr(16 * MIB + 5), &mut b).unwrap();
+    assert_eq!(&b, b"guest");
+}
+
+#[test]
+fn commit_walks_regions_where_the_one_call_fails() {
+    let s = space();
+    let r = pages(&s, 0, 64);
+    s.commit(pages(&s, 8, 4), Prot::READ).unwrap();
+    // A hole in the window: the one mprotect fails with ENOMEM over it.
+    unmap_behind(&s, pages(&s, 20, 2));
+    let before = calls();
+    let path = s.commit(r, Prot::READ_WRITE).unwrap();
+    let used = calls().since(&before);
+    // The failed mprotect is not all-or-nothing (unlike VirtualAlloc): it changed the regions
+    // below the hole before it failed, so 0..20 is one region when the walk asks. Left: 0..20,
+    // the hole 20..22, and 22..64.
+    assert_eq!(path, CommitPath::RegionWalk { regions: 2, holes: 1 });
+    assert_eq!(used.mprotect, 1 + 2, "the failed one call, then one per region: {used:?}");
+    assert_eq!((used.query, used.mmap), (3, 1), "{used:?}");
+    fill(&s, r, |p| p as u8 + 1);
+    for p in 0..64 {
+        assert_eq!(first_byte(&s, p * page()).unwrap(), p as u8 + 1);
+    }
+    let regions = s.kernel_regions(r).unwrap();
+    assert!(regions.iter().all(|g| g.read && g.write && !g.shared), "{regions:?}");
+}
+
+#[test]
+fn the_old_way_is_kept_to_measure_against() {
+    let s = SpaceConfig::default().window(1 << 30).one_call_commit(false).build().unwrap();
+    s.commit(pages(&s, 4, 4), Prot::READ).unwrap();
+    let path = s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
+    assert_eq!(path, CommitPath::RegionWalk { regions: 3, holes: 0 });
+}
+
+#[test]
+fn committing_again_keeps_the_bytes_and_sets_the_protection() {
+    let s = space();
+    let r = pages(&s, 0, 4);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    fill(&s, r, |p| p as u8 + 7);
+    s.commit(r, Prot::READ).unwrap();
+    assert_eq!(first_byte(&s, 3 * page()).unwrap(), 10);
+    let err = s.write(GuestAddr(0), b"x").unwrap_err();
+    assert!(err.to_string().contains("write 0x0+0x1"), "{err}");
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    assert_eq!(first_byte(&s, 0).unwrap(), 7);
+}
+
+#[test]
+fn populate_faults_pages_in_ahead() {
+    let s = space();
+    let r = pages(&s, 256, 32);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    assert!((0..32).all(|p| !pagemap(&s, GuestAddr((256 + p) * page())).0), "fresh pages are not present");
+    let before = calls();
+    s.populate(r).unwrap();
+    assert_eq!(calls().since(&before).madvise, 1);
+    assert!((0..32).all(|p| pagemap(&s, GuestAddr((256 + p) * page())).0), "populated pages are present");
+    // Populating reserved pages is an error naming the range, not a crash.
+    let err = s.populate(pages(&s, 1024, 2)).unwrap_err();
+    assert!(err.to_string().starts_with("populate 0x400000+0x2000"), "{err}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+#[test]
+fn zero_keeps_the_pages_mapped() {
+    let s = space();
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    fill(&s, r, |_| 0xaa);
+    let before: Vec<(bool, u64)> = (0..8).map(|p| pagemap(&s, GuestAddr(p * page()))).collect();
+    assert!(before.iter().all(|(present, pfn)| *present && *pfn != 0), "running as root shows frames");
+    s.zero(r).unwrap();
+    let after: Vec<(bool, u64)> = (0..8).map(|p| pagemap(&s, GuestAddr(p * page()))).collect();
+    assert_eq!(before, after, "the same physical pages, still mapped");
+    let mut buf = vec![1u8; (8 * page()) as usize];
+    s.read(GuestAddr(0), &mut buf).unwrap();
+    assert!(buf.iter().all(|b| *b == 0));
+    // A decommit, by contrast, drops the pages.
+    s.decommit(r).unwrap();
+    assert!(!pagemap(&s, GuestAddr(0)).0);
+    assert!(first_byte(&s, 0).is_err());
+}
+
+#[test]
+fn zero_of_a_large_range_zeroes_all_of_it() {
+    let s = space();
+    let r = s.range(0, 80 * MIB).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    for at in [0, 64 * MIB - 1, 64 * MIB, 80 * MIB - 1] {
+        s.write(GuestAddr(at), &[9]).unwrap();
+    }
+    s.zero(r).unwrap();
+    for at in [0, 64 * MIB - 1, 64 * MIB, 80 * MIB - 1] {
+        assert_eq!(first_byte(&s, at).unwrap(), 0, "at {at:#x}");
+    }
+}
+
+fn extents(s: &Space) -> Vec<(u64, u64)> {
+    s.allocations().iter().map(|a| (a.range.start().0 / page(), a.range.end().0 / page())).collect()
+}
+
+#[test]
+fn the_extent_map_follows_commits_and_releases() {
+    let s = space();
+    s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
+    s.commit(pages(&s, 32, 16), Prot::READ_WRITE).unwrap();
+    assert_eq!(extents(&s), vec![(0, 16), (32, 48)]);
+    // A commit over committed pages adds only what was not committed.
+    s.commit(pages(&s, 8, 32), Prot::READ_WRITE).unwrap();
+    assert_eq!(extents(&s), vec![(0, 16), (16, 32), (32, 48)]);
+    let first = s.allocations()[0];
+    // A release in the middle splits an allocation; the pieces have new generations.
+    s.decommit(pages(&s, 4, 2)).unwrap();
+    assert_eq!(extents(&s), vec![(0, 4), (6, 16), (16, 32), (32, 48)]);
+    let now = s.allocations();
+    assert!(now[0].generation != first.generation && now[1].generation != first.generation);
+    assert!(now[0].generation != now[1].generation);
+    // A release across two allocations trims both.
+    s.decommit(pages(&s, 30, 4)).unwrap();
+    assert_eq!(extents(&s), vec![(0, 4), (6, 16), (16, 30), (34, 48)]);
+    assert_eq!(s.allocations_in(pages(&s, 10, 10)).len(), 2);
+    s.decommit(pages(&s, 0, 48)).unwrap();
+    assert_eq!(extents(&s), vec![]);
+}
+
+fn shared_regions(s: &Space, r: GuestRange) -> Vec<(u64, u64)> {
+    s.kernel_regions(r)
+        .unwrap()
+        .iter()
+        .filter(|g| g.shared)
+        .map(|g| (g.start as u64 / page(), g.end as u64 / page()))
+        .collect()
+}
+
+#[test]
+fn a_run_of_section_pages_is_one_view() {
+    let s = space();
+    let sec = s.create_section(64 * page()).unwrap();
+    let before = calls();
+    let n = s.map_pages(GuestAddr(128 * page()), sec, &(0..64).collect::<Vec<_>>(), Prot::READ_WRITE).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(calls().since(&before).mmap, 1, "one mmap for the run");
+    assert_eq!(shared_regions(&s, pages(&s, 0, 512)), vec![(128, 192)]);
+    assert_eq!(s.views().len(), 1);
+    // Pages out of order make one view per run.
+    let n = s.map_pages(GuestAddr(256 * page()), sec, &[0, 1, 2, 10, 11, 5], Prot::READ_WRITE).unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(s.views().len(), 4);
+}
+
+#[test]
+fn a_release_inside_a_run_splits_it_and_keeps_every_other_page() {
+    let s = space();
+    let sec = s.create_section(64 * page()).unwrap();
+    let run = pages(&s, 128, 64);
+    s.map_pages(run.start(), sec, &(0..64).collect::<Vec<_>>(), Prot::READ_WRITE).unwrap();
+    fill(&s, run, |p| p as u8);
+    s.decommit(pages(&s, 160, 1)).unwrap();
+    assert_eq!(shared_regions(&s, run), vec![(128, 160), (161, 192)], "two mappings left");
+    let views = s.views();
+    assert_eq!(views.len(), 2);
+    assert_eq!(views[1].offset, 33 * page(), "the right piece still shows section page 33");
+    for p in (128..192).filter(|p| *p != 160) {
+        assert_eq!(first_byte(&s, p * page()).unwrap(), p as u8, "page {p}");
+    }
+    assert!(first_byte(&s, 160 * page()).is_err(), "the released page is reserved again");
+}
+
+#[test]
+fn a_split_keeps_the_protection_of_every_other_page() {
+    let s = space();
+    let sec = s.create_section(64 * page()).unwrap();
+    let run = pages(&s, 0, 64);
+    s.map_pages(run.start(), sec, &(0..64).collect::<Vec<_>>(), Prot::READ_WRITE).unwrap();
+    fill(&s, run, |p| p as u8 + 1);
+    s.protect(pages(&s, 10, 2), Prot::READ).unwrap();
+    s.protect(pages(&s, 40, 1), Prot::NONE).unwrap();
+    // Remap page 20 to another section page, and release page 30.
+    s.map_section(pages(&s, 20, 1), sec, 63 * page(), Prot::READ_WRITE).unwrap();
+    s.decommit(pages(&s, 30, 1)).unwrap();
+    assert_eq!(s.views().len(), 4, "{:?}", s.views());
+    for p in 0..64u64 {
+        let r = first_byte(&s, p * page());
+        match p {
+            20 => assert_eq!(r.unwrap(), 64, "page 20 shows section page 63"),
+            30 | 40 => assert!(r.is_err(), "page {p} is not readable"),
+            _ => assert_eq!(r.unwrap(), p as u8 + 1, "page {p}"),
+        }
+        let w = s.write(GuestAddr(p * page() + 1), &[0]);
+        assert_eq!(w.is_ok(), !matches!(p, 10 | 11 | 30 | 40), "page {p} writable");
+    }
+}
+
+#[test]
+fn aliases_see_each_others_writes() {
+    let s = space();
+    let sec = s.create_section(16 * page()).unwrap();
+    assert_eq!(s.map_pages(GuestAddr(0), sec, &[5, 5, 5], Prot::READ_WRITE).unwrap(), 3);
+    s.map_section(pages(&s, 100, 1), sec, 5 * page(), Prot::READ_WRITE).unwrap();
+    s.write(GuestAddr(page() + 17), b"alias").unwrap();
+    for at in [0, 2 * page(), 100 * page()] {
+        let mut b = [0u8; 5];
+        s.read(GuestAddr(at + 17), &mut b).unwrap();
+        assert_eq!(&b, b"alias", "at {at:#x}");
+    }
+}
+
+#[test]
+fn mapping_a_view_over_private_pages_takes_them_out_of_the_extent_map() {
+    let s = space();
+    s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
+    let sec = s.create_section(4 * page()).unwrap();
+    s.map_section(pages(&s, 4, 4), sec, 0, Prot::READ_WRITE).unwrap();
+    assert_eq!(extents(&s), vec![(0, 4), (8, 16)]);
+    // A commit over the view re-protects it but does not record it as private.
+    s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
+    assert_eq!(extents(&s), vec![(0, 4), (8, 16)]);
+    assert_eq!(shared_regions(&s, pages(&s, 0, 16)), vec![(4, 8)]);
+}
+
+#[test]
+fn bad_ranges_are_errors_not_crashes() {
+    let s = space();
+    let w = s.window();
+    let e = s.range(w - page(), 2 * page()).unwrap_err();
+    assert!(matches!(e, SpaceError::OutOfWindow { .. }));
+    assert_eq!(
+        e.to_string(),
+        format!("guest range {:#x}+0x2000 is outside the guest window 0x0..0x40000000", w - page())
+    );
+    assert!(matches!(s.range(w, page()), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.range(page(), 0), Err(SpaceError::ZeroLength { .. })));
+    assert!(matches!(s.range(page() + 1, page()), Err(SpaceError::Unaligned { .. })));
+    assert!(matches!(s.range(0, page() - 1), Err(SpaceError::Unaligned { .. })));
+    // A range built without the window is checked by every operation.
+    let outside = GuestRange::new(GuestAddr(w), page()).unwrap();
+    assert!(matches!(s.commit(outside, Prot::READ_WRITE), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.decommit(outside), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.zero(outside), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.protect(outside, Prot::READ), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.populate(outside), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.host_addr(GuestAddr(w)), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.write(GuestAddr(w - 1), b"ab"), Err(SpaceError::OutOfWindow { .. })));
+    assert!(matches!(s.read(GuestAddr(u64::MAX), &mut [0]), Err(SpaceError::OutOfWindow { .. })));
+    // Reading reserved memory is an error with the OS error kept as its source.
+    let e = s.read(GuestAddr(0), &mut [0]).unwrap_err();
+    let src = std::error::Error::source(&e).unwrap().to_string();
+    assert!(src.contains("Bad address"), "{src}");
+}
+
+#[test]
+fn bad_sections_and_windows_are_errors() {
+    let s = space();
+    let sec = s.create_section(4 * page()).unwrap();
+    let e = s.map_section(pages(&s, 0, 4), sec, page(), Prot::READ_WRITE).unwrap_err();
+    assert!(matches!(e, SpaceError::PastSection { .. }), "{e}");
+    assert!(matches!(s.map_section(pages(&s, 0, 1), sec, 1, Prot::READ), Err(SpaceError::Unaligned { .. })));
+    s.destroy_section(sec).unwrap();
+    assert!(matches!(s.map_section(pages(&s, 0, 1), sec, 0, Prot::READ), Err(SpaceError::NoSection(_))));
+    assert!(matches!(s.create_section(0), Err(SpaceError::ZeroLength { .. })));
+    assert!(matches!(Space::with_window(page() + 1), Err(SpaceError::BadWindow { .. })));
+    assert!(matches!(Space::with_window(0), Err(SpaceError::BadWindow { .. })));
+}

@@ -17,12 +17,12 @@
 //! page tables and fail (`EFAULT`) instead of faulting on a page the protection forbids.
 
 mod error;
-mod ranges;
+pub(crate) mod ranges;
 mod types;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use error::SpaceError;
 pub use types::{GuestAddr, GuestRange, Prot, page_size};
@@ -107,19 +107,68 @@ struct Section {
     size: u64,
 }
 
-#[derive(Debug, Default)]
+/// A change to the space's mappings, as told to observers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `range` was committed with `prot`. With `CommitPath::RegionWalk` some of its mappings may be
+    /// new (holes refilled).
+    Committed { range: GuestRange, prot: Prot, path: CommitPath },
+    /// `range` was given `prot`.
+    Protected { range: GuestRange, prot: Prot },
+    /// `range` was released: new reserved mappings replace it.
+    Released { range: GuestRange },
+    /// A shared view was mapped over `range` with `prot` (a new mapping).
+    Mapped { range: GuestRange, prot: Prot },
+}
+
+/// Told of every change of the space's mappings, after the system call and with the space's lock
+/// held, so changes arrive in order and a layout read under the lock sees them all. `watch` uses
+/// it to keep armed tracking across commits, protections and view splits. An observer must not
+/// call back into the space.
+pub trait Observer: Send + Sync {
+    fn changed(&self, space: &Space, change: Change);
+}
+
+/// The private allocations and shared views over a range, read under the space's lock.
+#[derive(Debug)]
+pub struct Layout {
+    pub allocations: Vec<Allocation>,
+    pub views: Vec<View>,
+}
+
+#[derive(Default)]
 struct State {
     extents: RangeMap<u64>,
     views: RangeMap<ViewEntry>,
     sections: HashMap<SectionId, Section>,
     next_section: u64,
     generation: u64,
+    observers: Vec<Weak<dyn Observer>>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("allocations", &self.extents.iter().count())
+            .field("views", &self.views.iter().count())
+            .finish()
+    }
 }
 
 impl State {
     fn next_generation(&mut self) -> u64 {
         self.generation += 1;
         self.generation
+    }
+
+    fn tell(&mut self, space: &Space, change: Change) {
+        self.observers.retain(|o| match o.upgrade() {
+            Some(o) => {
+                o.changed(space, change);
+                true
+            }
+            None => false,
+        });
     }
 
     /// Forgets private extents and shared views over `a..b`, splitting those that run across it.
@@ -212,13 +261,22 @@ impl Space {
                 .map_err(|source| SpaceError::os("commit", range.start().0, range.len(), source))?
         };
         let gen_ = st.next_generation();
+        let (a, b) = (range.start().0, range.end().0);
+        // Allocations the commit runs over keep their extent but change generation: their commit
+        // state changed (a failed read of one is tried again).
+        let touched: Vec<(u64, u64)> = st.extents.overlapping(a, b).map(|(s, e, _)| (s, e)).collect();
+        for (s, e) in touched {
+            st.extents.remove(s, e, |_, _, g| *g);
+            st.extents.insert(s, e, gen_);
+        }
         let mut private = Vec::new();
-        for (a, b) in st.views.gaps(range.start().0, range.end().0) {
-            private.extend(st.extents.gaps(a, b));
+        for (x, y) in st.views.gaps(a, b) {
+            private.extend(st.extents.gaps(x, y));
         }
-        for (a, b) in private {
-            st.extents.insert(a, b, gen_);
+        for (x, y) in private {
+            st.extents.insert(x, y, gen_);
         }
+        st.tell(self, Change::Committed { range, prot, path });
         Ok(path)
     }
 
@@ -256,6 +314,7 @@ impl Space {
         let mut st = self.state();
         self.res.reset(off, len).map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
+        st.tell(self, Change::Released { range });
         Ok(())
     }
 
@@ -269,8 +328,12 @@ impl Space {
     /// Sets the protection of committed pages in `range` (one `mprotect`).
     pub fn protect(&self, range: GuestRange, prot: Prot) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
-        let _st = self.state();
-        self.res.protect(off, len, prot.raw()).map_err(|e| SpaceError::os("protect", range.start().0, range.len(), e))
+        let mut st = self.state();
+        self.res
+            .protect(off, len, prot.raw())
+            .map_err(|e| SpaceError::os("protect", range.start().0, range.len(), e))?;
+        st.tell(self, Change::Protected { range, prot });
+        Ok(())
     }
 
     /// Faults the pages of `range` in, writable, ahead of use (`MADV_POPULATE_WRITE`), so that a
@@ -287,6 +350,15 @@ impl Space {
         let len = data.len() as u64;
         self.check_bytes(addr, len)?;
         self.res.write(addr.0 as usize, data).map_err(|e| SpaceError::os("write", addr.0, len, e))
+    }
+
+    /// Stores `data` at `addr` with the CPU, as guest code would. A page the protection forbids
+    /// faults (`SIGSEGV`): a write tracker handles the faults of its armed pages; any other is
+    /// fatal, as it would be for the guest. Use [`Space::write`] for a write that must not fault.
+    pub fn store(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
+        let len = data.len() as u64;
+        self.check_bytes(addr, len)?;
+        self.res.store(addr.0 as usize, data).map_err(|e| SpaceError::os("store", addr.0, len, e))
     }
 
     /// Copies guest memory at `addr` into `buf`. An error, never a fault, where a page is not
@@ -357,6 +429,7 @@ impl Space {
             .map_err(|e| SpaceError::os("map section", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
         st.views.insert(range.start().0, range.end().0, ViewEntry { section, offset });
+        st.tell(self, Change::Mapped { range, prot });
         Ok(())
     }
 
@@ -395,6 +468,23 @@ impl Space {
             i = j;
         }
         Ok(views)
+    }
+
+    /// Adds an observer of the space's changes (held weakly: it goes when it is dropped).
+    pub fn observe(&self, observer: Weak<dyn Observer>) {
+        self.state().observers.push(observer);
+    }
+
+    /// Runs `f` on the allocations and views over `range` with the space's lock held, so no
+    /// commit, release or remap happens until it returns. `f` must not call back into the space.
+    pub fn with_layout<R>(&self, range: GuestRange, f: impl FnOnce(&Layout) -> R) -> R {
+        let st = self.state();
+        let (a, b) = (range.start().0, range.end().0);
+        let layout = Layout {
+            allocations: st.extents.overlapping(a, b).map(|(s, e, g)| allocation(s, e, *g)).collect(),
+            views: st.views.overlapping(a, b).map(|(s, e, v)| view(s, e, v)).collect(),
+        };
+        f(&layout)
     }
 
     /// The shared views, in address order.

@@ -180,6 +180,23 @@ impl Reservation {
         self.copy(off, data.as_ptr() as *mut u8, data.len(), true)
     }
 
+    /// Stores `data` at `off` with the CPU, as guest code would: a page the protection forbids
+    /// raises `SIGSEGV` (which a write tracker handles, or the process dies of), unlike
+    /// [`Reservation::write`].
+    pub fn store(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        let end = off.checked_add(data.len()).ok_or_else(einval)?;
+        if end > self.len {
+            return Err(einval());
+        }
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: the byte lies inside this reservation (checked above), which no Rust reference
+            // points into; a volatile store through the raw address is what guest code does. A
+            // forbidden page faults before any memory changes.
+            unsafe { std::ptr::write_volatile((self.base + off + i) as *mut u8, *b) };
+        }
+        Ok(())
+    }
+
     /// Copies bytes out of the reservation at `off` into `buf`. Fails with `EFAULT` where a page
     /// is not readable.
     pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {

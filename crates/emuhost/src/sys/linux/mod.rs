@@ -1,7 +1,11 @@
 //! Linux: `mmap`/`mprotect`/`madvise` over one reservation, memfd sections, `PROCMAP_QUERY`
-//! region queries, and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
+//! region queries, write tracking (userfaultfd + `PAGEMAP_SCAN`, `mprotect` + `SIGSEGV`,
+//! soft-dirty), and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
 
 pub mod mm;
 pub mod probe;
 pub mod query;
+pub mod segv;
+pub mod softdirty;
 pub mod uapi;
+pub mod uffd;

@@ -1,0 +1,294 @@
+//! Write tracking by `mprotect` and a `SIGSEGV` handler, the portable way.
+//!
+//! Armed pages are made read-only. The first write faults; the handler finds the page in a
+//! registered tracker's page-state table, gives the page its guest protection back and marks it
+//! written, and the write is retried by the CPU. Faults that are not ours (an address no tracker
+//! armed, a page the guest itself made unwritable) go to the handler installed before ours.
+//!
+//! The handler is async-signal-safe: it takes no lock and allocates nothing. It reads a fixed table
+//! of atomic pointers to page-state tables (one byte per page, in an anonymous `MAP_NORESERVE`
+//! mapping, so untouched parts cost nothing) and calls `mprotect`, which is a plain system call.
+//! A table is freed only after it left the registry and no handler is running (`ACTIVE`).
+//!
+//! Order matters. The handler marks the page written and raises its busy count in one atomic step,
+//! unprotects it, then lowers the count. A collect takes a page's mark only when no handler is
+//! busy with it (else it reports the page and leaves the mark for the next collect), and protects
+//! it after. So a page is writable only while it is marked (or while the collect that took its mark
+//! is still running, which reports it), and a handler that stalls after marking cannot leave a
+//! writable page unmarked behind a collect.
+
+use std::io;
+use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Mutex, OnceLock};
+
+use super::mm::RawProt;
+use crate::sys::counters::{Call, count};
+
+/// Page state bits (a `u16` per page).
+pub const ARMED: u16 = 1;
+pub const DIRTY: u16 = 2;
+pub const READ: u16 = 4;
+pub const WRITE: u16 = 8;
+pub const EXEC: u16 = 16;
+pub const PROT_MASK: u16 = READ | WRITE | EXEC;
+/// One handler (or host-write preparation) busy unprotecting the page; the high byte counts them.
+const BUSY_ONE: u16 = 1 << 8;
+pub const BUSY_MASK: u16 = 0xff00;
+
+/// The state bits of a protection.
+pub fn prot_bits(p: RawProt) -> u16 {
+    (if p.read { READ } else { 0 }) | (if p.write { WRITE } else { 0 }) | (if p.exec { EXEC } else { 0 })
+}
+
+fn flags(bits: u16) -> libc::c_int {
+    (if bits & READ != 0 { libc::PROT_READ } else { 0 })
+        | (if bits & WRITE != 0 { libc::PROT_WRITE } else { 0 })
+        | (if bits & EXEC != 0 { libc::PROT_EXEC } else { 0 })
+}
+
+/// One tracker's page-state table: a `u16` per page of `base..base + pages * page`.
+#[derive(Debug)]
+pub struct Table {
+    base: usize,
+    pages: usize,
+    shift: u32,
+    states: *mut AtomicU16,
+}
+
+// SAFETY: the table's bytes are atomics, and its pointer stays valid until the `Registration` that
+// owns it is dropped (after it left the registry and no handler reads it).
+unsafe impl Send for Table {}
+// SAFETY: as above: shared access is through atomics only.
+unsafe impl Sync for Table {}
+
+impl Table {
+    /// The state byte of host address `addr`, if the table covers it.
+    #[inline]
+    fn slot(&self, addr: usize) -> Option<&AtomicU16> {
+        let i = addr.checked_sub(self.base)? >> self.shift;
+        // SAFETY: `i < pages` and `states` points at `pages` `u16`s mapped read-write for as long as
+        // the table lives.
+        (i < self.pages).then(|| unsafe { &*self.states.add(i) })
+    }
+}
+
+const SLOTS: usize = 64;
+static REGISTRY: [AtomicPtr<Table>; SLOTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
+static REGISTER: Mutex<()> = Mutex::new(());
+
+/// A tracker's table, in the registry until dropped.
+#[derive(Debug)]
+pub struct Registration {
+    slot: usize,
+    table: Box<Table>,
+}
+
+impl Registration {
+    /// Makes a table for `pages` pages from host address `base`, and installs the handler (once
+    /// per process).
+    pub fn new(base: usize, pages: usize) -> io::Result<Self> {
+        install()?;
+        let page = super::mm::page_size();
+        count(Call::Mmap);
+        // SAFETY: a fresh anonymous mapping chosen by the kernel (null hint, no MAP_FIXED) touches
+        // no existing memory.
+        let states = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                pages.max(1) * 2,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+            )
+        }? as *mut AtomicU16;
+        let mut table = Box::new(Table { base, pages, shift: page.trailing_zeros(), states });
+        let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
+        let ptr: *mut Table = &mut *table;
+        let slot = REGISTRY.iter().position(|s| s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst).is_ok());
+        match slot {
+            Some(slot) => Ok(Self { slot, table }),
+            None => {
+                free(&table);
+                Err(io::Error::other(format!("more than {SLOTS} mprotect trackers at once")))
+            }
+        }
+    }
+
+    /// The state of the page at host address `addr`.
+    pub fn state(&self, addr: usize) -> Option<&AtomicU16> {
+        self.table.slot(addr)
+    }
+
+    /// Makes the armed page at host address `page` writable for a write about to happen (the
+    /// handler's work; also before a host write through the kernel). Returns false where the page
+    /// is not armed or the guest may not write it.
+    pub fn unprotect_for_write(&self, page: usize) -> bool {
+        match self.table.slot(page) {
+            Some(state) => unprotect(state, page, 1 << self.table.shift),
+            None => false,
+        }
+    }
+
+    /// Protects `addr..addr + len` as the state bits `bits` say (their protection part).
+    pub fn protect(&self, addr: usize, len: usize, bits: u16) -> io::Result<()> {
+        if addr < self.table.base || (addr + len - self.table.base) >> self.table.shift > self.table.pages {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        mprotect(addr, len, bits)
+    }
+}
+
+fn mprotect(addr: usize, len: usize, bits: u16) -> io::Result<()> {
+    count(Call::Mprotect);
+    // SAFETY: callers pass pages of a range a tracker armed inside its space's reservation; changing
+    // their protection affects no Rust reference (guest memory is never lent out as one).
+    let r = unsafe { libc::mprotect(addr as *mut libc::c_void, len, flags(bits)) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn free(table: &Table) {
+    count(Call::Munmap);
+    // SAFETY: the table's mapping is no longer reachable from the registry and no handler is
+    // running (or it was never registered), so nothing reads it after this.
+    let _ = unsafe { rustix::mm::munmap(table.states as *mut libc::c_void, table.pages.max(1) * 2) };
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        REGISTRY[self.slot].store(std::ptr::null_mut(), SeqCst);
+        // A handler that loaded the pointer before the store above has ACTIVE raised until it is done.
+        while ACTIVE.load(SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        free(&self.table);
+    }
+}
+
+fn install() -> io::Result<()> {
+    INSTALL
+        .get_or_init(|| {
+            // SAFETY: a zeroed `sigaction` is a valid value to fill in; `on_segv` has the
+            // SA_SIGINFO signature; the previous action is stored (leaked, so it lives forever)
+            // before it can be read by the handler, since sigaction installs ours atomically after.
+            unsafe {
+                let prev: *mut libc::sigaction = Box::into_raw(Box::new(std::mem::zeroed()));
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_segv as *const () as usize;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+                libc::sigemptyset(&mut act.sa_mask);
+                libc::sigaction(libc::SIGSEGV, std::ptr::null(), prev);
+                PREVIOUS.store(prev, SeqCst);
+                if libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+}
+
+/// Marks the page written and busy in one step, unprotects it, and lowers the busy count.
+fn unprotect(state: &AtomicU16, page: usize, len: usize) -> bool {
+    let mut s = state.load(SeqCst);
+    loop {
+        if s & ARMED == 0 || s & WRITE == 0 {
+            return false;
+        }
+        match state.compare_exchange_weak(s, (s | DIRTY).wrapping_add(BUSY_ONE), SeqCst, SeqCst) {
+            Ok(_) => break,
+            Err(now) => s = now,
+        }
+    }
+    let ok = mprotect(page, len, s & PROT_MASK).is_ok();
+    state.fetch_sub(BUSY_ONE, SeqCst);
+    ok
+}
+
+/// A collect's step for one page: whether it was written, and whether the collect took the mark
+/// (and so must protect the page again). A page a handler is busy with is reported and keeps its
+/// mark for the next collect.
+pub fn take_written(state: &AtomicU16) -> (bool, bool) {
+    let mut s = state.load(SeqCst);
+    loop {
+        if s & ARMED == 0 || s & DIRTY == 0 {
+            return (false, false);
+        }
+        if s >= BUSY_ONE {
+            return (true, false);
+        }
+        match state.compare_exchange_weak(s, s & !DIRTY, SeqCst, SeqCst) {
+            Ok(_) => return (true, true),
+            Err(now) => s = now,
+        }
+    }
+}
+
+/// Handles a write to an armed page; returns false for a fault that is not ours.
+fn handle(addr: usize) -> bool {
+    for slot in &REGISTRY {
+        let t = slot.load(SeqCst);
+        if t.is_null() {
+            continue;
+        }
+        // SAFETY: a table in the registry stays alive while ACTIVE is raised (see Drop).
+        let table = unsafe { &*t };
+        let Some(state) = table.slot(addr) else { continue };
+        let page = addr & !((1usize << table.shift) - 1);
+        return unprotect(state, page, 1 << table.shift);
+    }
+    false
+}
+
+extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    ACTIVE.fetch_add(1, SeqCst);
+    // SAFETY: the kernel passes a valid siginfo for SIGSEGV; si_addr is the faulting address.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let ours = handle(addr);
+    ACTIVE.fetch_sub(1, SeqCst);
+    if ours {
+        return;
+    }
+    let prev = PREVIOUS.load(SeqCst);
+    // SAFETY: `prev` was filled by sigaction before our handler was installed and is never freed.
+    // Calling the previous handler with the arguments we got is what chaining means; for SIG_DFL
+    // we restore the default action and return, so the fault repeats and the process dies as it
+    // would have without us.
+    unsafe {
+        let p = &*prev;
+        if p.sa_flags & libc::SA_SIGINFO != 0 && p.sa_sigaction > 1 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(p.sa_sigaction);
+            f(sig, info, ctx);
+        } else if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+            f(sig);
+        }
+    }
+}
+
+/// Reads one byte at host address `addr` through the kernel: an error (`EFAULT`), never a fault,
+/// where the page is not readable or not mapped.
+pub fn probe_read(addr: usize) -> io::Result<()> {
+    let mut b = 0u8;
+    let local = libc::iovec { iov_base: &mut b as *mut u8 as *mut libc::c_void, iov_len: 1 };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
+    count(Call::Copy);
+    // SAFETY: the local iovec points at one writable byte on our stack; the kernel reads the remote
+    // byte through the page tables and fails with EFAULT instead of faulting.
+    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if r == 1 {
+        Ok(())
+    } else if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EFAULT))
+    }
+}

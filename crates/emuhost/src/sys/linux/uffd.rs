@@ -1,0 +1,149 @@
+//! userfaultfd write-protect in asynchronous mode, read back with `PAGEMAP_SCAN`.
+//!
+//! Registered with `UFFDIO_REGISTER_MODE_WP` and armed with `UFFDIO_WRITEPROTECT`, a page's first
+//! write after arming clears its write-protect bit in the kernel, without a signal and without
+//! waking anyone (`UFFD_FEATURE_WP_ASYNC`); `UFFD_FEATURE_WP_UNPOPULATED` arms pages that were
+//! never touched too. `PAGEMAP_SCAN` with `PM_SCAN_WP_MATCHING` then returns the written pages
+//! and write-protects them again in the same call; `PM_SCAN_CHECK_WPASYNC` makes it fail
+//! (`EPERM`) over memory not registered this way, which is how memory mapped anew behind the
+//! tracker's back shows up. When the output vector fills, the kernel stops at `walk_end`, and the
+//! scan resumes from there: a short scan must never drop pages.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::uapi::*;
+use crate::sys::counters::{Call, count};
+
+/// `struct uffdio_range`.
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+/// `struct uffdio_register`.
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `struct uffdio_writeprotect`.
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+const UFFDIO_REGISTER: libc::c_ulong = iowr(0xAA, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_WRITEPROTECT: libc::c_ulong = iowr(0xAA, 0x06, size_of::<UffdioWriteprotect>());
+const UFFDIO_UNREGISTER: libc::c_ulong =
+    (2 << 30) | ((size_of::<UffdioRange>() as libc::c_ulong) << 16) | (0xAA << 8) | 0x01;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+/// A userfaultfd in asynchronous write-protect mode, and `/proc/self/pagemap` to scan with.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+    pagemap: File,
+}
+
+fn ioctl<T>(fd: i32, req: libc::c_ulong, arg: &mut T) -> io::Result<libc::c_int> {
+    count(Call::Ioctl);
+    // SAFETY: every caller passes the `struct` that `req` is defined with (see the constants
+    // above and in uapi.rs), live and writable for the duration of the call.
+    let r = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+impl Uffd {
+    /// Opens a userfaultfd for user-mode faults and enables asynchronous write-protect, on
+    /// unpopulated pages and on shared memory too where the kernel has those.
+    pub fn new() -> io::Result<Self> {
+        let available = super::probe::userfaultfd_features()?;
+        if available & UFFD_FEATURE_WP_ASYNC == 0 {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "userfaultfd lacks UFFD_FEATURE_WP_ASYNC"));
+        }
+        let wanted = UFFD_FEATURE_WP_ASYNC
+            | (available & UFFD_FEATURE_WP_UNPOPULATED)
+            | (available & UFFD_FEATURE_WP_HUGETLBFS_SHMEM);
+        let fd = super::probe::userfaultfd()?;
+        let mut api = UffdioApi { api: UFFD_API, features: wanted, ioctls: 0 };
+        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
+        Ok(Self { fd, pagemap: File::open("/proc/self/pagemap")? })
+    }
+
+    /// Registers `addr..addr + len` for write-protect tracking (again, after a remap).
+    pub fn register(&self, addr: usize, len: usize) -> io::Result<()> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg).map(|_| ())
+    }
+
+    /// Write-protects (arms) `addr..addr + len`: the next write to each page is recorded.
+    pub fn protect(&self, addr: usize, len: usize) -> io::Result<()> {
+        let mut wp = UffdioWriteprotect {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: UFFDIO_WRITEPROTECT_MODE_WP,
+        };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp).map(|_| ())
+    }
+
+    /// Stops tracking `addr..addr + len`: the write protection is lifted and the range unregistered.
+    pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
+        let mut wp = UffdioWriteprotect { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: 0 };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp)?;
+        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut r).map(|_| ())
+    }
+
+    /// Appends the runs of pages written in `start..end` since they were armed, as host
+    /// `(start, end)` pairs, and arms them again, in one `PAGEMAP_SCAN` (more only when `vec`
+    /// fills: the scan resumes at `walk_end`).
+    pub fn scan_written(
+        &self,
+        start: usize,
+        end: usize,
+        vec: &mut [PageRegion],
+        out: &mut Vec<(usize, usize)>,
+    ) -> io::Result<()> {
+        let mut at = start as u64;
+        while at < end as u64 {
+            let mut arg = PmScanArg {
+                size: size_of::<PmScanArg>() as u64,
+                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+                start: at,
+                end: end as u64,
+                vec: vec.as_mut_ptr() as u64,
+                vec_len: vec.len() as u64,
+                category_mask: PAGE_IS_WRITTEN,
+                return_mask: PAGE_IS_WRITTEN,
+                ..Default::default()
+            };
+            let n = ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg)? as usize;
+            out.extend(vec[..n.min(vec.len())].iter().map(|r| (r.start as usize, r.end as usize)));
+            if arg.walk_end <= at {
+                return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
+            }
+            at = arg.walk_end;
+        }
+        Ok(())
+    }
+}
+
+/// Asks the kernel not to back `addr..addr + len` with transparent huge pages, so that write
+/// tracking stays per 4 KiB page (a written huge page would be reported whole).
+pub fn no_huge_pages(addr: usize, len: usize) -> io::Result<()> {
+    count(Call::Madvise);
+    // SAFETY: MADV_NOHUGEPAGE changes only a flag of the mappings over the range (which the caller's
+    // reservation owns); no byte and no mapping changes.
+    unsafe { rustix::mm::madvise(addr as *mut libc::c_void, len, rustix::mm::Advice::LinuxNoHugepage) }
+        .map_err(Into::into)
+}

@@ -1,0 +1,303 @@
+//! The three backends behind one trait. They work on host addresses inside the space's window;
+//! the tracker turns guest ranges into host ones and back.
+
+use std::io;
+use std::sync::Mutex;
+
+use super::BackendKind;
+use crate::space::{Prot, Region, Space};
+use crate::sys::mm::page_size;
+use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, WRITE};
+use crate::sys::softdirty::SoftDirty;
+use crate::sys::uapi::PageRegion;
+use crate::sys::uffd::{Uffd, no_huge_pages};
+
+pub(super) trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// Arms host `start..end`; `regions` are the kernel's regions there (guest addresses, `base`
+    /// added gives host ones).
+    fn arm(&self, start: usize, end: usize, regions: &[Region], base: usize) -> io::Result<()>;
+    fn disarm(&self, start: usize, end: usize) -> io::Result<()>;
+    /// Appends the written runs of `start..end` and arms them again.
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()>;
+    /// The space set `prot` on armed pages. `Ok(true)`: report them written at the next collect.
+    fn protected(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool>;
+    /// The space mapped armed pages anew (a view, a refilled hole) with `prot`.
+    fn remapped(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool>;
+    /// The space released armed pages.
+    fn released(&self, start: usize, end: usize) -> io::Result<bool>;
+    /// The host is about to write to armed pages through the kernel.
+    fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
+}
+
+pub(super) fn make(kind: BackendKind, space: &Space) -> io::Result<Box<dyn Backend>> {
+    Ok(match kind {
+        BackendKind::Uffd => {
+            Box::new(UffdBackend { uffd: Uffd::new()?, vec: Mutex::new(vec![PageRegion::default(); 512]) })
+        }
+        BackendKind::Mprotect => {
+            let pages = space.window() as usize / page_size();
+            Box::new(MprotectBackend { reg: Registration::new(space.host_base(), pages)? })
+        }
+        BackendKind::SoftDirty => Box::new(SoftDirtyBackend { sd: SoftDirty::new()? }),
+    })
+}
+
+struct UffdBackend {
+    uffd: Uffd,
+    vec: Mutex<Vec<PageRegion>>,
+}
+
+impl UffdBackend {
+    fn arm_new(&self, start: usize, end: usize) -> io::Result<()> {
+        self.uffd.register(start, end - start)?;
+        self.uffd.protect(start, end - start)
+    }
+}
+
+impl Backend for UffdBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Uffd
+    }
+
+    fn arm(&self, start: usize, end: usize, _regions: &[Region], _base: usize) -> io::Result<()> {
+        no_huge_pages(start, end - start)?;
+        self.arm_new(start, end)
+    }
+
+    fn disarm(&self, start: usize, end: usize) -> io::Result<()> {
+        self.uffd.unregister(start, end - start)
+    }
+
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
+        self.uffd.scan_written(start, end, &mut vec, out)
+    }
+
+    // mprotect keeps the write-protect bits of the pages it changes. Registering again is a no-op
+    // for registered pages; pages mapped behind the tracker's back become registered without write
+    // protection, which the next scan reports as written and arms.
+    fn protected(&self, start: usize, end: usize, _prot: Prot) -> io::Result<bool> {
+        self.uffd.register(start, end - start)?;
+        Ok(false)
+    }
+
+    fn remapped(&self, start: usize, end: usize, _prot: Prot) -> io::Result<bool> {
+        no_huge_pages(start, end - start)?;
+        self.arm_new(start, end)?;
+        Ok(true)
+    }
+
+    // Released pages are reserved mappings, new to userfaultfd: arm them so a later commit is
+    // tracked from its first write.
+    fn released(&self, start: usize, end: usize) -> io::Result<bool> {
+        no_huge_pages(start, end - start)?;
+        self.arm_new(start, end)?;
+        Ok(false)
+    }
+
+    // The kernel resolves its own writes to write-protected pages in asynchronous mode.
+    fn prepare_host_write(&self, _start: usize, _end: usize) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+struct MprotectBackend {
+    reg: Registration,
+}
+
+impl MprotectBackend {
+    /// Calls `f(page_addr, state)` for each page of `start..end`.
+    fn each(&self, start: usize, end: usize, mut f: impl FnMut(usize, &std::sync::atomic::AtomicU16)) {
+        let p = page_size();
+        for a in (start..end).step_by(p) {
+            if let Some(s) = self.reg.state(a) {
+                f(a, s);
+            }
+        }
+    }
+
+    /// Sets the protection bits of armed pages to `bits`; writable ones are marked written (the
+    /// space just made them writable, so their writes are no longer caught).
+    fn set_prot(&self, start: usize, end: usize, bits: u16) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.each(start, end, |_, s| {
+            let _ = s.fetch_update(SeqCst, SeqCst, |old| {
+                let dirty = if bits & WRITE != 0 { DIRTY } else { old & DIRTY };
+                (old & ARMED != 0).then_some((old & !(PROT_MASK | DIRTY)) | bits | dirty)
+            });
+        });
+    }
+
+    /// Protects runs of equal state (by protection bits) with `f(bits)`.
+    fn protect_runs(&self, runs: &[(usize, usize, u16)], f: impl Fn(u16) -> u16) -> io::Result<()> {
+        for &(s, e, bits) in runs {
+            self.reg.protect(s, e - s, f(bits))?;
+        }
+        Ok(())
+    }
+}
+
+fn push_run(runs: &mut Vec<(usize, usize, u16)>, a: usize, p: usize, bits: u16) {
+    match runs.last_mut() {
+        Some(last) if last.1 == a && last.2 == bits => last.1 = a + p,
+        _ => runs.push((a, a + p, bits)),
+    }
+}
+
+impl Backend for MprotectBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Mprotect
+    }
+
+    fn arm(&self, start: usize, end: usize, regions: &[Region], base: usize) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let p = page_size();
+        let mut runs = Vec::new();
+        for r in regions {
+            let region_bits = segv::prot_bits(crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec });
+            self.each((base + r.start).max(start), (base + r.end).min(end), |a, s| {
+                // A page armed before keeps the guest protection recorded then (the kernel's shows
+                // our write protection). The busy count of a handler at work is kept.
+                let old = s
+                    .fetch_update(SeqCst, SeqCst, |old| {
+                        let bits = if old & ARMED != 0 { old & PROT_MASK } else { region_bits };
+                        Some((old & BUSY_MASK) | ARMED | bits)
+                    })
+                    .expect("always Some");
+                let bits = if old & ARMED != 0 { old & PROT_MASK } else { region_bits };
+                push_run(&mut runs, a, p, bits);
+            });
+        }
+        self.protect_runs(&runs, |b| b & !WRITE)
+    }
+
+    fn disarm(&self, start: usize, end: usize) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let p = page_size();
+        let mut runs = Vec::new();
+        self.each(start, end, |a, s| {
+            let old = s.fetch_and(BUSY_MASK, SeqCst);
+            if old & ARMED != 0 {
+                push_run(&mut runs, a, p, old & PROT_MASK);
+            }
+        });
+        self.protect_runs(&runs, |b| b)
+    }
+
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        // The read of an allocation: probe its first readable page, so memory released behind the
+        // space's back fails here (and is not made readable by the re-arm below).
+        let mut probe = None;
+        self.each(start, end, |a, s| {
+            if probe.is_none() && s.load(SeqCst) & segv::READ != 0 {
+                probe = Some(a);
+            }
+        });
+        if let Some(a) = probe {
+            segv::probe_read(a)?;
+        }
+        let p = page_size();
+        let mut runs = Vec::new();
+        // Take the mark first, protect second (see sys/linux/segv.rs).
+        let mut seen = Vec::new();
+        self.each(start, end, |a, s| {
+            let (written, taken) = segv::take_written(s);
+            if written {
+                push_run(&mut seen, a, p, 0);
+            }
+            if taken {
+                push_run(&mut runs, a, p, s.load(SeqCst) & PROT_MASK);
+            }
+        });
+        self.protect_runs(&runs, |b| b & !WRITE)?;
+        for (s, e, _) in seen {
+            match out.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => out.push((s, e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn protected(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool> {
+        self.set_prot(start, end, segv::prot_bits(prot.raw()));
+        Ok(false)
+    }
+
+    fn remapped(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let bits = segv::prot_bits(prot.raw());
+        // New content: report it whatever the protection.
+        self.each(start, end, |_, s| {
+            let _ =
+                s.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some((old & !PROT_MASK) | bits | DIRTY));
+        });
+        Ok(false)
+    }
+
+    fn released(&self, start: usize, end: usize) -> io::Result<bool> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.each(start, end, |_, s| {
+            let _ = s.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old & !(PROT_MASK | DIRTY)));
+        });
+        Ok(false)
+    }
+
+    fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut failed = None;
+        self.each(start, end, |a, s| {
+            let st = s.load(SeqCst);
+            if st & ARMED != 0 && st & WRITE != 0 && !self.reg.unprotect_for_write(a) {
+                failed.get_or_insert(a);
+            }
+        });
+        match failed {
+            Some(a) => Err(io::Error::other(format!("could not unprotect the page at {a:#x}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+struct SoftDirtyBackend {
+    sd: SoftDirty,
+}
+
+impl Backend for SoftDirtyBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::SoftDirty
+    }
+
+    fn arm(&self, _start: usize, _end: usize, _regions: &[Region], _base: usize) -> io::Result<()> {
+        self.sd.clear()
+    }
+
+    fn disarm(&self, _start: usize, _end: usize) -> io::Result<()> {
+        Ok(())
+    }
+
+    // clear_refs is process-wide: a collect re-arms every page of the process, so collect the
+    // whole armed range at once with this backend.
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        self.sd.read(start, end, out)?;
+        self.sd.clear()
+    }
+
+    fn protected(&self, _start: usize, _end: usize, _prot: Prot) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    fn remapped(&self, _start: usize, _end: usize, _prot: Prot) -> io::Result<bool> {
+        Ok(true)
+    }
+
+    fn released(&self, _start: usize, _end: usize) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    fn prepare_host_write(&self, _start: usize, _end: usize) -> io::Result<()> {
+        Ok(())
+    }
+}

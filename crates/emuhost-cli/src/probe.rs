@@ -1,6 +1,7 @@
 //! `emuhost probe`.
 
 use emuhost::probe::{Offer, Probe};
+use emuhost::watch;
 use serde_json::json;
 
 use crate::Outcome;
@@ -21,6 +22,14 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
 
 pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
     let p = Probe::run();
+    let tracking = watch::choose();
+    let tried: Vec<(String, String)> =
+        [watch::BackendKind::Uffd, watch::BackendKind::Mprotect, watch::BackendKind::SoftDirty]
+            .into_iter()
+            .map(|k| {
+                (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string()))
+            })
+            .collect();
     if as_json {
         let v = json!({
             "kernel": p.kernel,
@@ -32,6 +41,11 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
             "pagemap_scan": offer(&p.pagemap_scan),
             "procmap_query": offer(&p.procmap_query),
             "thp": p.thp,
+            "watch": match &tracking {
+                Ok(c) => json!({ "backend": c.kind.name(), "why": c.why }),
+                Err(e) => json!({ "backend": null, "why": e.to_string() }),
+            },
+            "watch_self_tests": tried.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{v}");
     } else {
@@ -49,6 +63,13 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
         println!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
         println!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
         println!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
+        match &tracking {
+            Ok(c) => println!("write tracking    {} ({})", c.kind.name(), c.why),
+            Err(e) => println!("write tracking    none ({e})"),
+        }
+        for (k, v) in &tried {
+            println!("  self-test {k:<9} {v}");
+        }
     }
     Ok(Outcome::Ok)
 }

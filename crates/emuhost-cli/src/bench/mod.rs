@@ -2,6 +2,7 @@
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
 mod space;
+mod watch;
 
 use std::time::{Duration, Instant};
 
@@ -15,11 +16,15 @@ pub enum Which {
     /// One-call commit against the region-by-region walk over a fragmented window; a run of
     /// shared pages mapped as one view against one view per page.
     Space(space::Args),
+    /// Collect cost per clean and per dirty page, first-write cost, system calls per allocation,
+    /// and the no-lost-writes stress, for the uffd and mprotect backends.
+    Watch(watch::Args),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
     match which {
         Which::Space(a) => space::run(a),
+        Which::Watch(a) => watch::run(a),
     }
 }
 

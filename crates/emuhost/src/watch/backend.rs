@@ -200,17 +200,31 @@ impl Backend for MprotectBackend {
         }
         let p = page_size();
         let mut runs = Vec::new();
-        // Take the mark first, protect second (see sys/linux/segv.rs).
+        // Take the marks first, protect second (see sys/linux/segv.rs). The pages from the first
+        // taken to the last are protected together, in runs of equal protection: clean pages are
+        // protected already, and a page a handler is busy with keeps its mark, so protecting it
+        // again only costs its writer one more fault. One call per allocation, and the mappings
+        // the handlers split are merged again.
         let mut seen = Vec::new();
+        let (mut first, mut last) = (usize::MAX, 0);
         self.each(start, end, |a, s| {
             let (written, taken) = segv::take_written(s);
             if written {
                 push_run(&mut seen, a, p, 0);
             }
             if taken {
-                push_run(&mut runs, a, p, s.load(SeqCst) & PROT_MASK);
+                first = first.min(a);
+                last = a + p;
             }
         });
+        if first < last {
+            self.each(first, last, |a, s| {
+                let st = s.load(SeqCst);
+                if st & ARMED != 0 {
+                    push_run(&mut runs, a, p, st & PROT_MASK);
+                }
+            });
+        }
         self.protect_runs(&runs, |b| b & !WRITE)?;
         for (s, e, _) in seen {
             match out.last_mut() {

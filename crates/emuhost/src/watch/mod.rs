@@ -26,12 +26,14 @@
 
 mod backend;
 mod bitmap;
+mod stress;
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
+pub use stress::{StressReport, stress};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Space, SpaceError, page_size};
@@ -43,7 +45,7 @@ pub const WATCH_SWITCH: &str = "EMUHOST_WATCH";
 pub const VERIFY_SWITCH: &str = "EMUHOST_VERIFY_COLLECT";
 
 /// A write-tracking backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendKind {
     Uffd,
     Mprotect,

@@ -1,7 +1,6 @@
 //! The conformance suite every write-tracking backend passes, and the no-lost-writes stress.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 use emuhost::counters;
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
@@ -324,98 +323,12 @@ fn host_writes_after_prepare(kind: BackendKind) {
     assert_eq!(&b, b"hello");
 }
 
-/// Two writer threads storing through host pointers, a collector, and a thread committing,
-/// protecting and splitting views over the same pages, checked against a shadow record: every
-/// write must be reported by the first collect that reads its page after it.
 fn stress(kind: BackendKind, writes_per_writer: u64) -> (u64, u64) {
-    let Some((s, t)) = setup(kind) else { return (0, 0) };
-    for i in 0..4 {
-        s.commit(pages(&s, i * 64, 64), Prot::READ_WRITE).unwrap();
+    if setup(kind).is_none() {
+        return (0, 0);
     }
-    let sec = s.create_section(64 * p()).unwrap();
-    let shared = pages(&s, 512, 64);
-    s.map_pages(shared.start(), sec, &(0..64).collect::<Vec<_>>(), Prot::READ_WRITE).unwrap();
-    let whole = pages(&s, 0, 576);
-    t.arm(whole).unwrap();
-    // Pages the mutator releases and remaps; the writers keep off them.
-    let volatile = [512 + 16, 512 + 48];
-    let targets: Vec<u64> = (0..256).chain(512..576).filter(|pg| !volatile.contains(pg)).collect();
-    let epoch = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let base = s.host_base();
-    let writers: Vec<_> = (0..2u64)
-        .map(|w| {
-            let (epoch, targets) = (epoch.clone(), targets.clone());
-            std::thread::spawn(move || {
-                let mut log = Vec::with_capacity(writes_per_writer as usize);
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ w;
-                for i in 0..writes_per_writer {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let pg = targets[(x % targets.len() as u64) as usize];
-                    let e = epoch.load(SeqCst);
-                    let at = base + (pg * page_size()) as usize + (w as usize) * 8;
-                    // SAFETY: the target pages stay committed (or mapped) read-write for the whole
-                    // run: the mutator only re-commits and re-protects them read-write, and
-                    // releases only the volatile pages, which are not targets.
-                    unsafe { std::ptr::write_volatile(at as *mut u64, i) };
-                    log.push((pg as u32, e as u32, epoch.load(SeqCst) as u32));
-                }
-                log
-            })
-        })
-        .collect();
-    let mutator = {
-        let (s, stop) = (s.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(SeqCst) {
-                let pg = i % 4;
-                s.commit(s.range(pg * 64 * page_size(), 64 * page_size()).unwrap(), Prot::READ_WRITE).unwrap();
-                s.protect(s.range((pg * 64 + 8) * page_size(), 8 * page_size()).unwrap(), Prot::READ_WRITE).unwrap();
-                let v = volatile[(i % 2) as usize];
-                s.decommit(s.range(v * page_size(), page_size()).unwrap()).unwrap();
-                s.map_section(
-                    s.range(v * page_size(), page_size()).unwrap(),
-                    sec,
-                    (v - 512) * page_size(),
-                    Prot::READ_WRITE,
-                )
-                .unwrap();
-                i += 1;
-                std::thread::yield_now();
-            }
-        })
-    };
-    let mut reported: Vec<Vec<u32>> = vec![Vec::new(); 576];
-    let mut collect = |n: u32| {
-        for a in t.collect(whole).unwrap().page_addrs() {
-            reported[(a.0 / page_size()) as usize].push(n);
-        }
-    };
-    let mut n = 0u32;
-    while !writers.iter().all(|w| w.is_finished()) {
-        n = epoch.fetch_add(1, SeqCst) as u32 + 1;
-        collect(n);
-    }
-    let logs: Vec<Vec<(u32, u32, u32)>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
-    stop.store(true, SeqCst);
-    mutator.join().unwrap();
-    n += 1;
-    epoch.store(n as u64, SeqCst);
-    collect(n);
-    let mut lost = 0;
-    let mut total = 0;
-    // A write between reading epochs e1 and e2 must be reported by the first collect that read
-    // its page after it: one of collects e1 ..= e2 + 1 (collect e2 + 1 started after the write).
-    for (pg, e1, e2) in logs.iter().flatten() {
-        total += 1;
-        if !reported[*pg as usize].iter().any(|r| r >= e1 && *r <= e2 + 1) {
-            lost += 1;
-        }
-    }
-    (total, lost)
+    let r = watch::stress(kind, writes_per_writer).unwrap();
+    (r.writes, r.lost)
 }
 
 fn no_lost_writes(kind: BackendKind) {

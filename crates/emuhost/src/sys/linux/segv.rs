@@ -125,10 +125,7 @@ impl Registration {
     /// handler's work; also before a host write through the kernel). Returns false where the page
     /// is not armed or the guest may not write it.
     pub fn unprotect_for_write(&self, page: usize) -> bool {
-        match self.table.slot(page) {
-            Some(state) => unprotect(state, page, 1 << self.table.shift),
-            None => false,
-        }
+        unprotect(&self.table, page)
     }
 
     /// Protects `addr..addr + len` as the state bits `bits` say (their protection part).
@@ -191,21 +188,63 @@ fn install() -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), e.to_string()))
 }
 
-/// Marks the page written and busy in one step, unprotects it, and lowers the busy count.
-fn unprotect(state: &AtomicU16, page: usize, len: usize) -> bool {
+/// Marks a page written and busy in one step, if it is armed and the guest may write it with
+/// protection `want` (any, if `None`); returns its protection bits.
+fn mark_busy(state: &AtomicU16, want: Option<u16>) -> Option<u16> {
     let mut s = state.load(SeqCst);
     loop {
-        if s & ARMED == 0 || s & WRITE == 0 {
-            return false;
+        if s & ARMED == 0 || s & WRITE == 0 || want.is_some_and(|w| s & PROT_MASK != w) || s >= BUSY_MASK {
+            return None;
         }
         match state.compare_exchange_weak(s, (s | DIRTY).wrapping_add(BUSY_ONE), SeqCst, SeqCst) {
-            Ok(_) => break,
+            Ok(_) => return Some(s & PROT_MASK),
             Err(now) => s = now,
         }
     }
-    let ok = mprotect(page, len, s & PROT_MASK).is_ok();
+}
+
+/// Pages of the block a handler unprotects at once when the kernel refuses to split its mappings
+/// further (`ENOMEM`: one page in two written leaves as many mappings as pages, past
+/// `vm.max_map_count`): 2 MiB.
+const BLOCK_PAGES: usize = 512;
+
+/// Marks the page written and busy, unprotects it, and lowers the busy count. Where the kernel
+/// has no mapping left to split, the run of armed pages of the same protection around it in its
+/// 2 MiB block is marked and unprotected as one (their writes are then reported, conservatively).
+fn unprotect(table: &Table, page: usize) -> bool {
+    let len = 1usize << table.shift;
+    let Some(state) = table.slot(page) else { return false };
+    let Some(bits) = mark_busy(state, None) else { return false };
+    let ok = mprotect(page, len, bits).is_ok();
     state.fetch_sub(BUSY_ONE, SeqCst);
-    ok
+    if ok {
+        return true;
+    }
+    let block = BLOCK_PAGES * len;
+    let (first, last) = (page & !(block - 1), (page & !(block - 1)) + block);
+    let same = |a: usize| table.slot(a).is_some_and(|s| s.load(SeqCst) & (ARMED | PROT_MASK) == ARMED | bits);
+    let mut lo = page;
+    while lo > first && same(lo - len) {
+        lo -= len;
+    }
+    let mut hi = page + len;
+    while hi < last && same(hi) {
+        hi += len;
+    }
+    let mut marked = 0;
+    let mut a = lo;
+    while a < hi {
+        if mark_busy(table.slot(a).expect("inside the table"), Some(bits)).is_none() {
+            break;
+        }
+        marked += 1;
+        a += len;
+    }
+    let ok = marked > 0 && mprotect(lo, marked * len, bits).is_ok();
+    for i in 0..marked {
+        table.slot(lo + i * len).expect("inside the table").fetch_sub(BUSY_ONE, SeqCst);
+    }
+    ok && lo + marked * len > page
 }
 
 /// A collect's step for one page: whether it was written, and whether the collect took the mark
@@ -236,9 +275,10 @@ fn handle(addr: usize) -> bool {
         }
         // SAFETY: a table in the registry stays alive while ACTIVE is raised (see Drop).
         let table = unsafe { &*t };
-        let Some(state) = table.slot(addr) else { continue };
-        let page = addr & !((1usize << table.shift) - 1);
-        return unprotect(state, page, 1 << table.shift);
+        if table.slot(addr).is_none() {
+            continue;
+        }
+        return unprotect(table, addr & !((1usize << table.shift) - 1));
     }
     false
 }

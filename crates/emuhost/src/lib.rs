@@ -1,12 +1,14 @@
 //! emuhost: the host layer a console emulator or static recompiler runs its game on.
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
+//! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
 pub mod space;
 mod sys;
+pub mod trace;
 
 pub mod probe;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use emuhost::trace::{self, FileReader, Stats, Synth, SynthConfig, TraceWriter};
+use emuhost::trace::{self, FileReader, Stats, Synth, SynthConfig, TraceError, TraceWriter};
 use serde_json::json;
 
 use crate::Outcome;
@@ -54,17 +54,25 @@ fn synth(seed: u64, out: Option<PathBuf>) -> anyhow::Result<Outcome> {
         }
         None => {
             let mut w = TraceWriter::new(io::stdout().lock(), header)?;
-            write_all(synth, &mut w)?;
-            let n = w.events();
-            w.finish().context("writing the trace to stdout")?.flush()?;
-            n
+            // A reader that stops early (`| head`) is not an error.
+            let done = write_all(synth, &mut w).and_then(|()| {
+                let n = w.events();
+                w.finish()?.flush().map_err(|source| TraceError::Write { source })?;
+                Ok(n)
+            });
+            match done {
+                Err(TraceError::Write { source }) if source.kind() == io::ErrorKind::BrokenPipe => {
+                    return Ok(Outcome::Ok);
+                }
+                other => other.context("writing the trace to stdout")?,
+            }
         }
     };
     tracing::info!("wrote {events} events (seed {seed})");
     Ok(Outcome::Ok)
 }
 
-fn write_all<W: Write>(synth: Synth, w: &mut TraceWriter<W>) -> anyhow::Result<()> {
+fn write_all<W: Write>(synth: Synth, w: &mut TraceWriter<W>) -> Result<(), TraceError> {
     for r in synth {
         w.write(&r)?;
     }
@@ -154,4 +162,36 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
         println!("threads                   render, {} game, {} host", s.game_threads, s.host_threads);
     }
     Ok(Outcome::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str, text: &[u8]) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("emuhost-cli-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn stats_of_bad_input_is_an_error_naming_the_line() {
+        let path = temp("bad.trace", b"emuhost-trace 1\n0 r frame 0\n5 r bind 0xzz 0x10\nend 2\n");
+        let e = stats(Some(path.clone()), true, 16).err().expect("a bad trace is an error");
+        std::fs::remove_file(&path).unwrap();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("line 3: address \"0xzz\" is not a hex number"), "{msg}");
+        assert!(stats(None, false, 3).is_err(), "a chunk that is not a power of two");
+    }
+
+    #[test]
+    fn synth_writes_a_trace_that_stats_reads() {
+        let path = std::env::temp_dir().join(format!("emuhost-cli-{}-synth.trace.zst", std::process::id()));
+        synth(3, Some(path.clone())).unwrap();
+        let s = Stats::of(FileReader::open(&path).unwrap(), 16 << 20);
+        std::fs::remove_file(&path).unwrap();
+        let s = s.unwrap();
+        assert_eq!((s.pools, s.pools_crossing_chunk_end, s.chunks_touched), (4547, 88, 419));
+        assert!(matches!(stats(None, true, 16), Ok(Outcome::Ok)));
+    }
 }

@@ -2,3 +2,4 @@
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
 mod space;
+mod trace;

@@ -3,6 +3,7 @@
 
 mod bench;
 mod probe;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -28,6 +29,11 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Traces of game sessions: write a synthetic one, print a trace's figures.
+    Trace {
+        #[command(subcommand)]
+        which: trace::Which,
+    },
 }
 
 /// What a command found: all well, or a check that failed (exit 1).
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Probe { json } => probe::run(json),
         Command::Bench { which } => bench::run(which),
+        Command::Trace { which } => trace::run(which),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,

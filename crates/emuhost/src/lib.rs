@@ -2,12 +2,14 @@
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
 //! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV, soft-dirty).
+//! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
 pub mod space;
 mod sys;
+pub mod trace;
 pub mod watch;
 
 pub mod probe;

@@ -2,4 +2,5 @@
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
 mod space;
+mod trace;
 mod watch;

@@ -1,10 +1,12 @@
 //! emuhost: the host layer a console emulator or static recompiler runs its game on.
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
+//! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
+pub mod sched;
 pub mod space;
 mod sys;
 

@@ -4,4 +4,5 @@
 pub mod mm;
 pub mod probe;
 pub mod query;
+pub mod sched;
 pub mod uapi;

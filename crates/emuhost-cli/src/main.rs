@@ -2,11 +2,16 @@
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
 mod bench;
+mod policy;
 mod probe;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "emuhost", version, about = "The host layer of console emulators: replay, measure, probe")]
@@ -23,6 +28,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the short-sleep rule and the compile-worker count as one JSON object (flags stand in
+    /// for what the machine would say).
+    Policy(policy::Args),
     /// Benchmarks: both arms in one run, several rounds, medians and the ratio (use a release build).
     Bench {
         #[command(subcommand)]
@@ -47,6 +55,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe { json } => probe::run(json),
+        Command::Policy(a) => policy::run(a),
         Command::Bench { which } => bench::run(which),
     };
     match result {

@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod sched;
 mod space;
 
 use std::time::{Duration, Instant};
@@ -15,11 +16,15 @@ pub enum Which {
     /// One-call commit against the region-by-region walk over a fragmented window; a run of
     /// shared pages mapped as one view against one view per page.
     Space(space::Args),
+    /// Short sleeps: yield loop, timer and hybrid at 20 µs and 1 ms (lateness p50/p99, CPU per
+    /// second), and a frame thread's work on 2 CPUs beside threads sleeping 20 µs.
+    Sleep(sched::Args),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
     match which {
         Which::Space(a) => space::run(a),
+        Which::Sleep(a) => sched::run(a),
     }
 }
 

@@ -244,7 +244,7 @@ fn a_timer_that_fails_is_yielded_out() {
     assert!(h.now_ns() >= start + 30_000);
 }
 
-/// Captures the log lines (`tracing` events) of one thread.
+/// Captures the log lines (`tracing` events at `info` or above, what the CLI shows) of one thread.
 #[derive(Default, Clone)]
 struct Lines(Arc<Mutex<Vec<String>>>);
 
@@ -266,6 +266,9 @@ impl tracing::Subscriber for Lines {
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, e: &tracing::Event<'_>) {
+        if *e.metadata().level() > tracing::Level::INFO {
+            return;
+        }
         let mut s = String::new();
         e.record(&mut Visit(&mut s));
         self.0.lock().unwrap().push(s);

@@ -16,10 +16,13 @@ pub const TIMER_MAX_CPUS: usize = 6;
 /// timer (the host's: [`HOST_EXACT_WAIT`]).
 pub const SHORT_SLEEP: Duration = Duration::from_millis(1);
 
-/// How the host's sleeps wait when the switch is unset: the exact wait. [`Wait::Hybrid`] was
-/// measured with `emuhost bench sleep` against the yield loop (see the README): it keeps the
-/// loop's lateness at a fraction of its CPU time, so it is adopted.
-pub const HOST_EXACT_WAIT: Wait = Wait::Hybrid;
+/// How the host's sleeps wait when the switch is unset: the exact wait, the yield loop.
+/// [`Wait::Hybrid`] was measured against it with `emuhost bench sleep` on the 2-vCPU VM (README,
+/// "Short sleeps"): at 1 ms its median lateness equals the loop's (0.3 µs) at 7–18 % of its CPU,
+/// but its p99 is the timer's wake-up under load, and in the least loaded runs that was 100×
+/// the loop's (2.6 ms against 21 µs). It does not keep the loop's lateness, so it is not adopted;
+/// [`SleeperBuilder::host_exact`] turns it on, and a quieter machine may show otherwise.
+pub const HOST_EXACT_WAIT: Wait = Wait::Yield;
 
 /// The hybrid's margin: it waits on the timer until this long before the deadline and yields
 /// the rest. It must cover the timer's lateness (p99 ~80 µs with a 1 ns slack on a 2-vCPU VM),

@@ -194,14 +194,44 @@ fn threshold_override() {
     }
 }
 
+/// The counting seam with a clock per thread, so threads sleeping side by side do not move each
+/// other's clock past a deadline.
+struct ThreadClock(Counting);
+
+thread_local! {
+    static NOW: std::cell::Cell<u64> = const { std::cell::Cell::new(1_000_000_000) };
+}
+
+impl SchedHost for ThreadClock {
+    fn now_ns(&self) -> u64 {
+        NOW.get()
+    }
+    fn yield_now(&self) {
+        self.0.yields.fetch_add(1, Ordering::SeqCst);
+        NOW.set(NOW.get() + YIELD_STEP);
+    }
+    fn timer_wait_until(&self, deadline_ns: u64) {
+        self.0.timers.fetch_add(1, Ordering::SeqCst);
+        NOW.set(NOW.get().max(deadline_ns));
+    }
+    fn affinity_cpus(&self) -> Option<usize> {
+        self.0.affinity_cpus()
+    }
+    fn env(&self, name: &str) -> Option<String> {
+        self.0.env(name)
+    }
+}
+
 #[test]
 fn decided_once_across_threads() {
-    let s = Arc::new(Sleeper::builder().build(Counting::new(Some(4), None)));
+    let s = Arc::new(Sleeper::builder().build(ThreadClock(Counting::new(Some(4), None))));
+    let barrier = Arc::new(std::sync::Barrier::new(8));
     let threads: Vec<_> = (0..8)
         .map(|i| {
-            let s = s.clone();
+            let (s, barrier) = (s.clone(), barrier.clone());
             std::thread::spawn(move || {
                 let caller = if i % 2 == 0 { Caller::Guest } else { Caller::Host };
+                barrier.wait();
                 for _ in 0..50 {
                     s.sleep(caller, Duration::from_micros(20));
                 }
@@ -211,10 +241,13 @@ fn decided_once_across_threads() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(s.host().env_reads.load(Ordering::SeqCst), 1);
-    assert_eq!(s.host().cpu_reads.load(Ordering::SeqCst), 1);
-    // 4 guest threads × 50 sleeps on the timer.
-    assert_eq!(s.host().timers.load(Ordering::SeqCst), 200);
+    let c = &s.host().0;
+    assert_eq!(c.env_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(c.cpu_reads.load(Ordering::SeqCst), 1);
+    // 4 guest threads × 50 sleeps on the timer; 4 host threads × 50 sleeps by the exact wait.
+    let host = cost(HOST_EXACT_WAIT, Duration::from_micros(20));
+    assert_eq!(c.timers.load(Ordering::SeqCst), 200 + 200 * host.1);
+    assert_eq!(c.yields.load(Ordering::SeqCst), 200 * host.0);
 }
 
 #[test]

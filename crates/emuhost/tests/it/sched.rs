@@ -352,3 +352,24 @@ fn real_sleeps_end_at_or_after_their_deadline() {
         assert!(OsHost.now_ns() >= deadline, "{w:?} woke early");
     }
 }
+
+#[test]
+fn hybrid_waits_on_the_timer_until_the_margin() {
+    for cpus in counts() {
+        let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(cpus, None));
+        // Margin 100 µs, 1 µs a yield: a timer wait to 100 µs before the deadline, then 100 yields.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (100, 1), "cpus {cpus:?}");
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (100, 1), "cpus {cpus:?}");
+        // Shorter than the margin: all yields.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(20)), (20, 0), "cpus {cpus:?}");
+        assert_eq!(s.rule().host, Wait::Hybrid);
+    }
+    let s = Sleeper::builder()
+        .host_exact(Wait::Hybrid)
+        .hybrid_margin(Duration::from_micros(30))
+        .build(Counting::new(Some(2), None));
+    assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (30, 1));
+    // The switch set decides for the host too, hybrid or not.
+    let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(Some(2), Some("on")));
+    assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (0, 1));
+}

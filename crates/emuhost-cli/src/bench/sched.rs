@@ -315,3 +315,183 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     );
     Ok(Outcome::Ok)
 }
+
+/// `emuhost bench workers`.
+#[derive(clap::Args)]
+pub struct WorkersArgs {
+    /// Rounds of each worker count (alternated).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Jobs per round (each a small compile: build, fold, lower a tree of ~20,000 nodes).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    jobs: u64,
+    /// The most workers to try (1, 2, 4, ... up to it); default: the usable CPUs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_workers: Option<u64>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A compiler's tree: boxed nodes, named symbols.
+enum Node {
+    Num(i64),
+    Var(String),
+    Bin(char, Box<Node>, Box<Node>),
+    Let(String, Box<Node>, Box<Node>),
+}
+
+/// A deterministic pseudo-random tree of about `budget` nodes.
+fn grow(seed: &mut u64, budget: usize, depth: u32) -> Node {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    let r = *seed;
+    if budget <= 1 || depth > 40 {
+        return if r % 3 == 0 { Node::Var(format!("v{}", r % 64)) } else { Node::Num((r % 1000) as i64) };
+    }
+    let left = budget / 2;
+    let (a, b) = (Box::new(grow(seed, left, depth + 1)), Box::new(grow(seed, budget - 1 - left, depth + 1)));
+    match r % 5 {
+        0 => Node::Let(format!("v{}", r % 64), a, b),
+        1 => Node::Bin('*', a, b),
+        2 => Node::Bin('-', a, b),
+        _ => Node::Bin('+', a, b),
+    }
+}
+
+/// Constant folding and renaming: a new tree, as an optimizing pass makes.
+fn fold(n: &Node, env: &mut std::collections::HashMap<String, i64>) -> Node {
+    match n {
+        Node::Num(v) => Node::Num(*v),
+        Node::Var(s) => env.get(s).map_or_else(|| Node::Var(format!("{s}'")), |v| Node::Num(*v)),
+        Node::Bin(op, a, b) => match (fold(a, env), fold(b, env)) {
+            (Node::Num(x), Node::Num(y)) => Node::Num(match op {
+                '*' => x.wrapping_mul(y) % 1_000_003,
+                '-' => x.wrapping_sub(y),
+                _ => x.wrapping_add(y),
+            }),
+            (x, y) => Node::Bin(*op, Box::new(x), Box::new(y)),
+        },
+        Node::Let(s, a, b) => {
+            let a = fold(a, env);
+            let old = if let Node::Num(v) = a { env.insert(s.clone(), v) } else { None };
+            let b = fold(b, env);
+            match old {
+                Some(v) => env.insert(s.clone(), v),
+                None => env.remove(s),
+            };
+            Node::Let(s.clone(), Box::new(a), Box::new(b))
+        }
+    }
+}
+
+/// Lowering to a flat instruction list with a symbol table; returns the value's index.
+fn lower(n: &Node, out: &mut Vec<(u8, u32, u32)>, syms: &mut std::collections::HashMap<String, u32>) -> u32 {
+    let ins = match n {
+        Node::Num(v) => (0, *v as u32, 0),
+        Node::Var(s) => {
+            let k = syms.len() as u32;
+            (1, *syms.entry(s.clone()).or_insert(k), 0)
+        }
+        Node::Bin(op, a, b) => (*op as u8, lower(a, out, syms), lower(b, out, syms)),
+        Node::Let(s, a, b) => {
+            let k = syms.len() as u32;
+            let k = *syms.entry(s.clone()).or_insert(k);
+            let x = lower(a, out, syms);
+            out.push((2, k, x));
+            (3, lower(b, out, syms), 0)
+        }
+    };
+    out.push(ins);
+    out.len() as u32 - 1
+}
+
+/// One compile-like job: generate, fold twice, lower; everything allocated is freed at the end.
+fn compile_job(seed: u64) -> u64 {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let tree = grow(&mut s, 20_000, 0);
+    let mut env = std::collections::HashMap::new();
+    let once = fold(&tree, &mut env);
+    drop(tree);
+    let twice = fold(&once, &mut env);
+    drop(once);
+    let (mut out, mut syms) = (Vec::new(), std::collections::HashMap::new());
+    let last = lower(&twice, &mut out, &mut syms);
+    out.iter().fold(u64::from(last), |h, &(a, b, c)| h.rotate_left(5) ^ u64::from(a) ^ u64::from(b) << 8 ^ u64::from(c))
+}
+
+/// Runs `jobs` jobs on `workers` threads pulling from one counter.
+fn run_jobs(workers: u64, jobs: u64, round: u64) -> u64 {
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let sum = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    let j = next.fetch_add(1, Ordering::Relaxed);
+                    if j >= jobs {
+                        break;
+                    }
+                    sum.fetch_xor(compile_job(j + round * jobs), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    sum.into_inner()
+}
+
+pub fn run_workers(a: WorkersArgs) -> anyhow::Result<Outcome> {
+    if cfg!(debug_assertions) {
+        eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
+    }
+    let machine = emuhost::sched::Machine::read();
+    let usable = machine.usable_cpus() as u64;
+    let max = a.max_workers.unwrap_or(usable);
+    let mut counts: Vec<u64> = std::iter::successors(Some(1u64), |n| Some(n * 2)).take_while(|n| *n < max).collect();
+    counts.push(max);
+    let mut arms: Vec<Arm> = counts.iter().map(|_| Arm::default()).collect();
+    run_jobs(1, a.jobs.min(4), 0); // warm up
+    for r in 0..a.rounds as usize {
+        for k in 0..counts.len() {
+            let i = (r + k) % counts.len();
+            arms[i].round(|| Ok(run_jobs(counts[i], a.jobs, r as u64)))?;
+        }
+    }
+    let allocator = if cfg!(feature = "mimalloc") { "mimalloc" } else { "system (glibc malloc)" };
+    let base = a.jobs as f64 / (arms[0].median_ms() / 1e3);
+    let rows: Vec<serde_json::Value> = counts
+        .iter()
+        .zip(&arms)
+        .map(|(w, arm)| {
+            let jps = a.jobs as f64 / (arm.median_ms() / 1e3);
+            json!({ "workers": w, "median_ms": arm.median_ms(), "jobs_per_s": jps, "speedup": jps / base })
+        })
+        .collect();
+    let scales = machine.prepare_workers(emuhost::sched::Allocator::Scales).count;
+    let locked = machine.prepare_workers(emuhost::sched::Allocator::Locked).count;
+    if a.json {
+        println!(
+            "{}",
+            json!({ "bench": "workers", "allocator": allocator, "usable_cpus": usable, "jobs": a.jobs, "rounds": a.rounds,
+                    "results": rows, "prepare_workers": { "scales": scales, "locked": locked } })
+        );
+        return Ok(Outcome::Ok);
+    }
+    println!(
+        "compile-like jobs ({} per round, {} rounds, medians), allocator {allocator}, {usable} usable CPUs",
+        a.jobs, a.rounds
+    );
+    println!("  {:>8} {:>12} {:>10} {:>8}", "workers", "median ms", "jobs/s", "speed-up");
+    for r in &rows {
+        println!(
+            "  {:>8} {:>12.1} {:>10.1} {:>7.2}x",
+            r["workers"],
+            r["median_ms"].as_f64().unwrap_or(f64::NAN),
+            r["jobs_per_s"].as_f64().unwrap_or(f64::NAN),
+            r["speedup"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    println!("  prepare_workers on this machine: {scales} where the allocator scales, {locked} where it is locked");
+    Ok(Outcome::Ok)
+}

@@ -2,12 +2,17 @@
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
 mod bench;
+mod policy;
 mod probe;
 mod trace;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "emuhost", version, about = "The host layer of console emulators: replay, measure, probe")]
@@ -24,6 +29,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the short-sleep rule and the compile-worker count as one JSON object (flags stand in
+    /// for what the machine would say).
+    Policy(policy::Args),
     /// Benchmarks: both arms in one run, several rounds, medians and the ratio (use a release build).
     Bench {
         #[command(subcommand)]
@@ -53,6 +61,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe { json } => probe::run(json),
+        Command::Policy(a) => policy::run(a),
         Command::Bench { which } => bench::run(which),
         Command::Trace { which } => trace::run(which),
     };

@@ -3,10 +3,12 @@
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
 //! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV, soft-dirty).
 //! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
+//! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
+pub mod sched;
 pub mod space;
 mod sys;
 pub mod trace;

@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod sched;
 mod space;
 mod watch;
 
@@ -19,12 +20,20 @@ pub enum Which {
     /// Collect cost per clean and per dirty page, first-write cost, system calls per allocation,
     /// and the no-lost-writes stress, for the uffd and mprotect backends.
     Watch(watch::Args),
+    /// Short sleeps: yield loop, timer and hybrid at 20 µs and 1 ms (lateness p50/p99, CPU per
+    /// second), and a frame thread's work on 2 CPUs beside threads sleeping 20 µs.
+    Sleep(sched::Args),
+    /// A compile-like job (allocation-heavy tree passes) at 1, 2, 4 ... N workers: jobs per second
+    /// and speed-up, with this build's allocator (build with `--features mimalloc` for the other).
+    Workers(sched::WorkersArgs),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
     match which {
         Which::Space(a) => space::run(a),
         Which::Watch(a) => watch::run(a),
+        Which::Sleep(a) => sched::run(a),
+        Which::Workers(a) => sched::run_workers(a),
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod mm;
 pub mod probe;
 pub mod query;
+pub mod sched;
 pub mod segv;
 pub mod softdirty;
 pub mod uapi;

@@ -1,0 +1,74 @@
+//! `emuhost policy`: the short-sleep rule and the compile-worker count, as one JSON object:
+//! `{"short_sleep":{"guest":"timer"|"yield","host":"timer"|"yield"|"hybrid"},"prepare_workers":N,"why":"..."}`.
+//! Other tools depend on that shape. Without flags it reports this machine; each flag stands in for
+//! what the machine would say. Bad values are refused by the argument parser: exit 2, naming them.
+
+use emuhost::sched::{
+    Allocator, HOST_EXACT_WAIT, Machine, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, prepare_workers,
+};
+
+use crate::Outcome;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Logical processors in the affinity mask, instead of this machine's. Also the usable CPUs
+    /// for the workers: this machine's cgroup CPU quota is not applied then.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    cpus: Option<u64>,
+    /// Available memory in MiB, instead of this machine's `MemAvailable`.
+    #[arg(long, value_name = "M", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=u64::MAX >> 20))]
+    available_mib: Option<u64>,
+    /// Whether the allocator scales with threads allocating at once. Default: `scales` in a build
+    /// with the `mimalloc` feature, `locked` otherwise.
+    #[arg(long, value_enum)]
+    allocator: Option<AllocatorArg>,
+    /// The value of EMUHOST_SHORT_SLEEP_TIMER: given (even empty) means the switch is set to it;
+    /// absent means unset (the environment is not read).
+    #[arg(long, value_name = "VALUE", allow_hyphen_values = true)]
+    short_sleep_timer: Option<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AllocatorArg {
+    Scales,
+    Locked,
+}
+
+/// The allocator this binary was built with.
+fn own_allocator() -> Allocator {
+    if cfg!(feature = "mimalloc") { Allocator::Scales } else { Allocator::Locked }
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let cpus = match a.cpus {
+        Some(n) => Some(n as usize),
+        None => OsHost.affinity_cpus(),
+    };
+    let rule = ShortSleepRule::decide(a.short_sleep_timer.as_deref(), cpus, TIMER_MAX_CPUS, HOST_EXACT_WAIT);
+    let allocator = match a.allocator {
+        Some(AllocatorArg::Scales) => Allocator::Scales,
+        Some(AllocatorArg::Locked) => Allocator::Locked,
+        None => own_allocator(),
+    };
+    let workers = if a.cpus.is_none() && a.available_mib.is_none() {
+        Machine::read().prepare_workers(allocator)
+    } else {
+        let machine = Machine::read();
+        let usable = a.cpus.map_or_else(|| machine.usable_cpus(), |n| n as usize);
+        let available = a.available_mib.map_or(machine.available_bytes.unwrap_or(0), |m| m << 20);
+        let mut w = prepare_workers(usable, available, allocator);
+        let from = |flag: bool| if flag { "given" } else { "this machine's" };
+        w.why = format!("{} [CPUs {}, memory {}]", w.why, from(a.cpus.is_some()), from(a.available_mib.is_some()));
+        w
+    };
+    let why = format!("short sleeps: {}. workers: {}", rule.why(), workers.why);
+    // Written by hand so the keys come in the contract's order.
+    println!(
+        "{{\"short_sleep\":{{\"guest\":{},\"host\":{}}},\"prepare_workers\":{},\"why\":{}}}",
+        serde_json::to_string(rule.guest.name())?,
+        serde_json::to_string(rule.host.name())?,
+        workers.count,
+        serde_json::to_string(&why)?
+    );
+    Ok(Outcome::Ok)
+}

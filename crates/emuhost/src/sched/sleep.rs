@@ -1,0 +1,296 @@
+//! Short sleeps: how a sleep under a millisecond waits, for the guest and for the host.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::seam::{OsHost, SchedHost};
+
+/// The switch: unset, the rule by processor count; set, its value decides for every short sleep.
+pub const SHORT_SLEEP_TIMER_VAR: &str = "EMUHOST_SHORT_SLEEP_TIMER";
+
+/// Guest short sleeps wait on the timer where the affinity mask holds this many logical
+/// processors or fewer (measured in the reference on 4 and 6; at 8 and 16 nothing was gained).
+pub const TIMER_MAX_CPUS: usize = 6;
+
+/// A sleep shorter than this is a short sleep, which the rule governs. Longer ones wait on the
+/// timer (the host's: [`HOST_EXACT_WAIT`]).
+pub const SHORT_SLEEP: Duration = Duration::from_millis(1);
+
+/// How the host's sleeps wait when the switch is unset: the exact wait, the yield loop.
+/// [`Wait::Hybrid`] was measured against it with `emuhost bench sleep` on the 2-vCPU VM (README,
+/// "Short sleeps"): at 1 ms its median lateness equals the loop's (0.3 µs) at 7–18 % of its CPU,
+/// but its p99 is the timer's wake-up, and in the least loaded runs that was 50–120×
+/// the loop's (246 µs against 4.6, 2.6 ms against 21 µs). It does not keep the loop's lateness, so it is not adopted;
+/// [`SleeperBuilder::host_exact`] turns it on, and a quieter machine may show otherwise.
+pub const HOST_EXACT_WAIT: Wait = Wait::Yield;
+
+/// The hybrid's margin: it waits on the timer until this long before the deadline and yields
+/// the rest. It must cover the timer's lateness (p99 ~80 µs with a 1 ns slack on a 2-vCPU VM),
+/// or the hybrid wakes late like the timer does.
+pub const HYBRID_MARGIN: Duration = Duration::from_micros(100);
+
+/// Who sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Caller {
+    /// The game's own sleep calls.
+    Guest,
+    /// The host's: frame limiter, audio, timer events.
+    Host,
+}
+
+/// How a sleep waits out its time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// One timer wait for the deadline: the thread really sleeps, and wakes somewhat late.
+    Timer,
+    /// Yields until the deadline: exact, and keeps a CPU busy.
+    Yield,
+    /// A timer wait until the margin before the deadline, then yields: nearly exact, busy only
+    /// for the margin.
+    Hybrid,
+}
+
+impl Wait {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Timer => "timer",
+            Wait::Yield => "yield",
+            Wait::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// Whether a set switch's value means "on": `0`, `false`, `off`, `no` and the empty string
+/// (trimmed, any case) are off; any other value is on.
+pub fn switch_on(value: &str) -> bool {
+    let v = value.trim();
+    !(v.is_empty() || ["0", "false", "off", "no"].iter().any(|off| v.eq_ignore_ascii_case(off)))
+}
+
+/// The rule for short sleeps, decided once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShortSleepRule {
+    pub guest: Wait,
+    pub host: Wait,
+    /// The processor count it was decided with (`None`: unknown).
+    pub cpus: Option<usize>,
+    /// The switch's value, `None` where it is unset.
+    pub switch: Option<String>,
+    pub timer_max_cpus: usize,
+}
+
+impl ShortSleepRule {
+    /// Decides the rule. `switch`: the switch's value, `None` where it is unset. `cpus`: the
+    /// logical processors in the affinity mask, `None` where unknown. `host_exact`: how the
+    /// host's sleeps wait where the switch is unset.
+    pub fn decide(switch: Option<&str>, cpus: Option<usize>, timer_max_cpus: usize, host_exact: Wait) -> Self {
+        let (guest, host) = match switch {
+            Some(v) => {
+                let w = if switch_on(v) { Wait::Timer } else { Wait::Yield };
+                (w, w)
+            }
+            None => {
+                let few = cpus.is_some_and(|n| n <= timer_max_cpus);
+                (if few { Wait::Timer } else { Wait::Yield }, host_exact)
+            }
+        };
+        ShortSleepRule { guest, host, cpus, switch: switch.map(str::to_owned), timer_max_cpus }
+    }
+
+    /// How a short sleep of `caller` waits.
+    pub fn wait_for(&self, caller: Caller) -> Wait {
+        match caller {
+            Caller::Guest => self.guest,
+            Caller::Host => self.host,
+        }
+    }
+
+    /// Why, in words (for the log and `emuhost policy`).
+    pub fn why(&self) -> String {
+        let cpus = self.cpus.map_or("an unknown count of".to_string(), |n| n.to_string());
+        match &self.switch {
+            Some(v) => format!(
+                "{SHORT_SLEEP_TIMER_VAR}={v:?} is set and {}: every short sleep ({}), guest and host; {cpus} logical \
+                 processors in the affinity mask",
+                if switch_on(v) { "on" } else { "off" },
+                self.guest.name(),
+            ),
+            None => {
+                let reason = match self.cpus {
+                    Some(n) if n <= self.timer_max_cpus => format!("{n} <= {}", self.timer_max_cpus),
+                    Some(n) => format!("{n} > {}", self.timer_max_cpus),
+                    None => "the count is unknown".to_string(),
+                };
+                format!(
+                    "{SHORT_SLEEP_TIMER_VAR} unset: guest short sleeps {} ({cpus} logical processors in the affinity \
+                     mask: {reason}), host short sleeps {} (the exact wait)",
+                    self.guest.name(),
+                    self.host.name()
+                )
+            }
+        }
+    }
+}
+
+/// Waits until `deadline_ns` on `host`'s clock by `wait`. `margin_ns`: the hybrid's margin.
+/// Whatever a timer wait leaves (it failed) is yielded out, so every wait ends at or after the
+/// deadline.
+pub fn wait_until<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns: u64, margin_ns: u64) {
+    let now = host.now_ns();
+    if now >= deadline_ns {
+        return;
+    }
+    match wait {
+        Wait::Timer => host.timer_wait_until(deadline_ns),
+        Wait::Hybrid if deadline_ns - now > margin_ns => host.timer_wait_until(deadline_ns - margin_ns),
+        Wait::Hybrid | Wait::Yield => {}
+    }
+    while host.now_ns() < deadline_ns {
+        host.yield_now();
+    }
+}
+
+/// How a [`Sleeper`] is made: the threshold, the host's exact wait and the hybrid's margin.
+#[derive(Clone, Copy, Debug)]
+pub struct SleeperBuilder {
+    timer_max_cpus: usize,
+    host_exact: Wait,
+    hybrid_margin: Duration,
+}
+
+impl Default for SleeperBuilder {
+    fn default() -> Self {
+        Self { timer_max_cpus: TIMER_MAX_CPUS, host_exact: HOST_EXACT_WAIT, hybrid_margin: HYBRID_MARGIN }
+    }
+}
+
+impl SleeperBuilder {
+    /// Guest short sleeps wait on the timer with this many logical processors or fewer.
+    pub fn timer_max_cpus(mut self, n: usize) -> Self {
+        self.timer_max_cpus = n;
+        self
+    }
+
+    /// How the host's sleeps wait where the switch is unset.
+    pub fn host_exact(mut self, wait: Wait) -> Self {
+        self.host_exact = wait;
+        self
+    }
+
+    pub fn hybrid_margin(mut self, margin: Duration) -> Self {
+        self.hybrid_margin = margin;
+        self
+    }
+
+    pub fn build<H: SchedHost>(self, host: H) -> Sleeper<H> {
+        Sleeper { host, config: self, rule: OnceLock::new() }
+    }
+}
+
+/// Sleeps for the guest and the host by the rule, which it decides at its first sleep (or at
+/// [`Sleeper::rule`]) and logs once.
+pub struct Sleeper<H: SchedHost> {
+    host: H,
+    config: SleeperBuilder,
+    rule: OnceLock<ShortSleepRule>,
+}
+
+impl Sleeper<OsHost> {
+    /// A builder; its `build` takes the seam (any [`SchedHost`]).
+    pub fn builder() -> SleeperBuilder {
+        SleeperBuilder::default()
+    }
+}
+
+impl<H: SchedHost> Sleeper<H> {
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// The rule, decided at the first call: the switch and the processor count are read then,
+    /// and one log line says what was chosen.
+    pub fn rule(&self) -> &ShortSleepRule {
+        self.rule.get_or_init(|| {
+            let switch = self.host.env(SHORT_SLEEP_TIMER_VAR);
+            // The count is looked at only where the switch leaves it to the rule, but the log gives it always.
+            let cpus = self.host.affinity_cpus();
+            let rule =
+                ShortSleepRule::decide(switch.as_deref(), cpus, self.config.timer_max_cpus, self.config.host_exact);
+            tracing::info!(
+                "sched: short sleeps: guest {}, host {}: {}",
+                rule.guest.name(),
+                rule.host.name(),
+                rule.why()
+            );
+            rule
+        })
+    }
+
+    /// Sleeps `d` for `caller`.
+    pub fn sleep(&self, caller: Caller, d: Duration) {
+        let deadline = self.host.now_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64);
+        self.sleep_until(caller, deadline);
+    }
+
+    /// Sleeps until `deadline_ns` on the host's clock for `caller`.
+    pub fn sleep_until(&self, caller: Caller, deadline_ns: u64) {
+        let left = deadline_ns.saturating_sub(self.host.now_ns());
+        if left == 0 {
+            return;
+        }
+        let wait = if u128::from(left) < SHORT_SLEEP.as_nanos() {
+            self.rule().wait_for(caller)
+        } else {
+            self.long_wait(caller)
+        };
+        wait_until(&self.host, wait, deadline_ns, self.config.hybrid_margin.as_nanos() as u64);
+    }
+
+    /// How a sleep of a millisecond or more waits: on the timer, but the host's by the hybrid
+    /// where that is its exact wait (it costs the margin's yields and keeps pacing exact).
+    fn long_wait(&self, caller: Caller) -> Wait {
+        match (caller, self.config.host_exact) {
+            (Caller::Host, Wait::Hybrid) => Wait::Hybrid,
+            _ => Wait::Timer,
+        }
+    }
+}
+
+/// The process's sleeper on the real machine: the rule is decided once per process.
+pub fn sleeper() -> &'static Sleeper<OsHost> {
+    static SLEEPER: OnceLock<Sleeper<OsHost>> = OnceLock::new();
+    SLEEPER.get_or_init(|| SleeperBuilder::default().build(OsHost))
+}
+
+/// A guest sleep on the process's sleeper.
+pub fn sleep_guest(d: Duration) {
+    sleeper().sleep(Caller::Guest, d);
+}
+
+/// A host sleep on the process's sleeper.
+pub fn sleep_host(d: Duration) {
+    sleeper().sleep(Caller::Host, d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switch_values() {
+        for off in ["", " ", "0", " 0 ", "false", "FALSE", "Off", "no", "NO", "\tno\n"] {
+            assert!(!switch_on(off), "{off:?} must be off");
+        }
+        for on in ["1", "on", "true", "yes", "timer", "2", "00", "nope", "offf"] {
+            assert!(switch_on(on), "{on:?} must be on");
+        }
+    }
+
+    #[test]
+    fn threshold_is_inclusive() {
+        let at = ShortSleepRule::decide(None, Some(TIMER_MAX_CPUS), TIMER_MAX_CPUS, Wait::Yield);
+        let past = ShortSleepRule::decide(None, Some(TIMER_MAX_CPUS + 1), TIMER_MAX_CPUS, Wait::Yield);
+        assert_eq!((at.guest, past.guest), (Wait::Timer, Wait::Yield));
+        assert!(at.why().contains("6 <= 6"), "{}", at.why());
+    }
+}

@@ -1,0 +1,375 @@
+//! Short sleeps over a counting seam (a clock that only moves when the sleeper yields or waits on
+//! the timer, so nothing really sleeps), and the process's real sleeper on this machine.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use emuhost::sched::{
+    Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, OsHost, SHORT_SLEEP_TIMER_VAR, SchedHost, Sleeper, TIMER_MAX_CPUS, Wait,
+    wait_until,
+};
+
+/// Each yield moves the clock by this much.
+const YIELD_STEP: u64 = 1_000;
+
+/// The seam: counts yields, timer waits and reads of the count and the switch.
+struct Counting {
+    now: AtomicU64,
+    yields: AtomicU64,
+    timers: AtomicU64,
+    cpu_reads: AtomicU64,
+    env_reads: AtomicU64,
+    cpus: Option<usize>,
+    switch: Option<String>,
+}
+
+impl Counting {
+    fn new(cpus: Option<usize>, switch: Option<&str>) -> Self {
+        Counting {
+            now: AtomicU64::new(1_000_000_000),
+            yields: AtomicU64::new(0),
+            timers: AtomicU64::new(0),
+            cpu_reads: AtomicU64::new(0),
+            env_reads: AtomicU64::new(0),
+            cpus,
+            switch: switch.map(str::to_owned),
+        }
+    }
+
+    /// (yields, timer waits) since the last call.
+    fn take(&self) -> (u64, u64) {
+        (self.yields.swap(0, Ordering::SeqCst), self.timers.swap(0, Ordering::SeqCst))
+    }
+}
+
+impl SchedHost for Counting {
+    fn now_ns(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+    fn yield_now(&self) {
+        self.yields.fetch_add(1, Ordering::SeqCst);
+        self.now.fetch_add(YIELD_STEP, Ordering::SeqCst);
+    }
+    fn timer_wait_until(&self, deadline_ns: u64) {
+        self.timers.fetch_add(1, Ordering::SeqCst);
+        self.now.fetch_max(deadline_ns, Ordering::SeqCst);
+    }
+    fn affinity_cpus(&self) -> Option<usize> {
+        self.cpu_reads.fetch_add(1, Ordering::SeqCst);
+        self.cpus
+    }
+    fn env(&self, name: &str) -> Option<String> {
+        assert_eq!(name, SHORT_SLEEP_TIMER_VAR);
+        self.env_reads.fetch_add(1, Ordering::SeqCst);
+        self.switch.clone()
+    }
+}
+
+/// Sleeps `d` and returns (yields, timer waits); checks the sleep ended at its deadline.
+fn sleep_counted(s: &Sleeper<Counting>, caller: Caller, d: Duration) -> (u64, u64) {
+    let start = s.host().now_ns();
+    s.sleep(caller, d);
+    let end = s.host().now_ns();
+    assert!(end >= start + d.as_nanos() as u64, "woke early: {start} + {d:?} > {end}");
+    s.host().take()
+}
+
+/// What a sleep of `d` costs in (yields, timer waits) when it waits by `w` on the seam.
+fn cost(w: Wait, d: Duration) -> (u64, u64) {
+    let ns = d.as_nanos() as u64;
+    let margin = HYBRID_MARGIN.as_nanos() as u64;
+    match w {
+        Wait::Timer => (0, 1),
+        Wait::Yield => (ns.div_ceil(YIELD_STEP), 0),
+        Wait::Hybrid if ns > margin => (margin.div_ceil(YIELD_STEP), 1),
+        Wait::Hybrid => (ns.div_ceil(YIELD_STEP), 0),
+    }
+}
+
+/// The rule, written out from the contract (not from the library).
+fn expected(cpus: Option<usize>, switch: Option<&str>, caller: Caller) -> Wait {
+    match switch {
+        Some(v) => {
+            let off = ["", "0", "false", "off", "no"].contains(&v.trim().to_ascii_lowercase().as_str());
+            if off { Wait::Yield } else { Wait::Timer }
+        }
+        None => match caller {
+            Caller::Host => HOST_EXACT_WAIT,
+            Caller::Guest if cpus.is_some_and(|n| n <= 6) => Wait::Timer,
+            Caller::Guest => Wait::Yield,
+        },
+    }
+}
+
+const SWITCHES: &[Option<&str>] = &[
+    None,
+    Some(""),
+    Some("   "),
+    Some("0"),
+    Some(" 0 "),
+    Some("false"),
+    Some("FALSE"),
+    Some("off"),
+    Some("OFF"),
+    Some("Off"),
+    Some("no"),
+    Some(" No\t"),
+    Some("1"),
+    Some("on"),
+    Some("ON"),
+    Some("true"),
+    Some("yes"),
+    Some("timer"),
+    Some(" 1 "),
+    Some("2"),
+];
+
+fn counts() -> impl Iterator<Item = Option<usize>> {
+    (1..=16).map(Some).chain([None])
+}
+
+#[test]
+fn every_count_switch_and_caller() {
+    assert_eq!(TIMER_MAX_CPUS, 6);
+    let short = [Duration::from_micros(20), Duration::from_micros(500), Duration::from_nanos(999_999)];
+    for cpus in counts() {
+        for &switch in SWITCHES {
+            let s = Sleeper::builder().build(Counting::new(cpus, switch));
+            for caller in [Caller::Guest, Caller::Host] {
+                let want = expected(cpus, switch, caller);
+                assert_eq!(s.rule().wait_for(caller), want, "cpus {cpus:?}, switch {switch:?}, {caller:?}");
+                for d in short {
+                    let got = sleep_counted(&s, caller, d);
+                    assert_eq!(
+                        got,
+                        cost(want, d),
+                        "cpus {cpus:?}, switch {switch:?}, {caller:?}, {d:?}: (yields, timers)"
+                    );
+                }
+            }
+            assert_eq!(s.host().env_reads.load(Ordering::SeqCst), 1, "the switch is read once");
+            assert_eq!(s.host().cpu_reads.load(Ordering::SeqCst), 1, "the count is read once");
+        }
+    }
+}
+
+#[test]
+fn long_sleeps_wait_on_the_timer() {
+    for cpus in counts() {
+        for &switch in SWITCHES {
+            let s = Sleeper::builder().build(Counting::new(cpus, switch));
+            for d in [Duration::from_millis(1), Duration::from_millis(16)] {
+                assert_eq!(sleep_counted(&s, Caller::Guest, d), (0, 1), "guest {d:?}");
+                assert_eq!(sleep_counted(&s, Caller::Host, d), cost(host_long(), d), "host {d:?}");
+            }
+        }
+    }
+}
+
+/// The host's long sleeps: the hybrid where that is the exact wait, the timer otherwise.
+fn host_long() -> Wait {
+    if HOST_EXACT_WAIT == Wait::Hybrid { Wait::Hybrid } else { Wait::Timer }
+}
+
+#[test]
+fn host_sleeps_yield_where_the_exact_wait_is_the_yield_loop() {
+    for cpus in counts() {
+        let s = Sleeper::builder().host_exact(Wait::Yield).build(Counting::new(cpus, None));
+        let d = Duration::from_micros(500);
+        assert_eq!(sleep_counted(&s, Caller::Host, d), (500, 0), "cpus {cpus:?}");
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (0, 1), "cpus {cpus:?}");
+    }
+}
+
+#[test]
+fn threshold_override() {
+    for max in [0, 1, 2, 8, 12] {
+        for cpus in counts() {
+            let s = Sleeper::builder().timer_max_cpus(max).build(Counting::new(cpus, None));
+            let timer = cpus.is_some_and(|n| n <= max);
+            let got = sleep_counted(&s, Caller::Guest, Duration::from_micros(20));
+            assert_eq!(got, if timer { (0, 1) } else { (20, 0) }, "max {max}, cpus {cpus:?}");
+        }
+    }
+}
+
+/// The counting seam with a clock per thread, so threads sleeping side by side do not move each
+/// other's clock past a deadline.
+struct ThreadClock(Counting);
+
+thread_local! {
+    static NOW: std::cell::Cell<u64> = const { std::cell::Cell::new(1_000_000_000) };
+}
+
+impl SchedHost for ThreadClock {
+    fn now_ns(&self) -> u64 {
+        NOW.get()
+    }
+    fn yield_now(&self) {
+        self.0.yields.fetch_add(1, Ordering::SeqCst);
+        NOW.set(NOW.get() + YIELD_STEP);
+    }
+    fn timer_wait_until(&self, deadline_ns: u64) {
+        self.0.timers.fetch_add(1, Ordering::SeqCst);
+        NOW.set(NOW.get().max(deadline_ns));
+    }
+    fn affinity_cpus(&self) -> Option<usize> {
+        self.0.affinity_cpus()
+    }
+    fn env(&self, name: &str) -> Option<String> {
+        self.0.env(name)
+    }
+}
+
+#[test]
+fn decided_once_across_threads() {
+    let s = Arc::new(Sleeper::builder().build(ThreadClock(Counting::new(Some(4), None))));
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (s, barrier) = (s.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let caller = if i % 2 == 0 { Caller::Guest } else { Caller::Host };
+                barrier.wait();
+                for _ in 0..50 {
+                    s.sleep(caller, Duration::from_micros(20));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let c = &s.host().0;
+    assert_eq!(c.env_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(c.cpu_reads.load(Ordering::SeqCst), 1);
+    // 4 guest threads × 50 sleeps on the timer; 4 host threads × 50 sleeps by the exact wait.
+    let host = cost(HOST_EXACT_WAIT, Duration::from_micros(20));
+    assert_eq!(c.timers.load(Ordering::SeqCst), 200 + 200 * host.1);
+    assert_eq!(c.yields.load(Ordering::SeqCst), 200 * host.0);
+}
+
+#[test]
+fn a_timer_that_fails_is_yielded_out() {
+    struct Broken(Counting);
+    impl SchedHost for Broken {
+        fn now_ns(&self) -> u64 {
+            self.0.now_ns()
+        }
+        fn yield_now(&self) {
+            self.0.yield_now()
+        }
+        fn timer_wait_until(&self, _deadline_ns: u64) {
+            self.0.timers.fetch_add(1, Ordering::SeqCst);
+        }
+        fn affinity_cpus(&self) -> Option<usize> {
+            self.0.affinity_cpus()
+        }
+        fn env(&self, name: &str) -> Option<String> {
+            self.0.env(name)
+        }
+    }
+    let h = Broken(Counting::new(Some(2), None));
+    let start = h.now_ns();
+    wait_until(&h, Wait::Timer, start + 30_000, 0);
+    assert_eq!(h.0.take(), (30, 1));
+    assert!(h.now_ns() >= start + 30_000);
+}
+
+/// Captures the log lines (`tracing` events at `info` or above, what the CLI shows) of one thread.
+#[derive(Default, Clone)]
+struct Lines(Arc<Mutex<Vec<String>>>);
+
+struct Visit<'a>(&'a mut String);
+impl tracing::field::Visit for Visit<'_> {
+    fn record_debug(&mut self, _f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{v:?}"));
+    }
+}
+
+impl tracing::Subscriber for Lines {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        static NEXT: AtomicUsize = AtomicUsize::new(1);
+        tracing::span::Id::from_u64(NEXT.fetch_add(1, Ordering::Relaxed) as u64)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        if *e.metadata().level() > tracing::Level::INFO {
+            return;
+        }
+        let mut s = String::new();
+        e.record(&mut Visit(&mut s));
+        self.0.lock().unwrap().push(s);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn logged_once_with_the_count() {
+    for (cpus, switch) in
+        [(Some(4), None), (Some(12), None), (None, None), (Some(12), Some("on")), (Some(3), Some(" off "))]
+    {
+        let lines = Lines::default();
+        let s = Sleeper::builder().build(Counting::new(cpus, switch));
+        tracing::subscriber::with_default(lines.clone(), || {
+            for _ in 0..5 {
+                s.sleep(Caller::Guest, Duration::from_micros(20));
+                s.sleep(Caller::Host, Duration::from_micros(20));
+            }
+        });
+        let got = lines.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 1, "{got:?}");
+        let count = cpus.map_or("unknown count".to_string(), |n| format!("{n} logical processors"));
+        assert!(got[0].contains(&count), "{got:?} must name {count:?}");
+        let says = format!(
+            "guest {}, host {}",
+            expected(cpus, switch, Caller::Guest).name(),
+            expected(cpus, switch, Caller::Host).name()
+        );
+        assert!(got[0].contains(&says), "{got:?} must say {says:?}");
+    }
+}
+
+#[test]
+fn real_sleeps_end_at_or_after_their_deadline() {
+    let s = Sleeper::builder().build(OsHost);
+    for caller in [Caller::Guest, Caller::Host] {
+        for d in [Duration::from_micros(20), Duration::from_micros(300), Duration::from_millis(1)] {
+            let start = s.host().now_ns();
+            s.sleep(caller, d);
+            assert!(s.host().now_ns() >= start + d.as_nanos() as u64, "{caller:?} {d:?} woke early");
+        }
+    }
+    for w in [Wait::Timer, Wait::Yield, Wait::Hybrid] {
+        let deadline = OsHost.now_ns() + 200_000;
+        wait_until(&OsHost, w, deadline, 50_000);
+        assert!(OsHost.now_ns() >= deadline, "{w:?} woke early");
+    }
+}
+
+#[test]
+fn hybrid_waits_on_the_timer_until_the_margin() {
+    for cpus in counts() {
+        let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(cpus, None));
+        // Margin 100 µs, 1 µs a yield: a timer wait to 100 µs before the deadline, then 100 yields.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (100, 1), "cpus {cpus:?}");
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (100, 1), "cpus {cpus:?}");
+        // Shorter than the margin: all yields.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(20)), (20, 0), "cpus {cpus:?}");
+        assert_eq!(s.rule().host, Wait::Hybrid);
+    }
+    let s = Sleeper::builder()
+        .host_exact(Wait::Hybrid)
+        .hybrid_margin(Duration::from_micros(30))
+        .build(Counting::new(Some(2), None));
+    assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (30, 1));
+    // The switch set decides for the host too, hybrid or not.
+    let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(Some(2), Some("on")));
+    assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (0, 1));
+}

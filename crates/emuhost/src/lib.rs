@@ -1,10 +1,12 @@
 //! emuhost: the host layer a console emulator or static recompiler runs its game on.
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
+//! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin).
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
+pub mod import;
 pub mod space;
 mod sys;
 

@@ -2,6 +2,7 @@
 //! region queries, and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
 
 pub mod mm;
+pub mod pin;
 pub mod probe;
 pub mod query;
 pub mod uapi;

@@ -407,3 +407,41 @@ mod tests {
         assert!(matches!("gl".parse::<BackendChoice>(), Err(ImportError::BadBackendName(_))));
     }
 }
+
+/// A shared backend is a backend (several importers, or a test that looks at the budget after
+/// the importer is gone).
+impl<B: Backend> Backend for std::sync::Arc<B> {
+    type Import = B::Import;
+
+    fn kind(&self) -> BackendKind {
+        (**self).kind()
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+
+    fn alignment(&self) -> u64 {
+        (**self).alignment()
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        (**self).budget()
+    }
+
+    fn import(&self, span: HostSpan) -> Result<B::Import, ImportError> {
+        (**self).import(span)
+    }
+
+    fn release(&self, import: B::Import) {
+        (**self).release(import)
+    }
+
+    fn gpu_copy(&self, f: &B::Import, fo: u64, t: &B::Import, to: u64, len: u64) -> Result<bool, ImportError> {
+        (**self).gpu_copy(f, fo, t, to, len)
+    }
+
+    fn check(&self, import: &B::Import) -> Result<(), ImportError> {
+        (**self).check(import)
+    }
+}

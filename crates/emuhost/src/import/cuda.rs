@@ -101,9 +101,9 @@ impl Cuda {
     pub fn open() -> Result<Cuda, ImportError> {
         // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
         let lib = unsafe { Library::new("libcuda.so.1") }
-            .or_else(|_| {
+            .or_else(|first| {
                 // SAFETY: as above.
-                unsafe { Library::new("libcuda.so") }
+                unsafe { Library::new("libcuda.so") }.map_err(|_| first)
             })
             .map_err(|e| unavailable(format!("no CUDA driver library: {e}")))?;
         // SAFETY: each signature below is the driver API's, from cuda.h.

@@ -2,6 +2,7 @@
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
 mod bench;
+mod plan;
 mod probe;
 
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The range each binding would import, given the game's pools (one `0xlo..0xhi` line each).
+    Plan(plan::Args),
     /// Benchmarks: both arms in one run, several rounds, medians and the ratio (use a release build).
     Bench {
         #[command(subcommand)]
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe { json } => probe::run(json),
+        Command::Plan(a) => plan::run(a),
         Command::Bench { which } => bench::run(which),
     };
     match result {

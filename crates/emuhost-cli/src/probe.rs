@@ -1,5 +1,6 @@
 //! `emuhost probe`.
 
+use emuhost::import::{AnyBackend, Backend, BackendChoice, error_chain};
 use emuhost::probe::{Offer, Probe};
 use serde_json::json;
 
@@ -21,6 +22,7 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
 
 pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
     let p = Probe::run();
+    let import = import_backend();
     if as_json {
         let v = json!({
             "kernel": p.kernel,
@@ -32,6 +34,7 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
             "pagemap_scan": offer(&p.pagemap_scan),
             "procmap_query": offer(&p.procmap_query),
             "thp": p.thp,
+            "import": import.json,
         });
         println!("{v}");
     } else {
@@ -49,10 +52,53 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
         println!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
         println!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
         println!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
+        for line in import.text {
+            println!("{line}");
+        }
     }
     Ok(Outcome::Ok)
 }
 
 fn yes(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
+}
+
+struct ImportProbe {
+    json: serde_json::Value,
+    text: Vec<String>,
+}
+
+/// Which import backend `EMUHOST_IMPORT_BACKEND` (auto: Vulkan, then CUDA, then pin) picks here,
+/// after its start-up check, and why the ones before it were passed over.
+fn import_backend() -> ImportProbe {
+    let choice = std::env::var("EMUHOST_IMPORT_BACKEND").unwrap_or_else(|_| "auto".into());
+    let picked = BackendChoice::from_env().and_then(AnyBackend::pick);
+    match picked {
+        Ok(p) => {
+            let b = &p.backend;
+            let mut text = vec![format!(
+                "import backend    {} ({}): {}",
+                b.kind().name(),
+                if p.passed_over.is_empty() {
+                    format!("EMUHOST_IMPORT_BACKEND={choice}, first choice")
+                } else {
+                    format!("EMUHOST_IMPORT_BACKEND={choice}")
+                },
+                b.describe()
+            )];
+            for (k, why) in &p.passed_over {
+                text.push(format!("  passed over     {}: {why}", k.name()));
+            }
+            let passed: Vec<_> =
+                p.passed_over.iter().map(|(k, why)| json!({ "backend": k.name(), "why": why })).collect();
+            ImportProbe {
+                json: json!({ "ok": true, "choice": choice, "backend": b.kind().name(), "device": b.describe(), "alignment": b.alignment(), "passed_over": passed }),
+                text,
+            }
+        }
+        Err(e) => ImportProbe {
+            json: json!({ "ok": false, "choice": choice, "why": error_chain(&e) }),
+            text: vec![format!("import backend    no ({})", error_chain(&e))],
+        },
+    }
 }

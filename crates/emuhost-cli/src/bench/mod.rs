@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod import;
 mod space;
 
 use std::time::{Duration, Instant};
@@ -15,11 +16,15 @@ pub enum Which {
     /// One-call commit against the region-by-region walk over a fragmented window; a run of
     /// shared pages mapped as one view against one view per page.
     Space(space::Args),
+    /// GPU import: untouched against populated pages per size, and a session through the
+    /// importer with naive chunks, spans, and spans + populate ahead.
+    Import(import::Args),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
     match which {
         Which::Space(a) => space::run(a),
+        Which::Import(a) => import::run(a),
     }
 }
 

@@ -254,7 +254,7 @@ impl BackendChoice {
 /// Any of the backends, chosen at run time.
 #[derive(Debug)]
 pub enum AnyBackend {
-    Vulkan(Vulkan),
+    Vulkan(Box<Vulkan>),
     Cuda(Cuda),
     Pin(Pin),
 }
@@ -279,7 +279,7 @@ impl AnyBackend {
     /// Opens one backend and runs its start-up check.
     pub fn open(kind: BackendKind) -> Result<AnyBackend, ImportError> {
         let b = match kind {
-            BackendKind::Vulkan => AnyBackend::Vulkan(Vulkan::open()?),
+            BackendKind::Vulkan => AnyBackend::Vulkan(Box::new(Vulkan::open()?)),
             BackendKind::Cuda => AnyBackend::Cuda(Cuda::open()?),
             BackendKind::Pin => AnyBackend::Pin(Pin::new()),
         };
@@ -382,32 +382,6 @@ impl Backend for AnyBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_refuses_past_each_limit_and_gives_back() {
-        let mut b = Budget { max_count: 2, max_bytes: 100, max_single: 60, count: 0, bytes: 0 };
-        assert!(matches!(b.take(61), Err(ImportError::Budget { what: "one import's size", .. })));
-        b.take(60).unwrap();
-        assert!(matches!(b.take(50), Err(ImportError::Budget { what: "live imported bytes", .. })));
-        b.take(40).unwrap();
-        assert!(matches!(b.take(0), Err(ImportError::Budget { what: "live imports", .. })));
-        b.give(60);
-        b.take(50).unwrap();
-        assert_eq!((b.count, b.bytes), (2, 90));
-    }
-
-    #[test]
-    fn backend_names_parse() {
-        assert_eq!("".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
-        assert_eq!(" Vulkan ".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Vulkan));
-        assert_eq!("pin".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Pin));
-        assert!(matches!("gl".parse::<BackendChoice>(), Err(ImportError::BadBackendName(_))));
-    }
-}
-
 /// A shared backend is a backend (several importers, or a test that looks at the budget after
 /// the importer is gone).
 impl<B: Backend> Backend for std::sync::Arc<B> {
@@ -443,5 +417,31 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
 
     fn check(&self, import: &B::Import) -> Result<(), ImportError> {
         (**self).check(import)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refuses_past_each_limit_and_gives_back() {
+        let mut b = Budget { max_count: 2, max_bytes: 100, max_single: 60, count: 0, bytes: 0 };
+        assert!(matches!(b.take(61), Err(ImportError::Budget { what: "one import's size", .. })));
+        b.take(60).unwrap();
+        assert!(matches!(b.take(50), Err(ImportError::Budget { what: "live imported bytes", .. })));
+        b.take(40).unwrap();
+        assert!(matches!(b.take(0), Err(ImportError::Budget { what: "live imports", .. })));
+        b.give(60);
+        b.take(50).unwrap();
+        assert_eq!((b.count, b.bytes), (2, 90));
+    }
+
+    #[test]
+    fn backend_names_parse() {
+        assert_eq!("".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
+        assert_eq!(" Vulkan ".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Vulkan));
+        assert_eq!("pin".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Pin));
+        assert!(matches!("gl".parse::<BackendChoice>(), Err(ImportError::BadBackendName(_))));
     }
 }

@@ -232,7 +232,14 @@ impl Backend for Cuda {
         self.budget.give(import.span.len() as u64);
     }
 
-    fn gpu_copy(&self, from: &CudaImport, fo: u64, to: &CudaImport, to_off: u64, len: u64) -> Result<bool, ImportError> {
+    fn gpu_copy(
+        &self,
+        from: &CudaImport,
+        fo: u64,
+        to: &CudaImport,
+        to_off: u64,
+        len: u64,
+    ) -> Result<bool, ImportError> {
         let inside = |off: u64, i: &CudaImport| off.checked_add(len).is_some_and(|e| e <= i.span.len() as u64);
         if len == 0 || !inside(fo, from) || !inside(to_off, to) {
             return Err(ImportError::Verify { backend: "cuda", what: format!("copy of {len:#x} bytes out of range") });

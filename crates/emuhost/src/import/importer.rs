@@ -21,9 +21,9 @@ pub struct ImportConfig {
     pub plan: PlanConfig,
     /// How long a range that failed is held before it is tried again (0: not held).
     pub cooling: Duration,
-    /// Fault a pool's pages in (`Space::populate`) on a background thread when it is registered,
-    /// so that the import at binding time pays for pinning only.
-    pub populate_ahead: bool,
+    /// Fault pages in (`Space::populate`) on a background thread when a pool is registered, so
+    /// that the import at binding time pays for pinning only.
+    pub populate_ahead: PopulateAhead,
     /// Commit the range read-write (one call) before importing it, so that reserved gaps between
     /// pools inside a chunk are importable. Pages committed already keep their bytes; their
     /// protection is set to read-write again.
@@ -32,7 +32,7 @@ pub struct ImportConfig {
 
 impl Default for ImportConfig {
     fn default() -> Self {
-        Self { plan: PlanConfig::default(), cooling: DEFAULT_COOLING, populate_ahead: false, commit: true }
+        Self { plan: PlanConfig::default(), cooling: DEFAULT_COOLING, populate_ahead: PopulateAhead::Off, commit: true }
     }
 }
 
@@ -42,13 +42,12 @@ impl ImportConfig {
     pub fn from_env() -> Result<Self, ImportError> {
         let mut c = Self::default();
         if let Some(mb) = env_u64("EMUHOST_IMPORT_CHUNK_MB")? {
-            c.plan.chunk = mb.checked_mul(1 << 20).filter(|b| b.is_power_of_two()).ok_or_else(|| {
-                ImportError::BadSwitch {
+            c.plan.chunk =
+                mb.checked_mul(1 << 20).filter(|b| b.is_power_of_two()).ok_or_else(|| ImportError::BadSwitch {
                     name: "EMUHOST_IMPORT_CHUNK_MB",
                     value: mb.to_string(),
                     why: "a power of two of MiB is needed",
-                }
-            })?;
+                })?;
         }
         if let Some(mb) = env_u64("EMUHOST_IMPORT_SPAN_MB")? {
             c.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
@@ -61,10 +60,35 @@ impl ImportConfig {
             c.cooling = Duration::from_millis(ms);
         }
         if let Ok(v) = std::env::var("EMUHOST_IMPORT_POPULATE_AHEAD") {
-            c.populate_ahead = !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false" | "off" | "no");
+            c.populate_ahead = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "0" | "false" | "off" | "no" => PopulateAhead::Off,
+                "1" | "true" | "on" | "yes" | "pools" => PopulateAhead::Pools,
+                "chunks" => PopulateAhead::Chunks,
+                _ => {
+                    return Err(ImportError::BadSwitch {
+                        name: "EMUHOST_IMPORT_POPULATE_AHEAD",
+                        value: v,
+                        why: "expected off, pools (or on) or chunks",
+                    });
+                }
+            };
         }
         Ok(c)
     }
+}
+
+/// What is populated ahead when a pool is registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PopulateAhead {
+    /// Nothing: an import faults in what was never touched.
+    #[default]
+    Off,
+    /// The pool's own pages (they must be committed writable; a failure is counted).
+    Pools,
+    /// The chunks the pool touches, committed read-write first: everything an import of them
+    /// would pin, gaps between pools included. Costs resident memory for every chunk any pool
+    /// touches, bound or not.
+    Chunks,
 }
 
 /// The importer's figures.
@@ -152,7 +176,10 @@ struct PopulateCounts {
 }
 
 enum Job {
+    /// Populate `lo..hi` (committed).
     Range(u64, u64),
+    /// Commit and populate the chunks of `lo..hi` (chunk-aligned) not done before.
+    Chunks(u64, u64, u64),
     Flush(mpsc::Sender<()>),
 }
 
@@ -167,19 +194,38 @@ impl Populator {
         let (tx, rx) = mpsc::channel::<Job>();
         let counts = Arc::new(PopulateCounts::default());
         let c = counts.clone();
+        let populate = move |space: &Space, lo: u64, hi: u64, commit: bool| {
+            let r = space.range(lo, hi - lo).and_then(|r| {
+                if commit {
+                    space.commit(r, Prot::READ_WRITE)?;
+                }
+                space.populate(r)
+            });
+            match r {
+                Ok(()) => {
+                    c.done.fetch_add(1, Ordering::Relaxed);
+                    c.bytes.fetch_add(hi - lo, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    c.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("populate ahead {lo:#x}..{hi:#x}: {e}");
+                }
+            }
+        };
         let thread = std::thread::Builder::new().name("emuhost-populate".into()).spawn(move || {
+            let mut done_chunks = std::collections::HashSet::new();
             for job in rx {
                 match job {
-                    Job::Range(lo, hi) => match space.range(lo, hi - lo).and_then(|r| space.populate(r)) {
-                        Ok(()) => {
-                            c.done.fetch_add(1, Ordering::Relaxed);
-                            c.bytes.fetch_add(hi - lo, Ordering::Relaxed);
+                    Job::Range(lo, hi) => populate(&space, lo, hi, false),
+                    Job::Chunks(lo, hi, chunk) => {
+                        let mut at = lo;
+                        while at < hi {
+                            if done_chunks.insert(at) {
+                                populate(&space, at, at + chunk, true);
+                            }
+                            at += chunk;
                         }
-                        Err(e) => {
-                            c.failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!("populate ahead {lo:#x}..{hi:#x}: {e}");
-                        }
-                    },
+                    }
                     Job::Flush(done) => {
                         let _ = done.send(());
                     }
@@ -218,7 +264,7 @@ impl<B: Backend> Importer<B> {
     /// An importer of `space`'s memory into `backend`.
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
         cfg.plan.check(backend.alignment().max(page_size()))?;
-        let populator = if cfg.populate_ahead {
+        let populator = if cfg.populate_ahead != PopulateAhead::Off {
             Some(Populator::start(space.clone()).map_err(|source| ImportError::Os {
                 op: "start the populate thread",
                 addr: 0,
@@ -257,15 +303,25 @@ impl<B: Backend> Importer<B> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages are faulted in on
-    /// the background thread (they must be committed writable by then; a failure is counted).
+    /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages (or its chunks) are
+    /// faulted in on the background thread.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
         let id = self.state().pools.add(lo, size).ok_or(ImportError::BindingWraps { addr: lo, size })?;
-        if let Some(p) = &self.populator {
-            let page = page_size();
-            let (a, b) = cover(lo, lo + size, page).ok_or(ImportError::BindingWraps { addr: lo, size })?;
-            if let Some(tx) = &p.tx {
-                let _ = tx.send(Job::Range(a, b.min(self.space.window())));
+        if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
+            let window = self.space.window();
+            let grain = match self.cfg.populate_ahead {
+                PopulateAhead::Chunks => self.cfg.plan.chunk,
+                _ => page_size(),
+            };
+            let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BindingWraps { addr: lo, size })?;
+            let b = b.min(window / grain * grain);
+            if a < b {
+                let job = if self.cfg.populate_ahead == PopulateAhead::Chunks {
+                    Job::Chunks(a, b, grain)
+                } else {
+                    Job::Range(a, b)
+                };
+                let _ = tx.send(job);
             }
         }
         Ok(id)

@@ -30,7 +30,7 @@ pub use backend::{
 };
 pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
-pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, Stats};
+pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, PopulateAhead, Stats};
 pub use pin::{Pin, Pinned};
 pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan};
 pub use pools::{Pool, PoolId, Pools};

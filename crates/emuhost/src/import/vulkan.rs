@@ -153,7 +153,6 @@ impl Vulkan {
         }
     }
 
-    #[allow(clippy::type_complexity)]
     fn with_instance(instance: &ash::Instance) -> Result<Parts, ImportError> {
         let c = Self::choose(instance)?;
         let mut host = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
@@ -195,7 +194,8 @@ impl Vulkan {
             unsafe { device.destroy_device(None) }
         };
         // SAFETY: the device is live and the name is NUL-terminated.
-        let f = unsafe { instance.get_device_proc_addr(device.handle(), c"vkGetMemoryHostPointerPropertiesEXT".as_ptr()) };
+        let f =
+            unsafe { instance.get_device_proc_addr(device.handle(), c"vkGetMemoryHostPointerPropertiesEXT".as_ptr()) };
         if f.is_none() {
             destroy(&device);
             return Err(unavailable("vkGetMemoryHostPointerPropertiesEXT is missing"));
@@ -286,7 +286,9 @@ impl Vulkan {
         let mut props = vk::MemoryHostPointerPropertiesEXT::default();
         // SAFETY: the function was found on this device (checked at open); `ptr` is aligned to
         // minImportedHostPointerAlignment (checked by the caller); `props` lives across the call.
-        let r = unsafe { (self.host_ptr.fp().get_memory_host_pointer_properties_ext)(self.device.handle(), HOST, ptr, &mut props) };
+        let r = unsafe {
+            (self.host_ptr.fp().get_memory_host_pointer_properties_ext)(self.device.handle(), HOST, ptr, &mut props)
+        };
         if r != vk::Result::SUCCESS {
             return Err(ImportError::Vulkan { op: "vkGetMemoryHostPointerPropertiesEXT", code: r });
         }
@@ -337,7 +339,8 @@ impl Vulkan {
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
         // SAFETY: the pool is this device's and is used only under the queue lock, held here.
-        let cmd = unsafe { self.device.allocate_command_buffers(&info) }.map_err(vk_err("vkAllocateCommandBuffers"))?[0];
+        let cmd =
+            unsafe { self.device.allocate_command_buffers(&info) }.map_err(vk_err("vkAllocateCommandBuffers"))?[0];
         // SAFETY: as above; the fence is this device's.
         let fence = match unsafe { self.device.create_fence(&vk::FenceCreateInfo::default(), None) } {
             Ok(f) => f,
@@ -455,7 +458,10 @@ impl Backend for Vulkan {
     ) -> Result<bool, ImportError> {
         let inside = |off: u64, i: &VulkanImport| off.checked_add(len).is_some_and(|e| e <= i.len);
         if len == 0 || !inside(from_off, from) || !inside(to_off, to) {
-            return Err(ImportError::Verify { backend: "vulkan", what: format!("copy of {len:#x} bytes out of range") });
+            return Err(ImportError::Verify {
+                backend: "vulkan",
+                what: format!("copy of {len:#x} bytes out of range"),
+            });
         }
         self.copy(from.buffer, to.buffer, vk::BufferCopy { src_offset: from_off, dst_offset: to_off, size: len })?;
         Ok(true)

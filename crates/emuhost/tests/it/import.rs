@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, Vulkan,
-    error_chain, verify,
+    Backend, BackendKind, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, PopulateAhead,
+    Vulkan, error_chain, verify,
 };
 use emuhost::space::{GuestAddr, Prot, Space, page_size};
 
@@ -412,7 +412,12 @@ fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
     let w = log.clone();
     let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
     let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    // Register the log line's callsite first (an import with no subscriber here), then rebuild
+    // the interest cache under this thread's subscriber: tests on other threads may register the
+    // callsite at the same moment as the subscriber, and tracing could cache "never" for it.
+    imp.bind(40 * MIB, 0x10).unwrap();
     tracing::subscriber::with_default(sub, || {
+        tracing::callsite::rebuild_interest_cache();
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(9 * MIB, 0x10).unwrap();
@@ -420,13 +425,18 @@ fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
     let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("import ")).collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].contains("0x500000..0x600000 (1 MiB) in ") && lines[0].contains("(1 imports, "), "{text}");
-    assert!(lines[1].contains("0x900000..0xa00000") && lines[1].contains("(2 imports, ") && lines[1].contains(" ms in all)"));
+    assert!(lines[0].contains("0x500000..0x600000 (1 MiB) in ") && lines[0].contains("(2 imports, "), "{text}");
+    assert!(
+        lines[1].contains("0x900000..0xa00000")
+            && lines[1].contains("(3 imports, ")
+            && lines[1].contains(" ms in all)")
+    );
 }
 
 #[test]
 fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
-    for ahead in [false, true] {
+    for ahead in [PopulateAhead::Off, PopulateAhead::Pools] {
+        let on = ahead == PopulateAhead::Pools;
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
         let cfg = ImportConfig { populate_ahead: ahead, ..ImportConfig::default() };
         let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
@@ -435,13 +445,34 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
         // Not committed: the populate fails and is counted.
         imp.add_pool(40 * MIB, MIB).unwrap();
         imp.settle();
-        assert_eq!(present(&space, 16 * MIB), ahead);
-        assert_eq!(present(&space, 16 * MIB + 2 * MIB), ahead);
+        assert_eq!(present(&space, 16 * MIB), on);
+        assert_eq!(present(&space, 16 * MIB + 2 * MIB), on);
         assert!(!present(&space, 16 * MIB + 3 * MIB), "past the pool");
         let s = imp.stats();
-        assert_eq!((s.populated, s.populate_failures), if ahead { (1, 1) } else { (0, 0) });
-        assert_eq!(s.populated_bytes, if ahead { 2 * MIB + 4096 } else { 0 });
+        assert_eq!((s.populated, s.populate_failures), if on { (1, 1) } else { (0, 0) });
+        assert_eq!(s.populated_bytes, if on { 2 * MIB + 4096 } else { 0 });
     }
+}
+
+#[test]
+fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let cfg = ImportConfig {
+        plan: PlanConfig { chunk: 4 * MIB, span_cap: 0 },
+        populate_ahead: PopulateAhead::Chunks,
+        ..ImportConfig::default()
+    };
+    let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
+    // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
+    imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
+    imp.add_pool(5 * MIB, 0x1000).unwrap();
+    imp.settle();
+    for at in [4 * MIB, 7 * MIB, 8 * MIB, 12 * MIB - 4096] {
+        assert!(present(&space, at), "{at:#x}");
+    }
+    assert!(!present(&space, 12 * MIB) && !present(&space, 4 * MIB - 4096));
+    let s = imp.stats();
+    assert_eq!((s.populated, s.populate_failures, s.populated_bytes), (2, 0, 8 * MIB));
 }
 
 #[test]

@@ -12,6 +12,8 @@ pub enum ImportError {
     EmptyBinding { addr: u64 },
     #[error("binding {addr:#x}+{size:#x} runs past the end of the address space")]
     BindingWraps { addr: u64, size: u64 },
+    #[error("pool {lo:#x}+{size:#x} is empty or runs past the end of the address space")]
+    BadPool { lo: u64, size: u64 },
     #[error("guest range {lo:#x}..{hi:#x} failed to import a moment ago and is cooling for {left_ms} ms more")]
     Cooling { lo: u64, hi: u64, left_ms: u64 },
     #[error("importing guest range {lo:#x}..{hi:#x} ({backend})")]

@@ -306,14 +306,14 @@ impl<B: Backend> Importer<B> {
     /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages (or its chunks) are
     /// faulted in on the background thread.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
-        let id = self.state().pools.add(lo, size).ok_or(ImportError::BindingWraps { addr: lo, size })?;
+        let id = self.state().pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
             let window = self.space.window();
             let grain = match self.cfg.populate_ahead {
                 PopulateAhead::Chunks => self.cfg.plan.chunk,
                 _ => page_size(),
             };
-            let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BindingWraps { addr: lo, size })?;
+            let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BadPool { lo, size })?;
             let b = b.min(window / grain * grain);
             if a < b {
                 let job = if self.cfg.populate_ahead == PopulateAhead::Chunks {

@@ -386,6 +386,15 @@ fn cooling_zero_holds_nothing() {
 }
 
 #[test]
+fn empty_and_wrapping_pools_are_refused() {
+    let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    assert!(matches!(imp.add_pool(MIB, 0), Err(ImportError::BadPool { .. })));
+    assert!(matches!(imp.add_pool(u64::MAX - 4096, 8192), Err(ImportError::BadPool { .. })));
+    // A binding whose chunk cover would run past the top is an error, not a wrap.
+    assert!(matches!(imp.bind(u64::MAX - 10, 4), Err(ImportError::BindingWraps { .. })));
+}
+
+#[test]
 fn imports_outside_the_window_fail_without_leaking() {
     let (imp, f) = faulty(4 * MIB, Duration::ZERO);
     assert!(matches!(imp.bind(64 * MIB + 0x10, 0x10), Err(ImportError::Import { .. })));

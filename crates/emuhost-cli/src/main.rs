@@ -2,6 +2,7 @@
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
 mod bench;
+mod plan;
 mod policy;
 mod probe;
 mod trace;
@@ -32,6 +33,8 @@ enum Command {
     /// Print the short-sleep rule and the compile-worker count as one JSON object (flags stand in
     /// for what the machine would say).
     Policy(policy::Args),
+    /// The range each binding would import, given the game's pools (one `0xlo..0xhi` line each).
+    Plan(plan::Args),
     /// Benchmarks: both arms in one run, several rounds, medians and the ratio (use a release build).
     Bench {
         #[command(subcommand)]
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Probe { json } => probe::run(json),
         Command::Policy(a) => policy::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench { which } => bench::run(which),
         Command::Trace { which } => trace::run(which),
     };

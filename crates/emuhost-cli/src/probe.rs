@@ -1,5 +1,6 @@
 //! `emuhost probe`.
 
+use emuhost::import::{AnyBackend, Backend, BackendChoice, error_chain};
 use emuhost::probe::{Offer, Probe};
 use emuhost::watch;
 use serde_json::json;
@@ -30,6 +31,7 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
                 (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string()))
             })
             .collect();
+    let import = import_backend();
     if as_json {
         let v = json!({
             "kernel": p.kernel,
@@ -46,6 +48,7 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
                 Err(e) => json!({ "backend": null, "why": e.to_string() }),
             },
             "watch_self_tests": tried.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "import": import.json,
         });
         println!("{v}");
     } else {
@@ -70,10 +73,53 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
         for (k, v) in &tried {
             println!("  self-test {k:<9} {v}");
         }
+        for line in import.text {
+            println!("{line}");
+        }
     }
     Ok(Outcome::Ok)
 }
 
 fn yes(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
+}
+
+struct ImportProbe {
+    json: serde_json::Value,
+    text: Vec<String>,
+}
+
+/// Which import backend `EMUHOST_IMPORT_BACKEND` (auto: Vulkan, then CUDA, then pin) picks here,
+/// after its start-up check, and why the ones before it were passed over.
+fn import_backend() -> ImportProbe {
+    let choice = std::env::var("EMUHOST_IMPORT_BACKEND").unwrap_or_else(|_| "auto".into());
+    let picked = BackendChoice::from_env().and_then(AnyBackend::pick);
+    match picked {
+        Ok(p) => {
+            let b = &p.backend;
+            let mut text = vec![format!(
+                "import backend    {} ({}): {}",
+                b.kind().name(),
+                if p.passed_over.is_empty() {
+                    format!("EMUHOST_IMPORT_BACKEND={choice}, first choice")
+                } else {
+                    format!("EMUHOST_IMPORT_BACKEND={choice}")
+                },
+                b.describe()
+            )];
+            for (k, why) in &p.passed_over {
+                text.push(format!("  passed over     {}: {why}", k.name()));
+            }
+            let passed: Vec<_> =
+                p.passed_over.iter().map(|(k, why)| json!({ "backend": k.name(), "why": why })).collect();
+            ImportProbe {
+                json: json!({ "ok": true, "choice": choice, "backend": b.kind().name(), "device": b.describe(), "alignment": b.alignment(), "passed_over": passed }),
+                text,
+            }
+        }
+        Err(e) => ImportProbe {
+            json: json!({ "ok": false, "choice": choice, "why": error_chain(&e) }),
+            text: vec![format!("import backend    no ({})", error_chain(&e))],
+        },
+    }
 }

@@ -4,10 +4,12 @@
 //! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV, soft-dirty).
 //! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
+//! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin).
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
+pub mod import;
 pub mod sched;
 pub mod space;
 mod sys;

@@ -3,6 +3,7 @@
 //! soft-dirty), and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
 
 pub mod mm;
+pub mod pin;
 pub mod probe;
 pub mod query;
 pub mod sched;

@@ -1,0 +1,447 @@
+//! The backends behind one trait, the choice between them, and the start-up check each passes.
+//!
+//! An import hands host pages to a driver: Vulkan (`VK_EXT_external_memory_host`) and CUDA
+//! (`cuMemHostRegister`) pin them and map them for the GPU; pin (`mlock`) only pins them. The
+//! pages must stay mapped until the import is released: the guest window's pages are never
+//! unmapped under a live import (the space zeroes freed pages instead of dropping them).
+
+use std::sync::Mutex;
+
+use super::ImportError;
+use super::cuda::Cuda;
+use super::pin::Pin;
+use super::vulkan::Vulkan;
+use crate::space::{GuestAddr, Prot, Space, page_size};
+
+/// Which backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Vulkan,
+    Cuda,
+    Pin,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Vulkan => "vulkan",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Pin => "pin",
+        }
+    }
+}
+
+/// Host bytes `addr..addr + len` inside a mapping that outlives the import made of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostSpan {
+    addr: usize,
+    len: usize,
+}
+
+impl HostSpan {
+    /// The host bytes of the guest range `lo..lo + len` of `space` (checked to lie in its window).
+    pub fn of(space: &Space, lo: u64, len: u64) -> Result<HostSpan, ImportError> {
+        let r = space.range(lo, len)?;
+        Ok(HostSpan { addr: space.host_addr(r.start())?, len: r.len() as usize })
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn check_aligned(&self, align: u64) -> Result<(), ImportError> {
+        if self.addr as u64 % align != 0 || self.len as u64 % align != 0 || self.len == 0 {
+            return Err(ImportError::Unaligned { addr: self.addr as u64, len: self.len as u64, align });
+        }
+        Ok(())
+    }
+}
+
+/// A backend's limits and what is in use against them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Live imports at most (Vulkan: `maxMemoryAllocationCount`).
+    pub max_count: u64,
+    /// Live imported bytes at most (Vulkan: the memory heap's size).
+    pub max_bytes: u64,
+    /// One import's bytes at most (Vulkan: `maxMemoryAllocationSize`).
+    pub max_single: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self { max_count: u64::MAX, max_bytes: u64::MAX, max_single: u64::MAX, count: 0, bytes: 0 }
+    }
+}
+
+impl Budget {
+    /// Takes one import of `len` bytes, or says which limit it would pass.
+    pub fn take(&mut self, len: u64) -> Result<(), ImportError> {
+        if len > self.max_single {
+            return Err(ImportError::Budget { what: "one import's size", need: len, used: 0, limit: self.max_single });
+        }
+        if self.count >= self.max_count {
+            return Err(ImportError::Budget { what: "live imports", need: 1, used: self.count, limit: self.max_count });
+        }
+        if self.bytes.saturating_add(len) > self.max_bytes {
+            return Err(ImportError::Budget {
+                what: "live imported bytes",
+                need: len,
+                used: self.bytes,
+                limit: self.max_bytes,
+            });
+        }
+        self.count += 1;
+        self.bytes += len;
+        Ok(())
+    }
+
+    pub fn give(&mut self, len: u64) {
+        self.count -= 1;
+        self.bytes -= len;
+    }
+}
+
+/// A budget behind a lock (backends are shared between threads).
+#[derive(Debug, Default)]
+pub struct BudgetCell(Mutex<Budget>);
+
+impl BudgetCell {
+    pub fn new(b: Budget) -> Self {
+        Self(Mutex::new(b))
+    }
+
+    pub fn get(&self) -> Budget {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn take(&self, len: u64) -> Result<(), ImportError> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take(len)
+    }
+
+    pub fn give(&self, len: u64) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).give(len)
+    }
+
+    /// Lowers the single-import limit (a device limit set lower, for a test or a cautious run).
+    pub fn limit_single(&self, bytes: u64) {
+        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        b.max_single = b.max_single.min(bytes);
+    }
+}
+
+/// What every backend does.
+pub trait Backend: Send + Sync {
+    /// One live import.
+    type Import: Send + Sync + std::fmt::Debug;
+
+    fn kind(&self) -> BackendKind;
+
+    /// The device or method, in words.
+    fn describe(&self) -> String;
+
+    /// Host addresses and lengths must be multiples of this (Vulkan:
+    /// `minImportedHostPointerAlignment`).
+    fn alignment(&self) -> u64;
+
+    /// The backend's limits and their use.
+    fn budget(&self) -> &BudgetCell;
+
+    /// Imports `span`. The pages must stay mapped until [`Backend::release`].
+    fn import(&self, span: HostSpan) -> Result<Self::Import, ImportError>;
+
+    /// Releases an import (never fails: a driver error is logged).
+    fn release(&self, import: Self::Import);
+
+    /// Copies `len` bytes from `from` at `from_off` to `to` at `to_off` through the GPU and waits.
+    /// `Ok(false)` where the backend has no GPU path (pin).
+    fn gpu_copy(
+        &self,
+        from: &Self::Import,
+        from_off: u64,
+        to: &Self::Import,
+        to_off: u64,
+        len: u64,
+    ) -> Result<bool, ImportError>;
+
+    /// A backend's own check that an import holds (pin: every page resident).
+    fn check(&self, _import: &Self::Import) -> Result<(), ImportError> {
+        Ok(())
+    }
+}
+
+/// The start-up check: import a test range, write it through the CPU, copy it through the GPU
+/// into a second import where the backend allows, read the copy back through the CPU, release.
+pub fn verify<B: Backend>(b: &B) -> Result<(), ImportError> {
+    let name = b.kind().name();
+    let fail = |what: String| ImportError::Verify { backend: name, what };
+    let align = b.alignment().max(page_size());
+    let half = align.max(64 << 10);
+    // Room to place two aligned halves whatever the reservation's own alignment.
+    let space = Space::with_window(2 * half + align)?;
+    let skew = (align - space.host_base() as u64 % align) % align;
+    let whole = space.range(skew, 2 * half)?;
+    space.commit(whole, Prot::READ_WRITE)?;
+    let pattern: Vec<u8> = (0..half).map(|i| (i * 7 + i / 4096) as u8 ^ 0x5a).collect();
+    space.write(GuestAddr(skew), &pattern)?;
+    let a = b.import(HostSpan::of(&space, skew, half)?)?;
+    let dst = HostSpan::of(&space, skew + half, half);
+    let outcome = (|| {
+        b.check(&a)?;
+        let dst = b.import(dst?)?;
+        let copied = b.gpu_copy(&a, 0, &dst, 0, half);
+        let checked = b.check(&dst);
+        b.release(dst);
+        checked?;
+        let mut back = vec![0u8; half as usize];
+        if copied? {
+            space.read(GuestAddr(skew + half), &mut back)?;
+            if back != pattern {
+                let at = back.iter().zip(&pattern).position(|(x, y)| x != y).unwrap_or(0);
+                return Err(fail(format!("the GPU's copy differs from the CPU's bytes at offset {at:#x}")));
+            }
+        } else {
+            space.read(GuestAddr(skew), &mut back)?;
+            if back != pattern {
+                return Err(fail("the bytes changed under the import".into()));
+            }
+        }
+        Ok(())
+    })();
+    b.release(a);
+    outcome
+}
+
+/// The choice of `EMUHOST_IMPORT_BACKEND`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// Vulkan, then CUDA, then pin: the first that opens and passes its start-up check.
+    Auto,
+    Only(BackendKind),
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = ImportError;
+
+    fn from_str(s: &str) -> Result<Self, ImportError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(BackendChoice::Auto),
+            "vulkan" => Ok(BackendChoice::Only(BackendKind::Vulkan)),
+            "cuda" => Ok(BackendChoice::Only(BackendKind::Cuda)),
+            "pin" => Ok(BackendChoice::Only(BackendKind::Pin)),
+            _ => Err(ImportError::BadBackendName(s.to_string())),
+        }
+    }
+}
+
+impl BackendChoice {
+    /// `EMUHOST_IMPORT_BACKEND` (default `auto`).
+    pub fn from_env() -> Result<Self, ImportError> {
+        std::env::var("EMUHOST_IMPORT_BACKEND").unwrap_or_default().parse()
+    }
+}
+
+/// Any of the backends, chosen at run time.
+#[derive(Debug)]
+pub enum AnyBackend {
+    Vulkan(Box<Vulkan>),
+    Cuda(Cuda),
+    Pin(Pin),
+}
+
+/// An import of [`AnyBackend`].
+#[derive(Debug)]
+pub enum AnyImport {
+    Vulkan(<Vulkan as Backend>::Import),
+    Cuda(<Cuda as Backend>::Import),
+    Pin(<Pin as Backend>::Import),
+}
+
+/// The backend picked, and why the ones before it were passed over.
+#[derive(Debug)]
+pub struct Picked {
+    pub backend: AnyBackend,
+    /// Each backend tried before and not taken, with the reason.
+    pub passed_over: Vec<(BackendKind, String)>,
+}
+
+impl AnyBackend {
+    /// Opens one backend and runs its start-up check.
+    pub fn open(kind: BackendKind) -> Result<AnyBackend, ImportError> {
+        let b = match kind {
+            BackendKind::Vulkan => AnyBackend::Vulkan(Box::new(Vulkan::open()?)),
+            BackendKind::Cuda => AnyBackend::Cuda(Cuda::open()?),
+            BackendKind::Pin => AnyBackend::Pin(Pin::new()),
+        };
+        verify(&b)?;
+        Ok(b)
+    }
+
+    /// Opens what `choice` says: one backend, or for `Auto` Vulkan, then CUDA, then pin.
+    pub fn pick(choice: BackendChoice) -> Result<Picked, ImportError> {
+        match choice {
+            BackendChoice::Only(kind) => Ok(Picked { backend: AnyBackend::open(kind)?, passed_over: Vec::new() }),
+            BackendChoice::Auto => {
+                let mut passed_over = Vec::new();
+                for kind in [BackendKind::Vulkan, BackendKind::Cuda] {
+                    match AnyBackend::open(kind) {
+                        Ok(backend) => return Ok(Picked { backend, passed_over }),
+                        Err(e) => passed_over.push((kind, error_chain(&e))),
+                    }
+                }
+                Ok(Picked { backend: AnyBackend::open(BackendKind::Pin)?, passed_over })
+            }
+        }
+    }
+}
+
+/// An error and its sources, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+macro_rules! each {
+    ($self:expr, $b:ident => $e:expr) => {
+        match $self {
+            AnyBackend::Vulkan($b) => $e,
+            AnyBackend::Cuda($b) => $e,
+            AnyBackend::Pin($b) => $e,
+        }
+    };
+}
+
+impl Backend for AnyBackend {
+    type Import = AnyImport;
+
+    fn kind(&self) -> BackendKind {
+        each!(self, b => b.kind())
+    }
+
+    fn describe(&self) -> String {
+        each!(self, b => b.describe())
+    }
+
+    fn alignment(&self) -> u64 {
+        each!(self, b => b.alignment())
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        each!(self, b => b.budget())
+    }
+
+    fn import(&self, span: HostSpan) -> Result<AnyImport, ImportError> {
+        Ok(match self {
+            AnyBackend::Vulkan(b) => AnyImport::Vulkan(b.import(span)?),
+            AnyBackend::Cuda(b) => AnyImport::Cuda(b.import(span)?),
+            AnyBackend::Pin(b) => AnyImport::Pin(b.import(span)?),
+        })
+    }
+
+    fn release(&self, import: AnyImport) {
+        match (self, import) {
+            (AnyBackend::Vulkan(b), AnyImport::Vulkan(i)) => b.release(i),
+            (AnyBackend::Cuda(b), AnyImport::Cuda(i)) => b.release(i),
+            (AnyBackend::Pin(b), AnyImport::Pin(i)) => b.release(i),
+            (b, i) => tracing::error!("import {i:?} released on the {} backend, not its own", b.kind().name()),
+        }
+    }
+
+    fn gpu_copy(&self, from: &AnyImport, fo: u64, to: &AnyImport, to_off: u64, len: u64) -> Result<bool, ImportError> {
+        match (self, from, to) {
+            (AnyBackend::Vulkan(b), AnyImport::Vulkan(f), AnyImport::Vulkan(t)) => b.gpu_copy(f, fo, t, to_off, len),
+            (AnyBackend::Cuda(b), AnyImport::Cuda(f), AnyImport::Cuda(t)) => b.gpu_copy(f, fo, t, to_off, len),
+            (AnyBackend::Pin(b), AnyImport::Pin(f), AnyImport::Pin(t)) => b.gpu_copy(f, fo, t, to_off, len),
+            _ => Err(ImportError::Verify { backend: self.kind().name(), what: "imports of another backend".into() }),
+        }
+    }
+
+    fn check(&self, import: &AnyImport) -> Result<(), ImportError> {
+        match (self, import) {
+            (AnyBackend::Vulkan(b), AnyImport::Vulkan(i)) => b.check(i),
+            (AnyBackend::Cuda(b), AnyImport::Cuda(i)) => b.check(i),
+            (AnyBackend::Pin(b), AnyImport::Pin(i)) => b.check(i),
+            _ => Err(ImportError::Verify { backend: self.kind().name(), what: "an import of another backend".into() }),
+        }
+    }
+}
+
+/// A shared backend is a backend (several importers, or a test that looks at the budget after
+/// the importer is gone).
+impl<B: Backend> Backend for std::sync::Arc<B> {
+    type Import = B::Import;
+
+    fn kind(&self) -> BackendKind {
+        (**self).kind()
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+
+    fn alignment(&self) -> u64 {
+        (**self).alignment()
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        (**self).budget()
+    }
+
+    fn import(&self, span: HostSpan) -> Result<B::Import, ImportError> {
+        (**self).import(span)
+    }
+
+    fn release(&self, import: B::Import) {
+        (**self).release(import)
+    }
+
+    fn gpu_copy(&self, f: &B::Import, fo: u64, t: &B::Import, to: u64, len: u64) -> Result<bool, ImportError> {
+        (**self).gpu_copy(f, fo, t, to, len)
+    }
+
+    fn check(&self, import: &B::Import) -> Result<(), ImportError> {
+        (**self).check(import)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refuses_past_each_limit_and_gives_back() {
+        let mut b = Budget { max_count: 2, max_bytes: 100, max_single: 60, count: 0, bytes: 0 };
+        assert!(matches!(b.take(61), Err(ImportError::Budget { what: "one import's size", .. })));
+        b.take(60).unwrap();
+        assert!(matches!(b.take(50), Err(ImportError::Budget { what: "live imported bytes", .. })));
+        b.take(40).unwrap();
+        assert!(matches!(b.take(0), Err(ImportError::Budget { what: "live imports", .. })));
+        b.give(60);
+        b.take(50).unwrap();
+        assert_eq!((b.count, b.bytes), (2, 90));
+    }
+
+    #[test]
+    fn backend_names_parse() {
+        assert_eq!("".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
+        assert_eq!(" Vulkan ".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Vulkan));
+        assert_eq!("pin".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Pin));
+        assert!(matches!("gl".parse::<BackendChoice>(), Err(ImportError::BadBackendName(_))));
+    }
+}

@@ -1,0 +1,267 @@
+//! CUDA: guest pages registered with `cuMemHostRegister` (page-locked and mapped for the device),
+//! released with `cuMemHostUnregister`.
+//!
+//! The driver library (`libcuda.so.1`) is loaded at run time with `libloading`: no CUDA SDK is
+//! needed to build, and a machine without the driver gets an error naming what is missing, never
+//! a panic. The calls run in device 0's primary context, pushed on the calling thread around each
+//! call (a context is current per thread). A GPU copy between two registrations goes through their
+//! device pointers (`cuMemHostGetDevicePointer`, `cuMemcpyDtoD`), then `cuCtxSynchronize`.
+//!
+//! # Safety
+//! This module opts out of the crate's `deny(unsafe_code)`: every driver call is FFI through
+//! function pointers whose C signatures are written out below from the CUDA driver API
+//! (`cuda.h`, the `_v2` entry points its macros select). The library stays loaded while the
+//! pointers are used (the `Library` lives in the backend); the primary context is retained from
+//! open to drop; a host pointer registered lies in a mapping that stays mapped until it is
+//! unregistered (the [`HostSpan`] contract). Every `unsafe` block carries a `// SAFETY:` line.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use libloading::Library;
+
+use super::ImportError;
+use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
+use crate::space::page_size;
+
+type CuResult = c_uint;
+type CuDevice = c_int;
+type CuContext = *mut c_void;
+type CuDevicePtr = u64;
+
+const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+
+struct Api {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
+    primary_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
+    primary_release: unsafe extern "C" fn(CuDevice) -> CuResult,
+    push: unsafe extern "C" fn(CuContext) -> CuResult,
+    pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
+    register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
+    unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    device_pointer: unsafe extern "C" fn(*mut CuDevicePtr, *mut c_void, c_uint) -> CuResult,
+    memcpy_dtod: unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize) -> CuResult,
+    synchronize: unsafe extern "C" fn() -> CuResult,
+    error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+}
+
+/// The CUDA backend: device 0's primary context.
+pub struct Cuda {
+    api: Api,
+    ctx: CuContext,
+    device: CuDevice,
+    name: String,
+    budget: BudgetCell,
+    // Last: the function pointers above point into it.
+    _lib: Library,
+}
+
+// SAFETY: the context handle is an opaque driver pointer that the CUDA driver API allows to be
+// made current on any thread (it is pushed and popped around every call); the function pointers
+// are plain C functions of a thread-safe driver.
+unsafe impl Send for Cuda {}
+// SAFETY: as above; no method mutates the struct.
+unsafe impl Sync for Cuda {}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").field("device", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// A registered host range.
+#[derive(Debug)]
+pub struct CudaImport {
+    span: HostSpan,
+    device_ptr: CuDevicePtr,
+}
+
+fn unavailable(why: impl Into<String>) -> ImportError {
+    ImportError::Unavailable { backend: "cuda", why: why.into() }
+}
+
+/// Looks a symbol up as a plain function pointer of type `T`.
+///
+/// # Safety
+/// `T` must be the symbol's true C signature.
+unsafe fn sym<T: Copy>(lib: &Library, name: &'static str) -> Result<T, ImportError> {
+    let cname = format!("{name}\0");
+    // SAFETY: the caller vouches for `T`; the pointer is copied out and used only while `lib`
+    // lives (both sit in `Cuda`, the library dropped last).
+    unsafe { lib.get::<T>(cname.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| unavailable(format!("libcuda has no {name}: {e}")))
+}
+
+impl Cuda {
+    /// Loads `libcuda.so.1`, initialises the driver and retains device 0's primary context.
+    pub fn open() -> Result<Cuda, ImportError> {
+        // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
+        let lib = unsafe { Library::new("libcuda.so.1") }
+            .or_else(|first| {
+                // SAFETY: as above.
+                unsafe { Library::new("libcuda.so") }.map_err(|_| first)
+            })
+            .map_err(|e| unavailable(format!("no CUDA driver library: {e}")))?;
+        // SAFETY: each signature below is the driver API's, from cuda.h.
+        let api = unsafe {
+            Api {
+                init: sym(&lib, "cuInit")?,
+                device_get: sym(&lib, "cuDeviceGet")?,
+                device_get_name: sym(&lib, "cuDeviceGetName")?,
+                primary_retain: sym(&lib, "cuDevicePrimaryCtxRetain")?,
+                primary_release: sym(&lib, "cuDevicePrimaryCtxRelease_v2")?,
+                push: sym(&lib, "cuCtxPushCurrent_v2")?,
+                pop: sym(&lib, "cuCtxPopCurrent_v2")?,
+                register: sym(&lib, "cuMemHostRegister_v2")?,
+                unregister: sym(&lib, "cuMemHostUnregister")?,
+                device_pointer: sym(&lib, "cuMemHostGetDevicePointer_v2")?,
+                memcpy_dtod: sym(&lib, "cuMemcpyDtoD_v2")?,
+                synchronize: sym(&lib, "cuCtxSynchronize")?,
+                error_name: sym(&lib, "cuGetErrorName")?,
+            }
+        };
+        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Self::error(&api, op, r)) };
+        // SAFETY: plain driver calls with out-pointers to locals that live across them.
+        let (device, ctx, name) = unsafe {
+            check("cuInit", (api.init)(0))?;
+            let mut device: CuDevice = 0;
+            check("cuDeviceGet", (api.device_get)(&mut device, 0))?;
+            let mut buf = [0 as c_char; 256];
+            let name = if (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, device) == 0 {
+                CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+            } else {
+                "CUDA device 0".into()
+            };
+            let mut ctx: CuContext = std::ptr::null_mut();
+            check("cuDevicePrimaryCtxRetain", (api.primary_retain)(&mut ctx, device))?;
+            (device, ctx, name)
+        };
+        Ok(Cuda { api, ctx, device, name, budget: BudgetCell::new(Budget::default()), _lib: lib })
+    }
+
+    fn error(api: &Api, op: &'static str, code: CuResult) -> ImportError {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string, or fails and leaves it null.
+        let name = unsafe {
+            if (api.error_name)(code, &mut p) == 0 && !p.is_null() {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            } else {
+                "unknown".into()
+            }
+        };
+        ImportError::Cuda { op, code, name }
+    }
+
+    fn check(&self, op: &'static str, r: CuResult) -> Result<(), ImportError> {
+        if r == 0 { Ok(()) } else { Err(Self::error(&self.api, op, r)) }
+    }
+
+    /// Runs `f` with the primary context current on this thread.
+    fn in_context<T>(&self, f: impl FnOnce() -> Result<T, ImportError>) -> Result<T, ImportError> {
+        // SAFETY: the context is retained for the backend's lifetime.
+        self.check("cuCtxPushCurrent", unsafe { (self.api.push)(self.ctx) })?;
+        let out = f();
+        let mut popped: CuContext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let r = unsafe { (self.api.pop)(&mut popped) };
+        if r != 0 {
+            tracing::warn!("cuCtxPopCurrent: {}", Self::error(&self.api, "cuCtxPopCurrent", r));
+        }
+        out
+    }
+}
+
+impl Backend for Cuda {
+    type Import = CudaImport;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (cuMemHostRegister)", self.name)
+    }
+
+    fn alignment(&self) -> u64 {
+        page_size()
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        &self.budget
+    }
+
+    fn import(&self, span: HostSpan) -> Result<CudaImport, ImportError> {
+        span.check_aligned(self.alignment())?;
+        let len = span.len() as u64;
+        self.budget.take(len)?;
+        let p = span.addr() as *mut c_void;
+        let out = self.in_context(|| {
+            let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+            // SAFETY: the range lies in a mapping that stays mapped until it is unregistered (the
+            // HostSpan contract); the driver pins it and touches no byte.
+            self.check("cuMemHostRegister", unsafe { (self.api.register)(p, span.len(), flags) })?;
+            let mut device_ptr: CuDevicePtr = 0;
+            // SAFETY: `p` was just registered with DEVICEMAP; the out-pointer is a local.
+            let r = unsafe { (self.api.device_pointer)(&mut device_ptr, p, 0) };
+            if r != 0 {
+                // SAFETY: unregisters the registration made above.
+                unsafe { (self.api.unregister)(p) };
+                return Err(Self::error(&self.api, "cuMemHostGetDevicePointer", r));
+            }
+            Ok(CudaImport { span, device_ptr })
+        });
+        if out.is_err() {
+            self.budget.give(len);
+        }
+        out
+    }
+
+    fn release(&self, import: CudaImport) {
+        let p = import.span.addr() as *mut c_void;
+        let r = self.in_context(|| {
+            // SAFETY: `p` is the start of a live registration (CudaImport is made only by import).
+            self.check("cuMemHostUnregister", unsafe { (self.api.unregister)(p) })
+        });
+        if let Err(e) = r {
+            tracing::warn!("{e}");
+        }
+        self.budget.give(import.span.len() as u64);
+    }
+
+    fn gpu_copy(
+        &self,
+        from: &CudaImport,
+        fo: u64,
+        to: &CudaImport,
+        to_off: u64,
+        len: u64,
+    ) -> Result<bool, ImportError> {
+        let inside = |off: u64, i: &CudaImport| off.checked_add(len).is_some_and(|e| e <= i.span.len() as u64);
+        if len == 0 || !inside(fo, from) || !inside(to_off, to) {
+            return Err(ImportError::Verify { backend: "cuda", what: format!("copy of {len:#x} bytes out of range") });
+        }
+        self.in_context(|| {
+            // SAFETY: both device pointers map live registrations and the region lies inside both
+            // (checked above); synchronize waits for the copy before the host reads.
+            unsafe {
+                self.check(
+                    "cuMemcpyDtoD",
+                    (self.api.memcpy_dtod)(to.device_ptr + to_off, from.device_ptr + fo, len as usize),
+                )?;
+                self.check("cuCtxSynchronize", (self.api.synchronize)())
+            }
+        })?;
+        Ok(true)
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        // SAFETY: releases the primary context retained at open; the library is still loaded.
+        unsafe { (self.api.primary_release)(self.device) };
+    }
+}

@@ -1,0 +1,53 @@
+use std::io;
+
+use crate::space::SpaceError;
+
+/// What went wrong in an import. Guest addresses and sizes are in hex; a driver's or the OS's
+/// error is kept as the source or named by its code.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("chunk {chunk:#x} is not a power of two of at least the backend's alignment {align:#x}")]
+    BadChunk { chunk: u64, align: u64 },
+    #[error("binding at {addr:#x} has zero size")]
+    EmptyBinding { addr: u64 },
+    #[error("binding {addr:#x}+{size:#x} runs past the end of the address space")]
+    BindingWraps { addr: u64, size: u64 },
+    #[error("pool {lo:#x}+{size:#x} is empty or runs past the end of the address space")]
+    BadPool { lo: u64, size: u64 },
+    #[error("guest range {lo:#x}..{hi:#x} failed to import a moment ago and is cooling for {left_ms} ms more")]
+    Cooling { lo: u64, hi: u64, left_ms: u64 },
+    #[error("importing guest range {lo:#x}..{hi:#x} ({backend})")]
+    Import {
+        lo: u64,
+        hi: u64,
+        backend: &'static str,
+        #[source]
+        source: Box<ImportError>,
+    },
+    #[error(transparent)]
+    Space(#[from] SpaceError),
+    #[error("host range {addr:#x}+{len:#x} is not aligned to the backend's {align:#x} bytes")]
+    Unaligned { addr: u64, len: u64, align: u64 },
+    #[error("{what}: {need:#x} more would pass the limit {limit:#x} (in use {used:#x})")]
+    Budget { what: &'static str, need: u64, used: u64, limit: u64 },
+    #[error("the {backend} backend is not available: {why}")]
+    Unavailable { backend: &'static str, why: String },
+    #[error("{op} failed: {code:?}")]
+    Vulkan { op: &'static str, code: ash::vk::Result },
+    #[error("{op} failed: CUDA error {code} ({name})")]
+    Cuda { op: &'static str, code: u32, name: String },
+    #[error("{op} {addr:#x}+{len:#x} failed")]
+    Os {
+        op: &'static str,
+        addr: u64,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("start-up check of the {backend} backend: {what}")]
+    Verify { backend: &'static str, what: String },
+    #[error("EMUHOST_IMPORT_BACKEND={0:?}: expected auto, vulkan, cuda or pin")]
+    BadBackendName(String),
+    #[error("{name}={value:?}: {why}")]
+    BadSwitch { name: &'static str, value: String, why: &'static str },
+}

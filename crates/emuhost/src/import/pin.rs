@@ -1,0 +1,83 @@
+//! Pin: `mlock`/`munlock`, for machines with no GPU. The kernel faults the range's pages in and
+//! keeps them resident: the part of a GPU import that is the pinning, without a device.
+
+use super::ImportError;
+use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
+use crate::space::page_size;
+use crate::sys::pin as sys;
+
+/// The pin backend.
+#[derive(Debug, Default)]
+pub struct Pin {
+    budget: BudgetCell,
+}
+
+/// A pinned range.
+#[derive(Debug)]
+pub struct Pinned {
+    span: HostSpan,
+}
+
+impl Pin {
+    pub fn new() -> Self {
+        Self::with_budget(Budget::default())
+    }
+
+    /// With limits of its own (the kernel's `RLIMIT_MEMLOCK` still applies underneath).
+    pub fn with_budget(b: Budget) -> Self {
+        Self { budget: BudgetCell::new(b) }
+    }
+}
+
+impl Backend for Pin {
+    type Import = Pinned;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Pin
+    }
+
+    fn describe(&self) -> String {
+        "mlock (no GPU)".into()
+    }
+
+    fn alignment(&self) -> u64 {
+        page_size()
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        &self.budget
+    }
+
+    fn import(&self, span: HostSpan) -> Result<Pinned, ImportError> {
+        span.check_aligned(self.alignment())?;
+        self.budget.take(span.len() as u64)?;
+        if let Err(source) = sys::lock(span.addr(), span.len()) {
+            // mlock may have locked part of the range before failing.
+            let _ = sys::unlock(span.addr(), span.len());
+            self.budget.give(span.len() as u64);
+            return Err(ImportError::Os { op: "mlock", addr: span.addr() as u64, len: span.len() as u64, source });
+        }
+        Ok(Pinned { span })
+    }
+
+    fn release(&self, import: Pinned) {
+        let s = import.span;
+        if let Err(e) = sys::unlock(s.addr(), s.len()) {
+            tracing::warn!("munlock {:#x}+{:#x}: {e}", s.addr(), s.len());
+        }
+        self.budget.give(s.len() as u64);
+    }
+
+    fn gpu_copy(&self, _: &Pinned, _: u64, _: &Pinned, _: u64, _: u64) -> Result<bool, ImportError> {
+        Ok(false)
+    }
+
+    fn check(&self, import: &Pinned) -> Result<(), ImportError> {
+        let s = import.span;
+        match sys::resident(s.addr(), s.len()) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ImportError::Verify { backend: "pin", what: "a pinned page is not resident".into() }),
+            Err(source) => Err(ImportError::Os { op: "mincore", addr: s.addr() as u64, len: s.len() as u64, source }),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Planning an import: which guest range a binding imports.
+//!
+//! A binding `addr..addr + size` imports its chunk-aligned cover (one chunk, or both chunks where
+//! it runs across a chunk's end). With spans on, the range then grows over every pool that runs
+//! across either of its ends strictly (`lo < end < hi`), pass after pass until a pass grows
+//! nothing, taking each such pool's chunk-aligned cover whole, so long as the range stays within
+//! the cap. A pool whose cover would take the range past the cap is left out; a pool that only
+//! touches an end is not across it.
+//!
+//! The rule, exactly (the property test's reference model states it the slow way): each pass takes
+//! the pools across the ends of the range as it stood when the pass began, in `(lo, id)` order;
+//! each of them that still runs across an end of the range as it stands now, and whose union with
+//! it is within the cap, grows the range at once.
+
+use super::ImportError;
+use super::pools::Pools;
+
+/// The default chunk: 16 MiB.
+pub const DEFAULT_CHUNK: u64 = 16 << 20;
+/// The default span cap: 64 MiB.
+pub const DEFAULT_SPAN_CAP: u64 = 64 << 20;
+
+/// How ranges are planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// Chunk size in bytes: a power of two, at least the host page.
+    pub chunk: u64,
+    /// The largest range a span may grow to, in bytes; 0 turns spans off.
+    pub span_cap: u64,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        Self { chunk: DEFAULT_CHUNK, span_cap: DEFAULT_SPAN_CAP }
+    }
+}
+
+impl PlanConfig {
+    /// Checks the chunk (a power of two, at least `align`).
+    pub fn check(&self, align: u64) -> Result<(), ImportError> {
+        if !self.chunk.is_power_of_two() || self.chunk < align {
+            return Err(ImportError::BadChunk { chunk: self.chunk, align });
+        }
+        Ok(())
+    }
+}
+
+/// A planned import: guest bytes `lo..hi`, chunk-aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Planned {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl Planned {
+    pub fn len(&self) -> u64 {
+        self.hi - self.lo
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hi == self.lo
+    }
+
+    pub fn covers(&self, lo: u64, hi: u64) -> bool {
+        self.lo <= lo && hi <= self.hi
+    }
+}
+
+impl std::fmt::Display for Planned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}..{:#x}", self.lo, self.hi)
+    }
+}
+
+/// `lo..hi` rounded out to whole chunks; `None` where the end would pass `u64::MAX`.
+pub(crate) fn cover(lo: u64, hi: u64, chunk: u64) -> Option<(u64, u64)> {
+    Some((lo & !(chunk - 1), hi.checked_next_multiple_of(chunk)?))
+}
+
+/// The chunk-aligned cover of the binding `addr..addr + size`.
+pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, ImportError> {
+    if size == 0 {
+        return Err(ImportError::EmptyBinding { addr });
+    }
+    let end = addr.checked_add(size).ok_or(ImportError::BindingWraps { addr, size })?;
+    let (lo, hi) = cover(addr, end, chunk).ok_or(ImportError::BindingWraps { addr, size })?;
+    Ok(Planned { lo, hi })
+}
+
+/// Plans the import for the binding `addr..addr + size`: its cover, grown by the span when `span`
+/// is set and the cap is not 0.
+pub fn plan(pools: &Pools, cfg: PlanConfig, addr: u64, size: u64, span: bool) -> Result<Planned, ImportError> {
+    let start = binding_cover(addr, size, cfg.chunk)?;
+    if !span || cfg.span_cap == 0 {
+        return Ok(start);
+    }
+    Ok(grow(pools, cfg, start))
+}
+
+/// Grows `r` over the pools across its ends, as the module says.
+pub fn grow(pools: &Pools, cfg: PlanConfig, mut r: Planned) -> Planned {
+    loop {
+        let mut candidates = pools.across(r.lo);
+        candidates.extend(pools.across(r.hi));
+        candidates.sort_unstable_by_key(|p| (p.lo, p.id));
+        candidates.dedup_by_key(|p| p.id);
+        let mut grew = false;
+        for p in candidates {
+            let across = (p.lo < r.lo && r.lo < p.hi) || (p.lo < r.hi && r.hi < p.hi);
+            if !across {
+                continue;
+            }
+            let Some((clo, chi)) = cover(p.lo, p.hi, cfg.chunk) else { continue };
+            let (lo, hi) = (r.lo.min(clo), r.hi.max(chi));
+            if hi - lo <= cfg.span_cap {
+                r = Planned { lo, hi };
+                grew = true;
+            }
+        }
+        if !grew {
+            return r;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const CHUNK: u64 = 16 * MIB;
+
+    fn cfg(cap_mib: u64) -> PlanConfig {
+        PlanConfig { chunk: CHUNK, span_cap: cap_mib * MIB }
+    }
+
+    fn pools(list: &[(u64, u64)]) -> Pools {
+        let mut p = Pools::new();
+        p.extend(list.iter().copied()).unwrap();
+        p
+    }
+
+    fn planned(p: &Pools, c: PlanConfig, addr: u64, size: u64) -> (u64, u64) {
+        let r = plan(p, c, addr, size, true).unwrap();
+        (r.lo, r.hi)
+    }
+
+    /// The reference PR's layout: a 16 MiB pool at 0x1021745000, bound at 0x1021ffff00+0x160
+    /// across the chunk end 0x1022000000.
+    const KOKIRI: u64 = 0x10_2174_5000;
+
+    #[test]
+    fn kokiri_from_both_sides() {
+        let p = pools(&[(KOKIRI, 16 * MIB)]);
+        let both = (0x10_2100_0000, 0x10_2300_0000);
+        // The binding across the end needs both chunks, with or without the span.
+        assert_eq!(planned(&p, cfg(64), 0x10_21ff_ff00, 0x160), both);
+        assert_eq!(planned(&p, cfg(0), 0x10_21ff_ff00, 0x160), both);
+        // A first binding in the lower chunk alone takes the pool's upper chunk too ...
+        assert_eq!(planned(&p, cfg(64), KOKIRI, 0x100), both);
+        // ... and one in the upper chunk its lower chunk, so the binding across the end later
+        // finds one import covering it.
+        assert_eq!(planned(&p, cfg(64), 0x10_2270_0000, 0x1000), both);
+        // Without the span each side stays one chunk.
+        assert_eq!(planned(&p, cfg(0), KOKIRI, 0x100), (0x10_2100_0000, 0x10_2200_0000));
+        assert_eq!(planned(&p, cfg(0), 0x10_2270_0000, 0x1000), (0x10_2200_0000, 0x10_2300_0000));
+    }
+
+    #[test]
+    fn growth_chains_across_several_pools_up_to_the_cap() {
+        // Pools each across one chunk end: 0|1, 1|2, 2|3, 3|4, 4|5.
+        let p = pools(&(1..=5).map(|i| (i * CHUNK - MIB, 2 * MIB)).collect::<Vec<_>>());
+        // A binding in chunk 0 chains to 4 chunks (64 MiB) and stops at the cap.
+        assert_eq!(planned(&p, cfg(64), 0x1000, 0x1000), (0, 4 * CHUNK));
+        assert_eq!(planned(&p, cfg(48), 0x1000, 0x1000), (0, 3 * CHUNK));
+        assert_eq!(planned(&p, cfg(1024), 0x1000, 0x1000), (0, 6 * CHUNK));
+        // From the middle it grows both ways.
+        assert_eq!(planned(&p, cfg(1024), 3 * CHUNK + 0x1000, 0x1000), (0, 6 * CHUNK));
+    }
+
+    #[test]
+    fn a_long_pool_behind_a_shorter_one() {
+        // A 200 MiB pool (past the cap) behind a short one across the chunk end at 3 * CHUNK.
+        let p = pools(&[(0x1000, 200 * MIB), (3 * CHUNK - MIB, 2 * MIB)]);
+        assert_eq!(planned(&p, cfg(64), 2 * CHUNK + 0x1000, 0x1000), (2 * CHUNK, 4 * CHUNK));
+        // The short pool behind a long one that fits the cap.
+        let p = pools(&[(CHUNK + 0x1000, 40 * MIB), (2 * CHUNK - MIB, 2 * MIB)]);
+        assert_eq!(planned(&p, cfg(64), 2 * CHUNK + 0x1000, 0x1000), (CHUNK, 4 * CHUNK));
+    }
+
+    #[test]
+    fn pools_only_touching_an_end_do_not_grow_it() {
+        let p = pools(&[(CHUNK, CHUNK), (3 * CHUNK, 4096), (CHUNK - 4096, 4096)]);
+        assert_eq!(planned(&p, cfg(64), 2 * CHUNK + 0x1000, 0x1000), (2 * CHUNK, 3 * CHUNK));
+        assert_eq!(planned(&p, cfg(64), CHUNK + 0x1000, 0x1000), (CHUNK, 2 * CHUNK));
+    }
+
+    #[test]
+    fn a_pool_past_the_cap_is_left_out() {
+        // Its cover is 5 chunks (80 MiB): past 64.
+        let p = pools(&[(CHUNK + 0x1000, 64 * MIB)]);
+        assert_eq!(planned(&p, cfg(64), 2 * CHUNK + 0x1000, 0x1000), (2 * CHUNK, 3 * CHUNK));
+        assert_eq!(planned(&p, cfg(80), 2 * CHUNK + 0x1000, 0x1000), (CHUNK, 6 * CHUNK));
+        // A cover of exactly the cap is within it.
+        let p = pools(&[(CHUNK + 0x1000, 40 * MIB)]);
+        assert_eq!(planned(&p, cfg(48), CHUNK + 0x1000, 0x1000), (CHUNK, 4 * CHUNK));
+    }
+
+    #[test]
+    fn zero_turns_spans_off() {
+        let p = pools(&[(CHUNK - MIB, 2 * MIB)]);
+        assert_eq!(planned(&p, cfg(0), 0x1000, 0x1000), (0, CHUNK));
+        assert_eq!(planned(&p, cfg(32), 0x1000, 0x1000), (0, 2 * CHUNK));
+        assert_eq!(plan(&p, cfg(32), 0x1000, 0x1000, false).unwrap(), Planned { lo: 0, hi: CHUNK });
+    }
+
+    #[test]
+    fn ranges_are_chunk_aligned() {
+        let p = pools(&[(0x1234_5000, 0x3000)]);
+        for c in [4 * MIB, CHUNK, 64 * MIB] {
+            let c = PlanConfig { chunk: c, span_cap: 64 * MIB };
+            let r = plan(&p, c, 0x1234_6000, 0x10, true).unwrap();
+            assert_eq!((r.lo % c.chunk, r.hi % c.chunk), (0, 0), "{r}");
+            assert!(r.covers(0x1234_6000, 0x1234_6010));
+        }
+        assert_eq!(planned(&p, cfg(64), 0x1234_6000, 0x10), (0x1200_0000, 0x1300_0000));
+    }
+
+    #[test]
+    fn bad_bindings_are_errors() {
+        let p = Pools::new();
+        assert!(matches!(plan(&p, cfg(64), 0x1000, 0, true), Err(ImportError::EmptyBinding { .. })));
+        assert!(matches!(plan(&p, cfg(64), u64::MAX - 1, 4, true), Err(ImportError::BindingWraps { .. })));
+        assert!(matches!(plan(&p, cfg(64), u64::MAX - 1, 1, true), Err(ImportError::BindingWraps { .. })));
+        assert!(PlanConfig { chunk: 3 << 20, span_cap: 0 }.check(4096).is_err());
+        assert!(PlanConfig { chunk: 2048, span_cap: 0 }.check(4096).is_err());
+    }
+
+    /// The rule stated the slow way: every pass looks at every pool.
+    fn model(pools: &[(u64, u64)], c: PlanConfig, addr: u64, size: u64) -> (u64, u64) {
+        let ch = c.chunk;
+        let (mut lo, mut hi) = (addr / ch * ch, (addr + size).div_ceil(ch) * ch);
+        if c.span_cap == 0 {
+            return (lo, hi);
+        }
+        // Sorted by (lo, id): ids are the insertion order.
+        let mut sorted: Vec<(usize, u64, u64)> = pools.iter().enumerate().map(|(i, &(l, s))| (i, l, l + s)).collect();
+        sorted.sort_by_key(|&(i, l, _)| (l, i));
+        loop {
+            let (lo0, hi0) = (lo, hi);
+            let crosses = |l: u64, h: u64, a: u64, b: u64| (l < a && a < h) || (l < b && b < h);
+            let mut grew = false;
+            for &(_, l, h) in sorted.iter().filter(|&&(_, l, h)| crosses(l, h, lo0, hi0)) {
+                if !crosses(l, h, lo, hi) {
+                    continue;
+                }
+                let (nl, nh) = (lo.min(l / ch * ch), hi.max(h.div_ceil(ch) * ch));
+                if nh - nl <= c.span_cap {
+                    (lo, hi) = (nl, nh);
+                    grew = true;
+                }
+            }
+            if !grew {
+                return (lo, hi);
+            }
+        }
+    }
+
+    #[test]
+    fn the_planner_matches_the_reference_model_over_random_layouts() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let mut grew = 0;
+        for case in 0..400 {
+            let n = 1 + next() % 60;
+            let window = 16 * CHUNK;
+            let list: Vec<(u64, u64)> = (0..n)
+                .map(|_| {
+                    let size = match next() % 4 {
+                        0 => 4096 * (1 + next() % 16),
+                        1 => MIB * (1 + next() % 16),
+                        2 => MIB * (1 + next() % 96),
+                        _ => 4096 * (1 + next() % 4096),
+                    };
+                    (next() % window / 4096 * 4096, size)
+                })
+                .collect();
+            let p = pools(&list);
+            for _ in 0..20 {
+                let c = PlanConfig { chunk: CHUNK >> (next() % 3), span_cap: [0, 32, 64, 128][case % 4] * MIB };
+                let addr = next() % window;
+                let size = 1 + next() % (2 * MIB);
+                let got = plan(&p, c, addr, size, true).unwrap();
+                let want = model(&list, c, addr, size);
+                assert_eq!((got.lo, got.hi), want, "case {case}: {list:x?} cfg {c:?} bind {addr:#x}+{size:#x}");
+                if got.len() > binding_cover(addr, size, c.chunk).unwrap().len() {
+                    grew += 1;
+                }
+            }
+        }
+        // The layouts must exercise the span, not only the plain cover.
+        assert!(grew > 500, "only {grew} plans grew");
+    }
+}

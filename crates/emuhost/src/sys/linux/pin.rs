@@ -1,0 +1,30 @@
+//! Pinning host pages: `mlock` faults every page of the range in and keeps it resident until
+//! `munlock`; `mincore` says which pages are resident. Neither changes a byte or a mapping.
+
+use std::io;
+
+/// Locks `addr..addr + len` in memory (faulting its pages in).
+pub fn lock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: mlock only faults in and pins pages of the range; it reads or writes no byte through
+    // a Rust reference and changes no mapping. An unmapped range fails with ENOMEM.
+    unsafe { rustix::mm::mlock(addr as *mut libc::c_void, len) }.map_err(Into::into)
+}
+
+/// Unlocks `addr..addr + len`.
+pub fn unlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: munlock only drops the pin of the range's pages; it touches no byte and no mapping.
+    unsafe { rustix::mm::munlock(addr as *mut libc::c_void, len) }.map_err(Into::into)
+}
+
+/// Whether every page of `addr..addr + len` (page-aligned) is resident.
+pub fn resident(addr: usize, len: usize) -> io::Result<bool> {
+    let page = rustix::param::page_size();
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `vec` has one byte per page of the range, which is what mincore writes; mincore
+    // reads only the page tables of the range.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.iter().all(|b| b & 1 == 1))
+}

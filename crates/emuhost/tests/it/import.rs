@@ -1,0 +1,494 @@
+//! GPU import: one conformance suite that every backend passes (pin here; Vulkan on whatever
+//! device the loader finds, Mesa's lavapipe on a machine without a GPU; CUDA where libcuda is),
+//! and the importer's rules (reuse, re-import, span, retry without it, cooling, populate ahead).
+//!
+//! A backend that is not on the machine is skipped with the reason printed, unless
+//! `EMUHOST_REQUIRE_VULKAN=1` / `EMUHOST_REQUIRE_CUDA=1` makes its absence a failure (CI sets the
+//! Vulkan one: lavapipe is installed there).
+
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use emuhost::import::{
+    Backend, BackendKind, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, PopulateAhead,
+    Vulkan, error_chain, verify,
+};
+use emuhost::space::{GuestAddr, Prot, Space, page_size};
+
+const MIB: u64 = 1 << 20;
+
+fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "1")
+}
+
+fn vulkan() -> Option<Vulkan> {
+    match Vulkan::open() {
+        Ok(v) => Some(v),
+        Err(e) if required("EMUHOST_REQUIRE_VULKAN") => {
+            panic!("EMUHOST_REQUIRE_VULKAN=1 but Vulkan is not usable: {}", error_chain(&e))
+        }
+        Err(e) => {
+            eprintln!("skipped: Vulkan: {}", error_chain(&e));
+            None
+        }
+    }
+}
+
+fn cuda() -> Option<Cuda> {
+    match Cuda::open() {
+        Ok(c) => Some(c),
+        Err(e) if required("EMUHOST_REQUIRE_CUDA") => {
+            panic!("EMUHOST_REQUIRE_CUDA=1 but CUDA is not usable: {}", error_chain(&e))
+        }
+        Err(e) => {
+            eprintln!("skipped: CUDA: {}", error_chain(&e));
+            None
+        }
+    }
+}
+
+/// A space with `len` bytes committed read-write at a guest address whose host address is a
+/// multiple of `align`. Returns the space and that guest address.
+fn aligned_space(align: u64, len: u64) -> (Arc<Space>, u64) {
+    let align = align.max(page_size());
+    let space = Space::with_window((len + align).next_multiple_of(64 * MIB)).unwrap();
+    let lo = (align - space.host_base() as u64 % align) % align;
+    space.commit(space.range(lo, len).unwrap(), Prot::READ_WRITE).unwrap();
+    (Arc::new(space), lo)
+}
+
+fn pattern(len: u64, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ (i >> 12) as u8 ^ seed).collect()
+}
+
+fn read(space: &Space, lo: u64, len: u64) -> Vec<u8> {
+    let mut b = vec![0u8; len as usize];
+    space.read(GuestAddr(lo), &mut b).unwrap();
+    b
+}
+
+/// Whether a guest page is present (`/proc/self/pagemap`).
+fn present(space: &Space, addr: u64) -> bool {
+    let host = space.host_addr(GuestAddr(addr)).unwrap() as u64;
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start(host / page_size() * 8)).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b).unwrap();
+    u64::from_le_bytes(b) >> 63 == 1
+}
+
+/// The suite every backend passes.
+mod conformance {
+    use super::*;
+
+    pub fn start_up_check<B: Backend>(b: B) {
+        verify(&b).unwrap();
+        assert_eq!((b.budget().get().count, b.budget().get().bytes), (0, 0));
+    }
+
+    /// Bytes the CPU wrote before the import and after it reach the GPU (a GPU copy into a second
+    /// import, read back by the CPU); where there is no GPU path, the pages stay resident.
+    pub fn the_gpu_sees_cpu_writes_before_and_after_the_import<B: Backend>(b: B) {
+        let len = 2 * MIB;
+        let (space, lo) = aligned_space(b.alignment(), 2 * len);
+        space.write(GuestAddr(lo), &pattern(len, 1)).unwrap();
+        let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
+        let d = b.import(HostSpan::of(&space, lo + len, len).unwrap()).unwrap();
+        b.check(&a).unwrap();
+        if b.gpu_copy(&a, 0, &d, 0, len).unwrap() {
+            assert!(read(&space, lo + len, len) == pattern(len, 1), "the copy of bytes written before the import");
+            // Written after the import, copied at an offset.
+            space.write(GuestAddr(lo + 4096), &pattern(8192, 2)).unwrap();
+            assert!(b.gpu_copy(&a, 4096, &d, 3 * 4096, 8192).unwrap());
+            assert!(read(&space, lo + len + 3 * 4096, 8192) == pattern(8192, 2), "the copy of bytes written after");
+            assert!(matches!(b.gpu_copy(&a, len - 4096, &d, 0, 8192), Err(ImportError::Verify { .. })));
+        } else {
+            assert_eq!(b.kind(), BackendKind::Pin);
+            assert!(read(&space, lo, len) == pattern(len, 1));
+        }
+        b.release(d);
+        b.release(a);
+        assert_eq!(b.budget().get().count, 0);
+    }
+
+    /// Pages never touched import, and read as zeros.
+    pub fn untouched_pages_import_and_read_as_zero<B: Backend>(b: B) {
+        let len = 4 * MIB;
+        let (space, lo) = aligned_space(b.alignment(), len + MIB);
+        assert!(!present(&space, lo + MIB));
+        let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
+        b.check(&a).unwrap();
+        space.write(GuestAddr(lo + len), &pattern(MIB, 3)).unwrap();
+        let d = b.import(HostSpan::of(&space, lo + len, MIB).unwrap()).unwrap();
+        if b.gpu_copy(&a, len - MIB, &d, 0, MIB).unwrap() {
+            assert!(read(&space, lo + len, MIB).iter().all(|&x| x == 0));
+        }
+        assert!(read(&space, lo, len).iter().all(|&x| x == 0));
+        b.release(d);
+        b.release(a);
+    }
+
+    /// Each live import is in the budget; release gives it back; an import past a limit fails
+    /// and leaves the budget as it was.
+    pub fn the_budget_counts_imports_and_a_refused_one_leaks_nothing<B: Backend>(b: B) {
+        let (space, lo) = aligned_space(b.alignment(), 4 * MIB);
+        let a = b.import(HostSpan::of(&space, lo, MIB).unwrap()).unwrap();
+        let c = b.import(HostSpan::of(&space, lo + MIB, 2 * MIB).unwrap()).unwrap();
+        assert_eq!((b.budget().get().count, b.budget().get().bytes), (2, 3 * MIB));
+        b.budget().limit_single(MIB);
+        let e = b.import(HostSpan::of(&space, lo + 2 * MIB, 2 * MIB).unwrap()).unwrap_err();
+        assert!(matches!(e, ImportError::Budget { .. }), "{e}");
+        assert_eq!((b.budget().get().count, b.budget().get().bytes), (2, 3 * MIB));
+        b.release(c);
+        b.release(a);
+        assert_eq!((b.budget().get().count, b.budget().get().bytes), (0, 0));
+        let a = b.import(HostSpan::of(&space, lo + 3 * MIB, MIB).unwrap()).unwrap();
+        b.release(a);
+    }
+
+    /// Through the importer: a spanned import over the backend's limit is made again without the
+    /// span; dropping the importer releases everything.
+    pub fn a_spanned_import_over_the_limit_is_made_again_without_the_span<B: Backend + 'static>(b: B) {
+        let b = Arc::new(b);
+        b.budget().limit_single(MIB);
+        let (space, _) = aligned_space(MIB, 8 * MIB);
+        let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
+        let cfg = ImportConfig { plan: PlanConfig { chunk: MIB, span_cap: 4 * MIB }, ..ImportConfig::default() };
+        let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
+        // A pool across the chunk end at base + 2 MiB.
+        imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();
+        let bound = imp.bind(base + MIB + 0x100, 0x100).unwrap();
+        assert_eq!(bound.range, Planned { lo: base + MIB, hi: base + 2 * MIB });
+        assert!(bound.made && !bound.spanned);
+        let s = imp.stats();
+        assert_eq!((s.imports, s.failures, s.unspanned_retries, s.live), (1, 1, 1, 1));
+        assert_eq!(b.budget().get().count, 1);
+        drop(imp);
+        assert_eq!((b.budget().get().count, b.budget().get().bytes), (0, 0));
+    }
+}
+
+macro_rules! conformance {
+    ($name:ident, $open:expr) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn passes_the_start_up_check() {
+                if let Some(b) = $open {
+                    conformance::start_up_check(b);
+                }
+            }
+
+            #[test]
+            fn the_gpu_sees_cpu_writes_before_and_after_the_import() {
+                if let Some(b) = $open {
+                    conformance::the_gpu_sees_cpu_writes_before_and_after_the_import(b);
+                }
+            }
+
+            #[test]
+            fn untouched_pages_import_and_read_as_zero() {
+                if let Some(b) = $open {
+                    conformance::untouched_pages_import_and_read_as_zero(b);
+                }
+            }
+
+            #[test]
+            fn the_budget_counts_imports_and_a_refused_one_leaks_nothing() {
+                if let Some(b) = $open {
+                    conformance::the_budget_counts_imports_and_a_refused_one_leaks_nothing(b);
+                }
+            }
+
+            #[test]
+            fn a_spanned_import_over_the_limit_is_made_again_without_the_span() {
+                if let Some(b) = $open {
+                    conformance::a_spanned_import_over_the_limit_is_made_again_without_the_span(b);
+                }
+            }
+        }
+    };
+}
+
+conformance!(pin, Some(Pin::new()));
+conformance!(vulkan, vulkan());
+conformance!(cuda, cuda());
+
+#[test]
+fn vulkan_honours_the_pointer_alignment_and_takes_the_type_from_the_pointer() {
+    let Some(v) = vulkan() else { return };
+    let align = v.alignment();
+    assert!(align.is_power_of_two() && align >= 4096, "{align:#x}");
+    let (space, lo) = aligned_space(align, 4 * align);
+    let i = v.import(HostSpan::of(&space, lo, 2 * align).unwrap()).unwrap();
+    assert!(i.host_type_bits & (1 << i.memory_type) != 0, "type {} not in {:#x}", i.memory_type, i.host_type_bits);
+    v.release(i);
+    let b = v.budget().get();
+    assert!(b.max_count > 0 && b.max_bytes > 0, "{b:?}");
+}
+
+/// A backend that fails on command, around pin: for the importer's rules on failure.
+#[derive(Default)]
+struct Faulty {
+    inner: Pin,
+    /// Imports longer than this fail (0: none).
+    fail_over: AtomicU64,
+    fail_all: AtomicBool,
+    calls: Mutex<Vec<Planned>>,
+    base: AtomicU64,
+}
+
+impl Backend for Faulty {
+    type Import = <Pin as Backend>::Import;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Pin
+    }
+
+    fn describe(&self) -> String {
+        "pin, failing on command".into()
+    }
+
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+
+    fn budget(&self) -> &emuhost::import::BudgetCell {
+        self.inner.budget()
+    }
+
+    fn import(&self, span: HostSpan) -> Result<Self::Import, ImportError> {
+        let lo = span.addr() as u64 - self.base.load(Ordering::Relaxed);
+        self.calls.lock().unwrap().push(Planned { lo, hi: lo + span.len() as u64 });
+        let over = self.fail_over.load(Ordering::Relaxed);
+        if self.fail_all.load(Ordering::Relaxed) || (over > 0 && span.len() as u64 > over) {
+            return Err(ImportError::Unavailable { backend: "faulty", why: "failing on command".into() });
+        }
+        self.inner.import(span)
+    }
+
+    fn release(&self, import: Self::Import) {
+        self.inner.release(import)
+    }
+
+    fn gpu_copy(&self, a: &Self::Import, ao: u64, b: &Self::Import, bo: u64, len: u64) -> Result<bool, ImportError> {
+        self.inner.gpu_copy(a, ao, b, bo, len)
+    }
+}
+
+const CHUNK: u64 = MIB;
+
+/// An importer over a 64 MiB space with 1 MiB chunks and a 4 MiB span cap, around [`Faulty`].
+fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let f = Arc::new(Faulty::default());
+    f.base.store(space.host_base() as u64, Ordering::Relaxed);
+    let cfg = ImportConfig { plan: PlanConfig { chunk: CHUNK, span_cap }, cooling, ..ImportConfig::default() };
+    (Importer::new(space, f.clone(), cfg).unwrap(), f)
+}
+
+fn r(lo_mib: u64, hi_mib: u64) -> Planned {
+    Planned { lo: lo_mib * MIB, hi: hi_mib * MIB }
+}
+
+#[test]
+fn a_binding_inside_an_import_reuses_it() {
+    let (imp, f) = faulty(4 * MIB, Duration::ZERO);
+    assert!(imp.bind(5 * MIB + 0x10, 0x100).unwrap().made);
+    let again = imp.bind(5 * MIB + 0x8000, 0x2000).unwrap();
+    assert_eq!((again.range, again.made), (r(5, 6), false));
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reuses, s.live, s.live_bytes), (1, 1, 1, MIB));
+    assert_eq!(f.calls.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn without_the_span_a_binding_across_two_imported_chunks_imports_both_again_and_is_counted() {
+    let (imp, _) = faulty(0, Duration::ZERO);
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    imp.bind(3 * MIB - 0x4000, 0x100).unwrap();
+    imp.bind(3 * MIB + 0x4000, 0x100).unwrap();
+    let across = imp.bind(3 * MIB - 0x80, 0x100).unwrap();
+    assert_eq!((across.range, across.made), (r(2, 4), true));
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reimports, s.live, s.live_bytes), (3, 1, 3, 4 * MIB));
+    assert_eq!(imp.imports(), vec![r(2, 3), r(2, 4), r(3, 4)]);
+}
+
+#[test]
+fn with_the_span_the_first_import_covers_the_pool_and_nothing_is_imported_again() {
+    let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    let first = imp.bind(3 * MIB - 0x4000, 0x100).unwrap();
+    assert_eq!((first.range, first.spanned), (r(2, 4), true));
+    assert!(!imp.bind(3 * MIB + 0x4000, 0x100).unwrap().made);
+    assert!(!imp.bind(3 * MIB - 0x80, 0x100).unwrap().made);
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reimports, s.reuses), (1, 0, 2));
+}
+
+#[test]
+fn a_failed_spanned_import_is_retried_without_the_span_and_then_cools() {
+    let cooling = Duration::from_secs(30);
+    let (imp, f) = faulty(4 * MIB, cooling);
+    f.fail_over.store(CHUNK, Ordering::Relaxed);
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    let t0 = Instant::now();
+    let b = imp.bind_at(2 * MIB + 0x100, 0x100, t0).unwrap();
+    assert_eq!((b.range, b.spanned), (r(2, 3), false));
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 4), r(2, 3)]);
+    // The other chunk of the pool: its spanned range is the one cooling, so only the unspanned
+    // range is tried.
+    let b = imp.bind_at(3 * MIB + 0x100, 0x100, t0 + Duration::from_secs(1)).unwrap();
+    assert_eq!(b.range, r(3, 4));
+    assert_eq!(f.calls.lock().unwrap().len(), 3);
+    let s = imp.stats();
+    assert_eq!((s.imports, s.failures, s.unspanned_retries, s.cooled), (2, 1, 1, 1));
+    // Across the end: both chunks are live separately, so it needs 2..4, which cools.
+    let e = imp.bind_at(3 * MIB - 0x80, 0x100, t0 + Duration::from_secs(2)).unwrap_err();
+    assert!(matches!(e, ImportError::Cooling { lo, hi, .. } if lo == 2 * MIB && hi == 4 * MIB), "{e}");
+    assert_eq!(f.calls.lock().unwrap().len(), 3, "a cooling range is not tried");
+    // Once it has cooled it is tried again (and imported now that the backend takes it).
+    f.fail_over.store(0, Ordering::Relaxed);
+    let b = imp.bind_at(3 * MIB - 0x80, 0x100, t0 + cooling).unwrap();
+    assert_eq!((b.range, b.made), (r(2, 4), true));
+    assert_eq!(imp.stats().reimports, 1);
+}
+
+#[test]
+fn a_range_that_failed_unspanned_cools_and_then_is_tried_again() {
+    let (imp, f) = faulty(4 * MIB, Duration::from_millis(500));
+    f.fail_all.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    assert!(matches!(imp.bind_at(7 * MIB, 0x10, t0), Err(ImportError::Import { .. })));
+    assert!(matches!(imp.bind_at(7 * MIB, 0x10, t0 + Duration::from_millis(499)), Err(ImportError::Cooling { .. })));
+    assert_eq!(f.calls.lock().unwrap().len(), 1);
+    assert!(matches!(imp.bind_at(7 * MIB, 0x10, t0 + Duration::from_millis(500)), Err(ImportError::Import { .. })));
+    assert_eq!(f.calls.lock().unwrap().len(), 2);
+    f.fail_all.store(false, Ordering::Relaxed);
+    assert!(imp.bind_at(7 * MIB, 0x10, t0 + Duration::from_millis(1000)).unwrap().made);
+    // Nothing leaked on the failures: one live import, one pinned range.
+    assert_eq!((imp.stats().live, f.budget().get().count), (1, 1));
+    assert_eq!(imp.stats().failures, 2);
+}
+
+#[test]
+fn cooling_zero_holds_nothing() {
+    let (imp, f) = faulty(4 * MIB, Duration::ZERO);
+    f.fail_all.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    assert!(imp.bind_at(7 * MIB, 0x10, t0).is_err());
+    assert!(matches!(imp.bind_at(7 * MIB, 0x10, t0), Err(ImportError::Import { .. })));
+    assert_eq!(f.calls.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn empty_and_wrapping_pools_are_refused() {
+    let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    assert!(matches!(imp.add_pool(MIB, 0), Err(ImportError::BadPool { .. })));
+    assert!(matches!(imp.add_pool(u64::MAX - 4096, 8192), Err(ImportError::BadPool { .. })));
+    // A binding whose chunk cover would run past the top is an error, not a wrap.
+    assert!(matches!(imp.bind(u64::MAX - 10, 4), Err(ImportError::BindingWraps { .. })));
+}
+
+#[test]
+fn imports_outside_the_window_fail_without_leaking() {
+    let (imp, f) = faulty(4 * MIB, Duration::ZERO);
+    assert!(matches!(imp.bind(64 * MIB + 0x10, 0x10), Err(ImportError::Import { .. })));
+    assert_eq!((f.calls.lock().unwrap().len(), f.budget().get().count, imp.stats().live), (0, 0, 0));
+}
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
+    let log = Log::default();
+    let w = log.clone();
+    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+    let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    // With a single dispatcher registered, tracing computes a callsite's interest from the default
+    // dispatcher of whichever thread registers it first: a test on another thread could then cache
+    // "never" for the import line. A second (silent) dispatcher makes tracing ask all of them.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    tracing::subscriber::with_default(sub, || {
+        imp.bind(5 * MIB, 0x10).unwrap();
+        imp.bind(5 * MIB, 0x10).unwrap();
+        imp.bind(9 * MIB, 0x10).unwrap();
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("import ")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("0x500000..0x600000 (1 MiB) in ") && lines[0].contains("(1 imports, "), "{text}");
+    assert!(
+        lines[1].contains("0x900000..0xa00000")
+            && lines[1].contains("(2 imports, ")
+            && lines[1].contains(" ms in all)")
+    );
+}
+
+#[test]
+fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
+    for ahead in [PopulateAhead::Off, PopulateAhead::Pools] {
+        let on = ahead == PopulateAhead::Pools;
+        let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+        let cfg = ImportConfig { populate_ahead: ahead, ..ImportConfig::default() };
+        let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
+        space.commit(space.range(16 * MIB, 4 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
+        imp.add_pool(16 * MIB + 0x100, 2 * MIB).unwrap();
+        // Not committed: the populate fails and is counted.
+        imp.add_pool(40 * MIB, MIB).unwrap();
+        imp.settle();
+        assert_eq!(present(&space, 16 * MIB), on);
+        assert_eq!(present(&space, 16 * MIB + 2 * MIB), on);
+        assert!(!present(&space, 16 * MIB + 3 * MIB), "past the pool");
+        let s = imp.stats();
+        assert_eq!((s.populated, s.populate_failures), if on { (1, 1) } else { (0, 0) });
+        assert_eq!(s.populated_bytes, if on { 2 * MIB + 4096 } else { 0 });
+    }
+}
+
+#[test]
+fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let cfg = ImportConfig {
+        plan: PlanConfig { chunk: 4 * MIB, span_cap: 0 },
+        populate_ahead: PopulateAhead::Chunks,
+        ..ImportConfig::default()
+    };
+    let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
+    // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
+    imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
+    imp.add_pool(5 * MIB, 0x1000).unwrap();
+    imp.settle();
+    for at in [4 * MIB, 7 * MIB, 8 * MIB, 12 * MIB - 4096] {
+        assert!(present(&space, at), "{at:#x}");
+    }
+    assert!(!present(&space, 12 * MIB) && !present(&space, 4 * MIB - 4096));
+    let s = imp.stats();
+    assert_eq!((s.populated, s.populate_failures, s.populated_bytes), (2, 0, 8 * MIB));
+}
+
+#[test]
+fn the_importer_commits_reserved_gaps_before_importing() {
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default()).unwrap();
+    let b = imp.bind(16 * MIB + 0x10, 0x10).unwrap();
+    assert_eq!(b.range, Planned { lo: 16 * MIB, hi: 32 * MIB });
+    assert!(present(&space, 20 * MIB), "pinned, so present");
+    space.write(GuestAddr(31 * MIB), b"ok").unwrap();
+}

@@ -1,10 +1,13 @@
 //! `emuhost`: replay a game session through the host layer, A/B two settings, and measure.
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
+mod ab;
 mod bench;
 mod plan;
+mod plot;
 mod policy;
 mod probe;
+mod replay;
 mod trace;
 
 use std::process::ExitCode;
@@ -24,6 +27,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Replay a game session (the built-in one by default) through the runtime and report frame
+    /// times in the runtime, imports, collects and sleeps.
+    Replay(replay::Args),
+    /// Replay with two settings alternately (A B A B ...), each in a fresh process: per-round
+    /// figures, medians and the ratio.
+    Ab(ab::Args),
     /// Print what this machine offers the runtime (kernel, pages, userfaultfd, PAGEMAP_SCAN, CPUs).
     Probe {
         /// One JSON object instead of text.
@@ -51,6 +60,8 @@ enum Command {
 pub enum Outcome {
     Ok,
     CheckFailed,
+    /// A child process's exit status, passed on.
+    Exit(u8),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +74,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Replay(a) => replay::run(a),
+        Command::Ab(a) => ab::run(a),
         Command::Probe { json } => probe::run(json),
         Command::Policy(a) => policy::run(a),
         Command::Plan(a) => plan::run(a),
@@ -72,6 +85,7 @@ fn main() -> ExitCode {
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::CheckFailed) => ExitCode::from(1),
+        Ok(Outcome::Exit(code)) => ExitCode::from(code),
         Err(e) => {
             eprintln!("emuhost: error: {e:#}");
             ExitCode::from(2)

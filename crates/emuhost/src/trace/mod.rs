@@ -12,6 +12,7 @@
 mod error;
 mod event;
 mod reader;
+mod replay;
 mod stats;
 mod synth;
 mod writer;
@@ -19,6 +20,9 @@ mod writer;
 pub use error::{Malformed, TraceError};
 pub use event::{DEFAULT_WINDOW, Event, GUEST_PAGE, Header, MAGIC, Record, SleepKind, Thread, VERSION};
 pub use reader::{FileReader, MAX_LINE, Reader, is_zstd, read_str};
+pub use replay::{
+    FrameFigures, ReplayConfig, ReplayError, ReplayReport, SleepFigures, replay, replay_default, replay_file,
+};
 pub use stats::{Stats, StatsBuilder};
 pub use synth::{
     CHUNK, DEFAULT_SEED, KOKIRI_BIND, KOKIRI_END, KOKIRI_POOL, LONE_POOL, REGION, REGION_CHUNKS, Synth, SynthConfig,

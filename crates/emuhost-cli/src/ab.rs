@@ -1,0 +1,135 @@
+//! `emuhost ab`: two settings replayed alternately (A B A B ...), each in a fresh process, and the
+//! reference PRs' table: each figure per round for both arms, the medians and the ratio.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::Outcome;
+use crate::bench::median;
+use crate::replay::parse_switch;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Arm A's switches: 'KEY=VALUE KEY=VALUE ...' (EMUHOST_* switches of the README's table).
+    #[arg(long, allow_hyphen_values = true)]
+    a: String,
+    /// Arm B's switches, as for --a.
+    #[arg(long, allow_hyphen_values = true)]
+    b: String,
+    /// Rounds; each replays A, then B.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
+    /// Replay paced (the trace's frame rate), for fps and lows.
+    #[arg(long)]
+    paced: bool,
+    /// One JSON object instead of the table: the arms under "a" and "b".
+    #[arg(long)]
+    json: bool,
+    /// The trace (the built-in default session when left out).
+    trace: Option<PathBuf>,
+}
+
+/// The figures compared, in the table's order: (key, label).
+const ROWS: &[(&str, &str)] = &[
+    ("frames_over_100ms", "frames over 100 ms (runtime)"),
+    ("frames_over_50ms", "frames over 50 ms (runtime)"),
+    ("runtime_ms_worst", "worst frame in the runtime, ms"),
+    ("runtime_ms_p99", "p99 frame in the runtime, ms"),
+    ("imports", "imports per session"),
+    ("reimports", "re-imports"),
+    ("import_ms", "time in imports, ms"),
+    ("worst_import_ms", "worst import, ms"),
+    ("live_import_mib_peak", "live imported MiB, peak"),
+    ("collect_ms", "time in collects, ms"),
+    ("lost_writes", "lost writes"),
+    ("guest_sleep_cpu_ms", "CPU in guest sleeps, ms"),
+    ("fps_avg", "fps (paced)"),
+    ("low_1pct_fps", "1% low fps (paced)"),
+    ("low_01pct_fps", "0.1% low fps (paced)"),
+    ("wall_s", "replay wall time, s"),
+];
+
+fn switches(s: &str) -> anyhow::Result<Vec<(String, String)>> {
+    s.split_whitespace().map(parse_switch).collect()
+}
+
+fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("replay").arg("--json");
+    if a.paced {
+        cmd.arg("--paced");
+    }
+    if let Some(t) = &a.trace {
+        cmd.arg(t);
+    }
+    cmd.env("EMUHOST_LOG", std::env::var("EMUHOST_LOG").unwrap_or_else(|_| "warn".into()));
+    cmd.envs(arm.iter().cloned());
+    let out = cmd.output().context("running a replay")?;
+    if !out.status.success() && out.status.code() != Some(1) {
+        bail!("a replay with {arm:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| format!("reading a replay's JSON ({arm:?})"))
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let (sa, sb) = (switches(&a.a).context("--a")?, switches(&a.b).context("--b")?);
+    let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..a.rounds {
+        for (i, arm) in [&sa, &sb].into_iter().enumerate() {
+            eprintln!("round {}/{}: {}", round + 1, a.rounds, if i == 0 { &a.a } else { &a.b });
+            runs[i].push(one(arm, &a)?);
+        }
+    }
+    let figure = |run: &Value, k: &str| run.get(k).and_then(Value::as_f64);
+    let med = |i: usize, k: &str| -> Option<f64> {
+        let mut v: Vec<f64> = runs[i].iter().filter_map(|r| figure(r, k)).collect();
+        (!v.is_empty()).then(|| median(&mut v))
+    };
+    let lost: f64 = runs.iter().flatten().filter_map(|r| figure(r, "lost_writes")).sum();
+    if a.json {
+        let arm = |i: usize, sw: &str| {
+            let mut medians = serde_json::Map::new();
+            for (k, _) in ROWS {
+                if let Some(m) = med(i, k) {
+                    medians.insert((*k).into(), json!(m));
+                }
+            }
+            json!({ "switches": sw, "runs": runs[i], "medians": medians })
+        };
+        let mut ratios = serde_json::Map::new();
+        for (k, _) in ROWS {
+            if let (Some(x), Some(y)) = (med(0, k), med(1, k))
+                && x != 0.0
+            {
+                ratios.insert((*k).into(), json!(y / x));
+            }
+        }
+        println!("{}", json!({ "rounds": a.rounds, "a": arm(0, &a.a), "b": arm(1, &a.b), "ratio_b_over_a": ratios }));
+    } else {
+        println!("A: {}\nB: {}\n{} rounds, alternated A B, each a fresh process\n", a.a, a.b, a.rounds);
+        let cell = |v: Option<f64>| {
+            v.map_or("-".to_string(), |x| if x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") })
+        };
+        println!(
+            "{:<34} {:>26} {:>26} {:>9} {:>9} {:>7}",
+            "", "A per round", "B per round", "A median", "B median", "B/A"
+        );
+        for (k, label) in ROWS {
+            if runs[0].iter().all(|r| figure(r, k).is_none()) {
+                continue;
+            }
+            let per = |i: usize| runs[i].iter().map(|r| cell(figure(r, k))).collect::<Vec<_>>().join(" / ");
+            let (x, y) = (med(0, k), med(1, k));
+            let ratio = match (x, y) {
+                (Some(x), Some(y)) if x != 0.0 => format!("{:.2}", y / x),
+                _ => "-".into(),
+            };
+            println!("{label:<34} {:>26} {:>26} {:>9} {:>9} {:>7}", per(0), per(1), cell(x), cell(y), ratio);
+        }
+    }
+    Ok(if lost > 0.0 { Outcome::CheckFailed } else { Outcome::Ok })
+}

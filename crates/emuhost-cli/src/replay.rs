@@ -1,0 +1,355 @@
+//! `emuhost replay`: replays a trace (the built-in session by default) through the runtime and
+//! reports like the reference PRs: hitches, worst frame, lows, imports and time in them.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use emuhost::trace::{ReplayConfig, ReplayReport, replay_default, replay_file};
+use serde_json::{Value, json};
+
+use crate::Outcome;
+
+/// Every `EMUHOST_*` switch a replay honours (the README's table).
+pub const SWITCHES: &[&str] = &[
+    "EMUHOST_LOG",
+    "EMUHOST_WATCH",
+    "EMUHOST_VERIFY_COLLECT",
+    "EMUHOST_SHORT_SLEEP_TIMER",
+    "EMUHOST_IMPORT_BACKEND",
+    "EMUHOST_IMPORT_CHUNK_MB",
+    "EMUHOST_IMPORT_SPAN_MB",
+    "EMUHOST_IMPORT_COOLING_MS",
+    "EMUHOST_IMPORT_POPULATE_AHEAD",
+];
+
+/// Set when this process is the child that a flag-set switch re-ran.
+const CHILD: &str = "EMUHOST_REPLAY_CHILD";
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// The trace to replay (plain or .zst); the built-in default session when left out.
+    pub trace: Option<PathBuf>,
+    /// Keep the trace's frame rate, with emuhost's host sleep as the frame limiter.
+    #[arg(long)]
+    pub paced: bool,
+    /// One JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// One row per frame, in the column names frame-time tools use.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Frame time with imports marked (SVG or PNG, by the extension).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Import backend (EMUHOST_IMPORT_BACKEND): auto, vulkan, cuda, pin.
+    #[arg(long)]
+    pub import_backend: Option<String>,
+    /// Write-tracking backend (EMUHOST_WATCH): uffd, mprotect, softdirty.
+    #[arg(long)]
+    pub watch: Option<String>,
+    /// Span cap in MiB (EMUHOST_IMPORT_SPAN_MB); 0 turns spans off.
+    #[arg(long)]
+    pub span_mb: Option<String>,
+    /// Short-sleep switch (EMUHOST_SHORT_SLEEP_TIMER), an empty value included.
+    #[arg(long)]
+    pub short_sleep_timer: Option<String>,
+    /// Any switch, as KEY=VALUE (repeatable): every EMUHOST_* switch of the README's table.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// Parses `KEY=VALUE`, checking the key is a switch.
+pub fn parse_switch(kv: &str) -> anyhow::Result<(String, String)> {
+    let Some((k, v)) = kv.split_once('=') else {
+        bail!("{kv:?} is not KEY=VALUE");
+    };
+    let k = k.trim();
+    if !SWITCHES.contains(&k) {
+        bail!("{k:?} is not a switch a replay honours (one of {})", SWITCHES.join(", "));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+impl Args {
+    /// The switches the flags set.
+    fn switches(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for (flag, name) in [
+            (&self.import_backend, "EMUHOST_IMPORT_BACKEND"),
+            (&self.watch, "EMUHOST_WATCH"),
+            (&self.span_mb, "EMUHOST_IMPORT_SPAN_MB"),
+            (&self.short_sleep_timer, "EMUHOST_SHORT_SLEEP_TIMER"),
+        ] {
+            if let Some(v) = flag {
+                out.push((name.to_string(), v.clone()));
+            }
+        }
+        for kv in &self.set {
+            out.push(parse_switch(kv)?);
+        }
+        Ok(out)
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let switches = a.switches()?;
+    // Switches are read from the environment (once per process, as an emulator would): a flag
+    // that sets one runs the replay again in a child process with it set.
+    if !switches.is_empty() && std::env::var_os(CHILD).is_none() {
+        let exe = std::env::current_exe().context("finding this program to run the replay")?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("replay").env(CHILD, "1");
+        if let Some(t) = &a.trace {
+            cmd.arg(t);
+        }
+        for (flag, on) in [("--paced", a.paced), ("--json", a.json)] {
+            if on {
+                cmd.arg(flag);
+            }
+        }
+        if let Some(p) = &a.csv {
+            cmd.arg("--csv").arg(p);
+        }
+        if let Some(p) = &a.plot {
+            cmd.arg("--plot").arg(p);
+        }
+        cmd.envs(switches);
+        let status = cmd.status().context("running the replay")?;
+        return match status.code() {
+            Some(0) => Ok(Outcome::Ok),
+            Some(1) => Ok(Outcome::CheckFailed),
+            Some(code) => Ok(Outcome::Exit(code as u8)),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                bail!("the replay was killed by signal {}", status.signal().unwrap_or(0))
+            }
+        };
+    }
+    if let Some(p) = &a.plot {
+        plot_kind(p)?;
+    }
+    let cfg = ReplayConfig { paced: a.paced, ..Default::default() };
+    let done = Arc::new(AtomicBool::new(false));
+    let spinner = progress(done.clone(), a.trace.is_some());
+    let result = match &a.trace {
+        Some(p) => replay_file(p, &cfg).with_context(|| format!("replaying {}", p.display())),
+        None => replay_default(&cfg).context("replaying the built-in session"),
+    };
+    done.store(true, Ordering::SeqCst);
+    if let Some(s) = spinner {
+        let _ = s.join();
+    }
+    let report = result?;
+    let s = summary(&report);
+    if let Some(p) = &a.csv {
+        std::fs::write(p, csv(&report)).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        crate::plot::frames(p, &report).with_context(|| format!("plotting to {}", p.display()))?;
+    }
+    if a.json {
+        println!("{s}");
+    } else {
+        print_table(&report, &s);
+    }
+    Ok(if report.lost_writes > 0 { Outcome::CheckFailed } else { Outcome::Ok })
+}
+
+fn plot_kind(p: &std::path::Path) -> anyhow::Result<()> {
+    match p.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase()).as_deref() {
+        Some("svg") | Some("png") => Ok(()),
+        _ => bail!("--plot {}: the file must end in .svg or .png", p.display()),
+    }
+}
+
+/// A spinner on stderr while the replay runs, only when stderr is a terminal.
+fn progress(done: Arc<AtomicBool>, file: bool) -> Option<std::thread::JoinHandle<()>> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    Some(std::thread::spawn(move || {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message(if file { "replaying the trace" } else { "replaying the built-in session" });
+        while !done.load(Ordering::SeqCst) {
+            bar.tick();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bar.finish_and_clear();
+    }))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The value at quantile `q` of sorted `v`.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// The 1 % / 0.1 % low: the frame rate of the slowest 1 % / 0.1 % of frames, averaged.
+fn low(frame_ms: &[f64], frac: f64) -> f64 {
+    let mut v = frame_ms.to_vec();
+    v.sort_by(|a, b| b.total_cmp(a));
+    let n = ((v.len() as f64 * frac).ceil() as usize).max(1).min(v.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let avg = v[..n].iter().sum::<f64>() / n as f64;
+    if avg > 0.0 { 1000.0 / avg } else { 0.0 }
+}
+
+/// The report's figures, with the JSON keys other tools read.
+pub fn summary(r: &ReplayReport) -> Value {
+    let mut rt: Vec<f64> = r.frames.iter().map(|f| ms(f.runtime)).collect();
+    rt.sort_by(|a, b| a.total_cmp(b));
+    let over = |t: f64| rt.iter().filter(|x| **x > t).count();
+    let present: Vec<f64> = r.frames.iter().map(|f| ms(f.present_to_present)).collect();
+    let total_s: f64 = present.iter().sum::<f64>() / 1e3;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut v = json!({
+        "frames": r.frames.len(),
+        "events": r.events,
+        "threads": r.threads,
+        "wall_s": r.wall.as_secs_f64(),
+        "paced": r.paced,
+        "import_backend": r.import_backend,
+        "watch_backend": r.watch_backend,
+        "sleep_rule": r.sleep_rule,
+        "runtime_ms_p50": quantile(&rt, 0.5),
+        "runtime_ms_p99": quantile(&rt, 0.99),
+        "runtime_ms_p999": quantile(&rt, 0.999),
+        "runtime_ms_worst": rt.last().copied().unwrap_or(0.0),
+        "frames_over_16_7ms": over(16.7),
+        "frames_over_50ms": over(50.0),
+        "frames_over_100ms": over(100.0),
+        "imports": r.imports,
+        "reimports": r.reimports,
+        "import_ms": ms(r.import_time),
+        "worst_import_ms": ms(r.worst_import),
+        "import_failures": r.import_failures,
+        "live_import_mib_end": mib(r.live_import_bytes_end),
+        "live_import_mib_peak": mib(r.live_import_bytes_peak),
+        "collects": r.collects,
+        "collect_ms": ms(r.collect_time),
+        "pages_reported": r.pages_reported,
+        "writes": r.writes,
+        "lost_writes": r.lost_writes,
+        "unchecked_writes": r.unchecked_writes,
+        "guest_sleeps": r.guest_sleeps.count,
+        "guest_sleep_cpu_ms": ms(r.guest_sleeps.cpu),
+        "guest_sleep_wall_ms": ms(r.guest_sleeps.wall),
+        "host_sleeps": r.host_sleeps.count,
+        "host_sleep_cpu_ms": ms(r.host_sleeps.cpu),
+        "host_sleep_wall_ms": ms(r.host_sleeps.wall),
+        "zeroed_under_import": r.zeroed_under_import,
+    });
+    if r.paced {
+        let o = v.as_object_mut().expect("an object");
+        o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));
+        o.insert("low_1pct_fps".into(), json!(low(&present, 0.01)));
+        o.insert("low_01pct_fps".into(), json!(low(&present, 0.001)));
+        o.insert("worst_frame_ms".into(), json!(present.iter().copied().fold(0.0, f64::max)));
+    }
+    v
+}
+
+fn csv(r: &ReplayReport) -> String {
+    let mut s =
+        String::from("Frame,TimeInSeconds,MsBetweenPresents,MsInRuntime,MsInImports,MsInCollects,ImportsMade\n");
+    let mut t = 0.0;
+    for f in &r.frames {
+        s.push_str(&format!(
+            "{},{:.6},{:.4},{:.4},{:.4},{:.4},{}\n",
+            f.index,
+            t,
+            ms(f.present_to_present),
+            ms(f.runtime),
+            ms(f.imports),
+            ms(f.collects),
+            f.imports_made
+        ));
+        t += f.present_to_present.as_secs_f64();
+    }
+    s
+}
+
+fn print_table(r: &ReplayReport, s: &Value) {
+    let g = |k: &str| s.get(k).cloned().unwrap_or(Value::Null);
+    let f = |k: &str| g(k).as_f64().unwrap_or(0.0);
+    println!(
+        "replay: {} frames, {} events, {} threads in {:.1} s ({})",
+        r.frames.len(),
+        r.events,
+        r.threads,
+        r.wall.as_secs_f64(),
+        if r.paced { "paced" } else { "unpaced" }
+    );
+    println!("  import backend   {}", r.import_backend);
+    println!("  write tracking   {}", r.watch_backend);
+    println!("  short sleeps     {}", r.sleep_rule);
+    println!("render thread in the runtime, per frame");
+    println!(
+        "  p50 {:.3} ms   p99 {:.3} ms   p99.9 {:.3} ms   worst {:.3} ms",
+        f("runtime_ms_p50"),
+        f("runtime_ms_p99"),
+        f("runtime_ms_p999"),
+        f("runtime_ms_worst")
+    );
+    println!(
+        "  frames over 16.7 ms: {}   over 50 ms: {}   over 100 ms: {}",
+        g("frames_over_16_7ms"),
+        g("frames_over_50ms"),
+        g("frames_over_100ms")
+    );
+    if r.paced {
+        println!(
+            "  fps {:.1}   1% low {:.1}   0.1% low {:.1}   worst frame {:.1} ms",
+            f("fps_avg"),
+            f("low_1pct_fps"),
+            f("low_01pct_fps"),
+            f("worst_frame_ms")
+        );
+    }
+    println!("imports");
+    println!(
+        "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed",
+        r.imports,
+        r.reimports,
+        f("import_ms"),
+        f("worst_import_ms"),
+        r.import_failures
+    );
+    println!(
+        "  live imported {:.0} MiB at the end, {:.0} MiB at peak",
+        f("live_import_mib_end"),
+        f("live_import_mib_peak")
+    );
+    println!("write tracking");
+    println!(
+        "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked",
+        r.collects,
+        f("collect_ms"),
+        r.pages_reported,
+        r.writes,
+        r.lost_writes,
+        r.unchecked_writes
+    );
+    println!("short sleeps");
+    for (name, sl) in [("guest", r.guest_sleeps), ("host", r.host_sleeps)] {
+        println!(
+            "  {name:<5} {:>8} sleeps, {:.0} ms asked, {:.0} ms waited, {:.0} ms of CPU",
+            sl.count,
+            ms(sl.asked),
+            ms(sl.wall),
+            ms(sl.cpu)
+        );
+    }
+}

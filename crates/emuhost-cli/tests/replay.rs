@@ -1,0 +1,126 @@
+//! `emuhost replay` and `emuhost ab`, run as a user runs them.
+
+use std::process::Command;
+
+const SMALL: &str = "emuhost-trace 1 window=0x8000000000
+0 g0 commit 0x1001000000 0x2000000 rw-
+1 g0 pool 0x1001000000 0x800000
+2 g0 pool 0x1001f00000 0x200000
+3 r frame 0
+4 r bind 0x1001000100 0x100
+5 g0 write 0x1001000000 0x10
+6 g1 write 0x1002000000 0x1
+7 r frame 1
+8 r collect 0x1001000000 0x2000000
+9 r bind 0x1002000000 0x1000
+10 r frame 2
+11 r bind 0x1001ffff00 0x200
+12 r frame 3
+end 13
+";
+
+fn emuhost() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_emuhost"));
+    c.env("EMUHOST_LOG", "warn").env("EMUHOST_IMPORT_BACKEND", "pin");
+    c
+}
+
+fn trace_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("emuhost-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("small.trace");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn replay_reports_json_csv_and_a_plot() {
+    let t = trace_file("replay", SMALL);
+    let dir = t.parent().unwrap();
+    let (csv, svg) = (dir.join("frames.csv"), dir.join("frames.svg"));
+    let out =
+        emuhost().arg("replay").arg(&t).arg("--json").arg("--csv").arg(&csv).arg("--plot").arg(&svg).output().unwrap();
+    let v = json(&out);
+    assert_eq!(v["frames"], 4);
+    assert_eq!(v["imports"], 1);
+    assert_eq!(v["reimports"], 0);
+    assert_eq!(v["lost_writes"], 0);
+    assert_eq!(v["import_backend"], "mlock (no GPU)");
+    for k in [
+        "runtime_ms_p99",
+        "runtime_ms_p999",
+        "frames_over_100ms",
+        "worst_import_ms",
+        "live_import_mib_peak",
+        "collect_ms",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing");
+    }
+    let csv = std::fs::read_to_string(csv).unwrap();
+    assert!(csv.starts_with("Frame,TimeInSeconds,MsBetweenPresents,MsInRuntime,MsInImports,MsInCollects"));
+    assert_eq!(csv.lines().count(), 5);
+    assert!(std::fs::read_to_string(svg).unwrap().contains("<svg"));
+    // A switch set by flag runs with it: spans off, three imports and one re-import.
+    let v = json(&emuhost().arg("replay").arg(&t).arg("--json").arg("--span-mb").arg("0").output().unwrap());
+    assert_eq!((v["imports"].as_u64(), v["reimports"].as_u64()), (Some(3), Some(1)));
+    let v = json(
+        &emuhost().arg("replay").arg(&t).arg("--json").arg("--set").arg("EMUHOST_WATCH=mprotect").output().unwrap(),
+    );
+    assert_eq!(v["watch_backend"], "mprotect");
+}
+
+#[test]
+fn ab_alternates_the_arms_and_prints_medians() {
+    let t = trace_file("ab", SMALL);
+    let out = emuhost()
+        .args(["ab", "--a", "EMUHOST_IMPORT_SPAN_MB=0", "--b", "EMUHOST_IMPORT_SPAN_MB=64", "--rounds", "2", "--json"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(v["a"]["medians"]["imports"], 3.0);
+    assert_eq!(v["b"]["medians"]["imports"], 1.0);
+    assert_eq!(v["a"]["runs"].as_array().unwrap().len(), 2);
+    assert!((v["ratio_b_over_a"]["imports"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9);
+    let out = emuhost()
+        .args(["ab", "--a", "EMUHOST_IMPORT_SPAN_MB=0", "--b", "EMUHOST_IMPORT_SPAN_MB=64", "--rounds", "1"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("imports per session") && text.contains("B/A"), "{text}");
+}
+
+#[test]
+fn bad_input_exits_2_naming_it() {
+    let t = trace_file("bad", "emuhost-trace 1\n0 r frame 0\n1 r bind 0xzz 0x10\nend 2\n");
+    let out = emuhost().arg("replay").arg(&t).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 3"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = emuhost().args(["replay", "--set", "EMUHOST_NOPE=1"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EMUHOST_NOPE"));
+    let out = emuhost().args(["ab", "--a", "SPAN=0", "--b", "EMUHOST_IMPORT_SPAN_MB=64"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"SPAN\" is not a switch"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = emuhost().args(["replay", "--watch", "fast"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("EMUHOST_WATCH=\"fast\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = emuhost().args(["replay", "--plot", "frames.gif"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = emuhost().args(["replay", "/nonexistent/trace"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

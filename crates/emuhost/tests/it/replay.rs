@@ -1,0 +1,152 @@
+//! Replays of small traces with known outcomes, through the real runtime (pin imports here, since
+//! lavapipe's imports pin nothing; Vulkan's conformance is in `import`).
+
+use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig};
+use emuhost::trace::{ReplayConfig, ReplayError, ReplayReport, Synth, SynthConfig, read_str, replay};
+use emuhost::watch::BackendKind;
+
+const MIB: u64 = 1 << 20;
+
+fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
+    let mut import = ImportConfig::default();
+    import.plan.span_cap = span_mb * MIB;
+    ReplayConfig {
+        import_backend: Some(BackendChoice::Only(ImportKind::Pin)),
+        import: Some(import),
+        watch_backend: Some(watch),
+        paced: false,
+    }
+}
+
+fn run(text: &str, c: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
+    let (header, records) = read_str(text).unwrap();
+    replay(&header, records.into_iter().enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), c)
+}
+
+/// Two chunks joined by a pool across their end at 0x1002000000; pages written on two game
+/// threads; collects over both pools; a binding across the chunk end in a later frame.
+const SMALL: &str = "emuhost-trace 1 window=0x8000000000
+0 g0 commit 0x1001000000 0x2000000 rw-
+1 g0 pool 0x1001000000 0x800000
+2 g0 pool 0x1001f00000 0x200000
+3 r frame 0
+4 r bind 0x1001000100 0x100
+5 g0 write 0x1001000000 0x10
+6 g1 write 0x1001003ff8 0x10
+7 g1 write 0x1002000000 0x1
+8 g0 sleep guest 20000 x5
+9 h0 sleep host 50000
+10 r frame 1
+11 r collect 0x1001000000 0x800000
+12 r collect 0x1001f00000 0x200000
+13 r bind 0x1002000000 0x1000
+14 g1 write 0x1001005000 0x2000
+15 r frame 2
+16 r collect 0x1001000000 0x2000000
+17 r bind 0x1001ffff00 0x200
+18 r frame 3
+19 g0 unpool 0x1001f00000 0x200000
+20 r frame 4
+21 g0 decommit 0x1001f00000 0x100000
+22 r frame 5
+end 23
+";
+
+#[test]
+fn a_small_trace_gives_known_counts() {
+    for watch in [BackendKind::Uffd, BackendKind::Mprotect] {
+        // With spans: the first binding imports both chunks (the pool across their end), the rest
+        // reuse it.
+        let r = run(SMALL, &cfg(watch, 64)).unwrap();
+        assert_eq!((r.imports, r.reimports), (1, 0), "{watch:?}");
+        assert_eq!(r.live_import_bytes_peak, 32 * MIB);
+        assert_eq!(r.frames.len(), 6);
+        assert_eq!(r.collects, 3);
+        // Pages 0x1001000, 0x1001003, 0x1001004 (a write across a page end), 0x1002000; then
+        // 0x1001005 and 0x1001006.
+        assert_eq!(r.writes, 6);
+        assert_eq!(r.lost_writes, 0);
+        assert_eq!(r.unchecked_writes, 0, "every write has a later collect");
+        // Pinning the import faults its pages in for writing, which userfaultfd counts as written:
+        // more pages than written may be reported, never fewer.
+        assert!(r.pages_reported >= 6, "{watch:?}: {}", r.pages_reported);
+        assert_eq!((r.guest_sleeps.count, r.host_sleeps.count), (5, 1));
+        assert_eq!(r.zeroed_under_import, 1, "a decommit under a live import zeroes instead");
+        assert_eq!(r.threads, 4);
+        // Without spans: each chunk on its own, then the binding across their end imports both
+        // again as one.
+        let r = run(SMALL, &cfg(watch, 0)).unwrap();
+        assert_eq!((r.imports, r.reimports), (3, 1), "{watch:?}");
+    }
+}
+
+#[test]
+fn without_imports_uffd_reports_exactly_the_pages_written() {
+    let lines: Vec<&str> = SMALL.lines().filter(|l| !l.contains(" bind ") && !l.starts_with("end")).collect();
+    let text = format!("{}\nend {}\n", lines.join("\n"), lines.len() - 1);
+    let r = run(&text, &cfg(BackendKind::Uffd, 64)).unwrap();
+    assert_eq!((r.imports, r.writes, r.lost_writes, r.pages_reported), (0, 6, 0, 6));
+    assert_eq!(r.zeroed_under_import, 0, "no import: a decommit decommits");
+}
+
+#[test]
+fn a_write_outside_committed_memory_is_an_error_naming_the_line() {
+    let bad = "emuhost-trace 1
+0 r frame 0
+1 g0 write 0x2000 0x10
+end 2
+";
+    let e = run(bad, &cfg(BackendKind::Uffd, 64)).unwrap_err();
+    assert!(e.to_string().starts_with("line 3: write 0x2000+0x10 on g0 falls outside"), "{e}");
+    // Committed in the same frame on another thread: not yet visible.
+    let racy = "emuhost-trace 1
+0 r frame 0
+1 g1 commit 0x0 0x10000 rw-
+2 g0 write 0x2000 0x10
+end 3
+";
+    let e = run(racy, &cfg(BackendKind::Uffd, 64)).unwrap_err();
+    assert!(e.to_string().starts_with("line 4:"), "{e}");
+    // On the same thread, or a frame later, it is.
+    let ok = "emuhost-trace 1
+0 r frame 0
+1 g1 commit 0x0 0x10000 rw-
+2 g1 write 0x2000 0x10
+3 r frame 1
+4 g0 write 0x3000 0x10
+5 g0 commit 0x20000 0x1000 r--
+6 r frame 2
+7 g0 write 0x20000 0x1
+end 8
+";
+    let e = run(ok, &cfg(BackendKind::Uffd, 64)).unwrap_err();
+    assert!(e.to_string().starts_with("line 9:"), "a read-only page is not writable: {e}");
+    let unpool = "emuhost-trace 1
+0 r frame 0
+1 g0 unpool 0x0 0x1000
+end 2
+";
+    let e = run(unpool, &cfg(BackendKind::Uffd, 64)).unwrap_err();
+    assert!(e.to_string().contains("line 3: no pool 0x0+0x1000"), "{e}");
+}
+
+#[test]
+fn a_short_synthetic_session_imports_less_with_spans() {
+    let synth = SynthConfig { seconds: 12, load_seconds: 4, pools: 900, ..SynthConfig::default() }.seed(3);
+    let text: String = {
+        let s = Synth::new(synth).unwrap();
+        let mut out = format!("{}\n", s.header());
+        let mut n = 0;
+        for r in s {
+            out.push_str(&format!("{r}\n"));
+            n += 1;
+        }
+        out + &format!("end {n}\n")
+    };
+    let on = run(&text, &cfg(BackendKind::Uffd, 64)).unwrap();
+    let off = run(&text, &cfg(BackendKind::Uffd, 0)).unwrap();
+    assert_eq!(on.lost_writes + off.lost_writes, 0);
+    assert_eq!(on.reimports, 0);
+    assert!(off.reimports > 0 && off.imports > on.imports, "spans on {} / off {} imports", on.imports, off.imports);
+    assert_eq!(on.live_import_bytes_end, on.live_import_bytes_peak);
+}

@@ -178,6 +178,13 @@ pub trait Backend: Send + Sync {
     fn check(&self, _import: &Self::Import) -> Result<(), ImportError> {
         Ok(())
     }
+
+    /// Whether a page may be in two live imports at once. `cuMemHostRegister` refuses pages
+    /// registered already (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), so with CUDA a re-import
+    /// first releases the imports it overlaps and takes in their ranges.
+    fn overlapping_imports(&self) -> bool {
+        true
+    }
 }
 
 /// The start-up check: import a test range, write it through the CPU, copy it through the GPU
@@ -346,6 +353,10 @@ impl Backend for AnyBackend {
         each!(self, b => b.budget())
     }
 
+    fn overlapping_imports(&self) -> bool {
+        each!(self, b => b.overlapping_imports())
+    }
+
     fn import(&self, span: HostSpan) -> Result<AnyImport, ImportError> {
         Ok(match self {
             AnyBackend::Vulkan(b) => AnyImport::Vulkan(b.import(span)?),
@@ -417,6 +428,10 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
 
     fn check(&self, import: &B::Import) -> Result<(), ImportError> {
         (**self).check(import)
+    }
+
+    fn overlapping_imports(&self) -> bool {
+        (**self).overlapping_imports()
     }
 }
 

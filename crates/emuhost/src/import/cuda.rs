@@ -176,6 +176,10 @@ impl Cuda {
 }
 
 impl Backend for Cuda {
+    fn overlapping_imports(&self) -> bool {
+        false
+    }
+
     type Import = CudaImport;
 
     fn kind(&self) -> BackendKind {

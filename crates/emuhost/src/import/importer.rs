@@ -166,6 +166,20 @@ impl<I> State<I> {
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
         self.near(lo, hi).any(|(_, v)| v.hi > lo)
     }
+
+    /// `lo..hi` grown over every live import it overlaps, again until nothing more overlaps, and
+    /// the keys of those imports.
+    fn union(&self, mut lo: u64, mut hi: u64) -> (u64, u64, Vec<(u64, u64)>) {
+        loop {
+            let keys: Vec<(u64, u64)> =
+                self.imports.iter().filter(|(k, v)| k.0 < hi && v.hi > lo).map(|(k, _)| *k).collect();
+            let (nlo, nhi) = keys.iter().fold((lo, hi), |(a, b), k| (a.min(k.0), b.max(self.imports[k].hi)));
+            if (nlo, nhi) == (lo, hi) {
+                return (lo, hi, keys);
+            }
+            (lo, hi) = (nlo, nhi);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -396,6 +410,15 @@ impl<B: Backend> Importer<B> {
     }
 
     fn import(&self, st: &mut State<B::Import>, r: Planned) -> Result<(), ImportError> {
+        // Where the device refuses a page in two imports (CUDA), the re-import takes in the
+        // imports it overlaps: they are released first, and the new import covers them all.
+        let mut r = r;
+        let mut superseded = Vec::new();
+        if !self.backend.overlapping_imports() && st.overlaps(r.lo, r.hi) {
+            let (lo, hi, keys) = st.union(r.lo, r.hi);
+            r = Planned { lo, hi };
+            superseded = keys;
+        }
         let wrap = |source: ImportError| ImportError::Import {
             lo: r.lo,
             hi: r.hi,
@@ -403,6 +426,14 @@ impl<B: Backend> Importer<B> {
             source: Box::new(source),
         };
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(wrap)?;
+        let reimport = st.overlaps(r.lo, r.hi);
+        for k in superseded {
+            if let Some(old) = st.imports.remove(&k) {
+                st.stats.live -= 1;
+                st.stats.live_bytes -= old.hi - k.0;
+                self.backend.release(old.import);
+            }
+        }
         let t = Instant::now();
         if self.cfg.commit {
             let range = self.space.range(r.lo, r.len()).map_err(|e| wrap(e.into()))?;
@@ -410,7 +441,6 @@ impl<B: Backend> Importer<B> {
         }
         let import = self.backend.import(span).map_err(wrap)?;
         let took = t.elapsed();
-        let reimport = st.overlaps(r.lo, r.hi);
         st.seq += 1;
         let seq = st.seq;
         st.imports.insert((r.lo, seq), Live { hi: r.hi, import });

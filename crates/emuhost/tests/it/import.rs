@@ -239,6 +239,8 @@ struct Faulty {
     fail_all: AtomicBool,
     calls: Mutex<Vec<Planned>>,
     base: AtomicU64,
+    /// Refuse a page in two imports, as CUDA does.
+    no_overlap: AtomicBool,
 }
 
 impl Backend for Faulty {
@@ -277,6 +279,30 @@ impl Backend for Faulty {
     fn gpu_copy(&self, a: &Self::Import, ao: u64, b: &Self::Import, bo: u64, len: u64) -> Result<bool, ImportError> {
         self.inner.gpu_copy(a, ao, b, bo, len)
     }
+
+    fn overlapping_imports(&self) -> bool {
+        !self.no_overlap.load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn where_the_device_refuses_overlaps_a_reimport_takes_in_the_imports_it_overlaps() {
+    let (imp, f) = faulty(0, Duration::ZERO);
+    f.no_overlap.store(true, Ordering::Relaxed);
+    imp.bind(5 * MIB + 0x10, 0x100).unwrap();
+    imp.bind(6 * MIB + 0x10, 0x100).unwrap();
+    imp.bind(8 * MIB, 0x100).unwrap();
+    // Across the end of chunks 5 and 6, imported apart: one import of both, the old ones released.
+    imp.bind(6 * MIB - 0x10, 0x20).unwrap();
+    assert_eq!(imp.imports(), vec![r(5, 7), r(8, 9)], "no page in two live imports");
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reimports, s.live, s.live_bytes), (4, 1, 2, 3 * MIB));
+    // Where overlaps are allowed, the old imports stay.
+    let (imp, _) = faulty(0, Duration::ZERO);
+    imp.bind(5 * MIB + 0x10, 0x100).unwrap();
+    imp.bind(6 * MIB + 0x10, 0x100).unwrap();
+    imp.bind(6 * MIB - 0x10, 0x20).unwrap();
+    assert_eq!(imp.imports().len(), 3);
 }
 
 const CHUNK: u64 = MIB;

@@ -4,6 +4,7 @@
 
 pub mod mm;
 pub mod probe;
+pub mod procstat;
 pub mod query;
 pub mod sched;
 pub mod segv;

@@ -3,6 +3,7 @@
 
 mod bench;
 mod policy;
+mod prepare;
 mod probe;
 mod trace;
 
@@ -37,6 +38,9 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Shader preparation: translate a corpus of compute shaders (naga) and create every variant's
+    /// pipeline through the Vulkan driver, with a pipeline cache on disk; resumable.
+    Prepare(prepare::Args),
     /// Traces of game sessions: write a synthetic one, print a trace's figures.
     Trace {
         #[command(subcommand)]
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Policy(a) => policy::run(a),
         Command::Bench { which } => bench::run(which),
         Command::Trace { which } => trace::run(which),
+        Command::Prepare(a) => prepare::run(a),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod prepare;
 mod sched;
 mod space;
 mod watch;
@@ -26,6 +27,9 @@ pub enum Which {
     /// A compile-like job (allocation-heavy tree passes) at 1, 2, 4 ... N workers: jobs per second
     /// and speed-up, with this build's allocator (build with `--features mimalloc` for the other).
     Workers(sched::WorkersArgs),
+    /// `emuhost prepare` at 1, 2, 4 ... N workers, cold and warm cache, each run its own process:
+    /// time per phase, speed-up and peak memory, with this build's allocator.
+    Prepare(prepare::Args),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
@@ -34,6 +38,7 @@ pub fn run(which: Which) -> anyhow::Result<Outcome> {
         Which::Watch(a) => watch::run(a),
         Which::Sleep(a) => sched::run(a),
         Which::Workers(a) => sched::run_workers(a),
+        Which::Prepare(a) => prepare::run(a),
     }
 }
 

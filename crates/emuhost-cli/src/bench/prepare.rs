@@ -222,7 +222,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let mark = if r["rule"].as_bool() == Some(true) { "*" } else { " " };
         println!(
             "  {:>7}{mark} | {:>10.1} {:>10.1} {:>10.1} {:>7.2}x {:>9.1} | {:>10.1} {:>10.1} {:>7.2}x {:>9.1} {:>6.0}",
-            r["workers"],
+            r["workers"].as_u64().unwrap_or(0),
             f("/cold/total_ms"),
             f("/cold/translate_ms"),
             f("/cold/compile_ms"),

@@ -163,3 +163,39 @@ fn bench_prepare_sweeps_cold_and_warm() {
     assert_eq!(rows[0]["cold"]["speedup"], 1.0);
     assert!(v["prepare_workers"].as_u64().unwrap() >= 1);
 }
+
+#[test]
+fn a_killed_run_resumes_from_its_journal() {
+    let dir = scratch("killed");
+    let cache = dir.join("c.vkpc");
+    let journal = dir.join("c.vkpc.journal");
+    let c = cache.to_str().unwrap();
+    let shape = ["--programs", "100", "--variants", "4", "--statements", "4", "--workers", "1"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_emuhost"))
+        .args(["prepare", "--cache", c, "--checkpoint-every", "2"])
+        .args(shape)
+        .env("EMUHOST_LOG", "off")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for a few saves (the journal's header and at least two keys), then kill it (SIGKILL:
+    // no chance to save anything more).
+    let journaled = || std::fs::read_to_string(&journal).map_or(0, |t| t.matches('\n').count().saturating_sub(1));
+    while journaled() < 2 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let keys = journaled();
+    assert!((2..400).contains(&keys), "{keys}");
+    let mut args = vec!["prepare", "--cache", c, "--json"];
+    args.extend(shape);
+    let v = json_of(&emuhost(&args), 0);
+    assert_eq!(v["cache"]["state"], "warm", "{v}");
+    assert_eq!(v["journal"]["state"], "resumed", "{v}");
+    assert_eq!(v["journal"]["skipped"].as_u64().unwrap() as usize, keys);
+    assert_eq!(v["compile"]["pipelines"].as_u64().unwrap() as usize, 400 - keys);
+    assert!(!journal.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

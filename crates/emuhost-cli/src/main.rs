@@ -6,6 +6,7 @@ mod bench;
 mod plan;
 mod plot;
 mod policy;
+mod prepare;
 mod probe;
 mod replay;
 mod trace;
@@ -49,6 +50,9 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Shader preparation: translate a corpus of compute shaders (naga) and create every variant's
+    /// pipeline through the Vulkan driver, with a pipeline cache on disk; resumable.
+    Prepare(prepare::Args),
     /// Traces of game sessions: write a synthetic one, print a trace's figures.
     Trace {
         #[command(subcommand)]
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Bench { which } => bench::run(which),
         Command::Trace { which } => trace::run(which),
+        Command::Prepare(a) => prepare::run(a),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,

@@ -16,6 +16,7 @@ mod sys;
 pub mod trace;
 pub mod watch;
 
+pub mod prepare;
 pub mod probe;
 
 /// System-call counters (per thread). Filled only in a build with the `counters` feature;

@@ -2,6 +2,7 @@
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
 mod import;
+mod prepare;
 mod sched;
 mod space;
 mod watch;
@@ -30,6 +31,9 @@ pub enum Which {
     /// GPU import: untouched against populated pages per size, and a session through the
     /// importer with naive chunks, spans, and spans + populate ahead.
     Import(import::Args),
+    /// `emuhost prepare` at 1, 2, 4 ... N workers, cold and warm cache, each run its own process:
+    /// time per phase, speed-up and peak memory, with this build's allocator.
+    Prepare(prepare::Args),
 }
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
@@ -39,6 +43,7 @@ pub fn run(which: Which) -> anyhow::Result<Outcome> {
         Which::Sleep(a) => sched::run(a),
         Which::Workers(a) => sched::run_workers(a),
         Which::Import(a) => import::run(a),
+        Which::Prepare(a) => prepare::run(a),
     }
 }
 

@@ -2,6 +2,7 @@
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
 mod import;
+mod prepare;
 mod replay;
 mod sched;
 mod space;

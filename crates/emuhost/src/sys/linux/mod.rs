@@ -5,6 +5,7 @@
 pub mod mm;
 pub mod pin;
 pub mod probe;
+pub mod procstat;
 pub mod query;
 pub mod sched;
 pub mod segv;

@@ -1,0 +1,243 @@
+//! `emuhost bench prepare`: the preparation at 1, 2, 4 ... N workers, each with a cold cache (no
+//! file, the driver's own disk cache off) and then a warm one (the file the cold run saved). Each
+//! run is its own process (`emuhost prepare --json`), so its peak memory (VmHWM) and the driver's
+//! state are its own. Rounds alternate the worker counts; the table gives medians, the speed-up
+//! against 1 worker, and the rule's count (`prepare_workers`) for this build's allocator. Build
+//! once as is and once with `--features mimalloc` to cover both allocators.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use super::{Arm, median};
+use crate::Outcome;
+use crate::prepare::{GenArgs, own_allocator};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Rounds of each worker count (alternated).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
+    /// The worker counts, comma-separated (default: 1, 2, 4 ... up to the usable CPUs, and the
+    /// rule's count).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=1024))]
+    workers: Vec<u64>,
+    /// A corpus folder instead of the generated corpus.
+    #[arg(long, value_name = "DIR")]
+    corpus: Option<PathBuf>,
+    /// Programs in the generated corpus.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    programs: u64,
+    /// Variants of each generated program.
+    #[arg(long, value_name = "M", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    variants: u64,
+    /// Statements in each helper function of a generated program (its size).
+    #[arg(long, value_name = "K", default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    statements: u64,
+    /// The Vulkan device's index (default: the best).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=1024))]
+    device: Option<u64>,
+    /// Leave the driver's own disk cache on (Mesa's, NVIDIA's): "cold" runs may then hit it.
+    #[arg(long)]
+    keep_driver_cache: bool,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One run of `emuhost prepare` as a child process; its JSON.
+fn child(a: &Args, workers: u64, cache: &std::path::Path) -> anyhow::Result<Value> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("prepare").arg("--json").arg("--workers").arg(workers.to_string()).arg("--cache").arg(cache);
+    match &a.corpus {
+        Some(dir) => {
+            cmd.arg(dir);
+        }
+        None => {
+            let g = GenArgs {
+                programs: a.programs,
+                variants: a.variants,
+                seed: 8,
+                statements: a.statements,
+                broken_translate: 0,
+                broken_compile: 0,
+            };
+            cmd.args(g.to_args());
+        }
+    }
+    if let Some(d) = a.device {
+        cmd.arg("--device").arg(d.to_string());
+    }
+    cmd.env("EMUHOST_LOG", "warn");
+    if !a.keep_driver_cache {
+        // The drivers' own on-disk shader caches, so that a cold run compiles.
+        cmd.env("MESA_SHADER_CACHE_DISABLE", "true").env("__GL_SHADER_DISK_CACHE", "0");
+    }
+    let out = cmd.output().context("running emuhost prepare")?;
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        bail!("emuhost prepare --workers {workers} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "emuhost prepare's JSON: {}",
+            String::from_utf8_lossy(&out.stdout).chars().take(400).collect::<String>()
+        )
+    })
+}
+
+/// One (worker count, cold or warm) cell over the rounds.
+#[derive(Default)]
+struct Cell {
+    total: Arm,
+    translate: Vec<f64>,
+    compile: Vec<f64>,
+    peak_mib: Vec<f64>,
+    hits: Vec<f64>,
+    pipelines: u64,
+}
+
+impl Cell {
+    fn add(&mut self, v: &Value) {
+        let f = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
+        self.total.times.push(Duration::from_secs_f64(f("/total_ms") / 1e3));
+        self.translate.push(f("/translate/wall_ms"));
+        self.compile.push(f("/compile/wall_ms"));
+        self.peak_mib.push(f("/peak_rss_bytes") / (1u64 << 20) as f64);
+        self.hits.push(f("/compile/cache_hits"));
+        self.pipelines = v.pointer("/compile/pipelines").and_then(Value::as_u64).unwrap_or(0);
+    }
+
+    fn med(v: &[f64]) -> f64 {
+        median(&mut v.to_vec())
+    }
+
+    fn json(&self, base_ms: f64) -> Value {
+        json!({
+            "total_ms": self.total.median_ms(),
+            "translate_ms": Self::med(&self.translate),
+            "compile_ms": Self::med(&self.compile),
+            "speedup": base_ms / self.total.median_ms(),
+            "peak_mib": Self::med(&self.peak_mib),
+            "cache_hits": Self::med(&self.hits),
+            "pipelines": self.pipelines,
+        })
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    if cfg!(debug_assertions) {
+        eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
+    }
+    let machine = emuhost::sched::Machine::read();
+    let usable = machine.usable_cpus() as u64;
+    let (allocator, allocator_name) = own_allocator();
+    let rule = machine.prepare_workers(allocator);
+    let mut counts = a.workers.clone();
+    if counts.is_empty() {
+        counts = std::iter::successors(Some(1u64), |n| Some(n * 2)).take_while(|n| *n < usable).collect();
+        counts.push(usable);
+        counts.push(rule.count as u64);
+    }
+    counts.sort_unstable();
+    counts.dedup();
+    let dir = std::env::temp_dir().join(format!("emuhost-bench-prepare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    let cache = dir.join("pipelines.vkpc");
+    let journal = dir.join("pipelines.vkpc.journal");
+    let mut cold: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
+    let mut warm: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
+    let mut device = Value::Null;
+    let result = (|| -> anyhow::Result<()> {
+        for r in 0..a.rounds as usize {
+            for k in 0..counts.len() {
+                let i = (r + k) % counts.len();
+                let _ = std::fs::remove_file(&cache);
+                let _ = std::fs::remove_file(&journal);
+                let c = child(&a, counts[i], &cache)?;
+                device = c["device"].clone();
+                cold[i].add(&c);
+                let w = child(&a, counts[i], &cache)?;
+                warm[i].add(&w);
+                if !a.json {
+                    eprintln!(
+                        "round {} workers {:>3}: cold {:>9.1} ms, warm {:>9.1} ms",
+                        r + 1,
+                        counts[i],
+                        c["total_ms"].as_f64().unwrap_or(f64::NAN),
+                        w["total_ms"].as_f64().unwrap_or(f64::NAN)
+                    );
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+
+    let (cold_base, warm_base) = (cold[0].total.median_ms(), warm[0].total.median_ms());
+    let rows: Vec<Value> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, w)| json!({ "workers": w, "rule": *w == rule.count as u64, "cold": cold[i].json(cold_base), "warm": warm[i].json(warm_base) }))
+        .collect();
+    let corpus = match &a.corpus {
+        Some(d) => json!({ "folder": d.display().to_string() }),
+        None => json!({ "programs": a.programs, "variants": a.variants, "statements": a.statements }),
+    };
+    if a.json {
+        println!(
+            "{}",
+            json!({ "bench": "prepare", "allocator": allocator_name, "usable_cpus": usable, "rounds": a.rounds,
+                    "device": device, "corpus": corpus, "driver_disk_cache": a.keep_driver_cache,
+                    "prepare_workers": rule.count, "prepare_workers_why": rule.why, "results": rows })
+        );
+        return Ok(Outcome::Ok);
+    }
+    println!(
+        "emuhost prepare: {} pipelines, allocator {allocator_name}, {usable} usable CPUs, {} rounds (medians), device {}",
+        cold[0].pipelines,
+        a.rounds,
+        device["name"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  {:>8} | {:>10} {:>10} {:>10} {:>8} {:>9} | {:>10} {:>10} {:>8} {:>9} {:>6}",
+        "workers",
+        "cold ms",
+        "translate",
+        "compile",
+        "speed-up",
+        "peak MiB",
+        "warm ms",
+        "compile",
+        "speed-up",
+        "peak MiB",
+        "hits"
+    );
+    for r in &rows {
+        let f = |p: &str| r.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
+        let mark = if r["rule"].as_bool() == Some(true) { "*" } else { " " };
+        println!(
+            "  {:>7}{mark} | {:>10.1} {:>10.1} {:>10.1} {:>7.2}x {:>9.1} | {:>10.1} {:>10.1} {:>7.2}x {:>9.1} {:>6.0}",
+            r["workers"].as_u64().unwrap_or(0),
+            f("/cold/total_ms"),
+            f("/cold/translate_ms"),
+            f("/cold/compile_ms"),
+            f("/cold/speedup"),
+            f("/cold/peak_mib"),
+            f("/warm/total_ms"),
+            f("/warm/compile_ms"),
+            f("/warm/speedup"),
+            f("/warm/peak_mib"),
+            f("/warm/cache_hits"),
+        );
+    }
+    println!("  * the rule's count here: {}", rule.why);
+    if !a.keep_driver_cache {
+        println!("  (the drivers' own disk caches were off: MESA_SHADER_CACHE_DISABLE=true, __GL_SHADER_DISK_CACHE=0)");
+    }
+    Ok(Outcome::Ok)
+}

@@ -1,0 +1,305 @@
+//! `emuhost prepare [CORPUS]`: translate and compile a corpus of compute shaders through the
+//! Vulkan driver with a pipeline cache on disk (see `emuhost::prepare`). Without CORPUS, the
+//! generated corpus of `--programs`/`--variants` is used. A progress bar on stderr when it is a
+//! terminal; a summary on stdout (`--json`: one object). Exit 0 all prepared, 1 a shader failed
+//! (each named with its error; the run went on), 2 an error (bad input, no Vulkan device, I/O).
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::Context as _;
+use emuhost::prepare::{CacheStart, Corpus, GenConfig, JournalStart, Options, Report, generate, prepare};
+use emuhost::sched::{Allocator, Machine};
+use serde_json::json;
+
+use crate::Outcome;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// A corpus folder (with `corpus.txt`); without it, the generated corpus below.
+    corpus: Option<PathBuf>,
+    /// Workers for each phase, instead of the `prepare_workers` rule's count.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    workers: Option<u64>,
+    /// The pipeline cache file (made if missing; its journal is FILE.journal). Without it the
+    /// cache lives in memory only and nothing is resumed.
+    #[arg(long, value_name = "FILE")]
+    cache: Option<PathBuf>,
+    /// One JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+    /// The Vulkan device's index in the loader's list (default: the best: discrete GPU,
+    /// integrated, virtual, CPU).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=1024))]
+    device: Option<u64>,
+    /// Pipelines created between two saves of the cache file and its journal.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    checkpoint_every: u64,
+    /// Stop after N pipelines, as an interruption would (the next run resumes).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    stop_after: Option<u64>,
+    /// Write the generated corpus to DIR (sources and corpus.txt) and stop.
+    #[arg(long, value_name = "DIR", conflicts_with = "corpus")]
+    generate: Option<PathBuf>,
+    #[command(flatten)]
+    gen_args: GenArgs,
+}
+
+/// The generated corpus's shape.
+#[derive(clap::Args, Clone)]
+pub struct GenArgs {
+    /// Programs in the generated corpus.
+    #[arg(long, value_name = "N", default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub programs: u64,
+    /// Variants of each generated program.
+    #[arg(long, value_name = "M", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub variants: u64,
+    /// The generator's seed.
+    #[arg(long, default_value_t = 8)]
+    pub seed: u64,
+    /// Statements in each helper function of a generated program (its size).
+    #[arg(long, value_name = "K", default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub statements: u64,
+    /// Generated programs with a type error (translation fails).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub broken_translate: u64,
+    /// Generated programs with an extra variant whose workgroup is past the device's limits.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub broken_compile: u64,
+}
+
+impl GenArgs {
+    pub fn config(&self) -> GenConfig {
+        GenConfig {
+            programs: self.programs as usize,
+            variants: self.variants as usize,
+            seed: self.seed,
+            statements: self.statements as usize,
+            broken_translate: self.broken_translate as usize,
+            broken_compile: self.broken_compile as usize,
+            ..GenConfig::default()
+        }
+    }
+
+    /// The same shape as command-line arguments (for the benchmark's child runs).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (flag, n) in [
+            ("--programs", self.programs),
+            ("--variants", self.variants),
+            ("--seed", self.seed),
+            ("--statements", self.statements),
+            ("--broken-translate", self.broken_translate),
+            ("--broken-compile", self.broken_compile),
+        ] {
+            v.push(flag.to_string());
+            v.push(n.to_string());
+        }
+        v
+    }
+}
+
+/// The allocator this binary was built with, and its name.
+pub fn own_allocator() -> (Allocator, &'static str) {
+    if cfg!(feature = "mimalloc") { (Allocator::Scales, "mimalloc") } else { (Allocator::Locked, "system") }
+}
+
+fn progress_bar() -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    let style =
+        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:40}] {pos}/{len} {elapsed_precise} eta {eta}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    Some(bar)
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let corpus = match &a.corpus {
+        Some(dir) => Corpus::load(dir).with_context(|| format!("reading the corpus {}", dir.display()))?,
+        None => generate(&a.gen_args.config()),
+    };
+    if let Some(dir) = &a.generate {
+        corpus.write(dir).with_context(|| format!("writing the corpus to {}", dir.display()))?;
+        println!("wrote {} programs, {} variants to {}", corpus.programs.len(), corpus.variant_count(), dir.display());
+        return Ok(Outcome::Ok);
+    }
+    let (allocator, allocator_name) = own_allocator();
+    let (workers, why) = match a.workers {
+        Some(n) => (n as usize, format!("{n} workers: --workers")),
+        None => {
+            let w = Machine::read().prepare_workers(allocator);
+            (w.count, w.why)
+        }
+    };
+    let opts = Options {
+        workers,
+        cache: a.cache.clone(),
+        device: a.device.map(|d| d as usize),
+        checkpoint_every: a.checkpoint_every as usize,
+        stop_after: a.stop_after.map(|n| n as usize),
+        ..Options::default()
+    };
+    let bar = progress_bar();
+    let phase_seen = Mutex::new(None);
+    let report = prepare(&corpus, &opts, &|phase, done, total| {
+        let Some(bar) = &bar else { return };
+        let mut seen = phase_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen != Some(phase) {
+            *seen = Some(phase);
+            bar.reset();
+            bar.set_length(total as u64);
+            bar.set_prefix(phase.name());
+        }
+        bar.set_position(done as u64);
+    })
+    .context("shader preparation")?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let peak = emuhost::prepare::peak_memory_bytes();
+    if a.json {
+        println!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));
+    } else {
+        print_summary(&report, &why, allocator_name, peak, a.cache.as_deref());
+    }
+    Ok(if report.failures.is_empty() { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What the warm cache did, in words ("says so").
+fn cache_verdict(r: &Report) -> String {
+    let handed = match &r.cache {
+        CacheStart::Warm { bytes } => *bytes,
+        _ => return String::new(),
+    };
+    match r.cache_hits {
+        Some(h) if h == r.created && h > 0 => {
+            format!("warm cache: all {h} pipelines came from the cache ({handed} bytes handed to the driver)")
+        }
+        Some(h) if handed <= 32 => format!(
+            "warm cache: {h} of {} pipelines from the cache: the driver keeps nothing in it ({handed} bytes, its header alone)",
+            r.created
+        ),
+        Some(h) => format!("warm cache: {h} of {} pipelines came from the cache ({handed} bytes)", r.created),
+        None => format!("warm cache: {handed} bytes handed to the driver (it does not report cache hits)"),
+    }
+}
+
+fn to_json(
+    r: &Report,
+    why: &str,
+    allocator: &str,
+    peak: Option<u64>,
+    cache: Option<&std::path::Path>,
+) -> serde_json::Value {
+    let (cache_state, cache_in, cache_reason) = match &r.cache {
+        CacheStart::None => ("none", 0, None),
+        CacheStart::Cold => ("cold", 0, None),
+        CacheStart::Warm { bytes } => ("warm", *bytes, None),
+        CacheStart::Rejected(why) => ("rejected", 0, Some(why.to_string())),
+    };
+    let (journal_state, skipped, journal_reason) = match &r.journal {
+        JournalStart::None => ("none", 0, None),
+        JournalStart::Resumed { skipped } => ("resumed", *skipped, None),
+        JournalStart::Discarded(why) => ("discarded", 0, Some(why.clone())),
+    };
+    let failures: Vec<_> = r
+        .failures
+        .iter()
+        .map(|f| {
+            json!({ "program": f.program, "variant": f.variant.as_ref().map(|v| v.0),
+                    "constants": f.variant.as_ref().map(|v| v.1.clone()), "phase": f.phase.name(), "error": f.error })
+        })
+        .collect();
+    json!({
+        "programs": r.programs,
+        "variants": r.variants,
+        "device": { "name": r.device.name, "vendor_id": r.device.vendor_id, "device_id": r.device.device_id,
+                    "driver_version": r.device.driver_version },
+        "workers": r.workers,
+        "workers_why": why,
+        "allocator": allocator,
+        "cache": { "file": cache.map(|p| p.display().to_string()), "state": cache_state, "bytes_in": cache_in,
+                   "rejected": cache_reason, "bytes_saved": r.cache_bytes, "saves": r.saves },
+        "journal": { "state": journal_state, "skipped": skipped, "discarded": journal_reason, "kept": r.journal_kept },
+        "translate": { "programs": r.translated_programs, "variants": r.translated_variants,
+                       "wall_ms": ms(r.translate.wall), "busy_ms": ms(r.translate.busy) },
+        "compile": { "pipelines": r.created, "cache_hits": r.cache_hits,
+                     "wall_ms": ms(r.compile.wall), "busy_ms": ms(r.compile.busy) },
+        "total_ms": ms(r.translate.wall + r.compile.wall),
+        "peak_rss_bytes": peak,
+        "failures": failures,
+        "interrupted": r.interrupted,
+        "remaining": r.remaining(),
+    })
+}
+
+fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cache: Option<&std::path::Path>) {
+    let d = &r.device;
+    println!(
+        "prepared {} programs, {} variants on {} (vendor {:#x}, device {:#x})",
+        r.programs, r.variants, d.name, d.vendor_id, d.device_id
+    );
+    println!("  workers     {} ({allocator} allocator): {why}", r.workers);
+    let file = cache.map_or(String::new(), |p| format!("{}: ", p.display()));
+    match &r.cache {
+        CacheStart::None => println!("  cache       in memory only (no --cache): nothing saved, nothing resumed"),
+        CacheStart::Cold => println!("  cache       {file}cold (no file yet)"),
+        CacheStart::Warm { bytes } => println!("  cache       {file}warm: {bytes} bytes handed to the driver"),
+        CacheStart::Rejected(why) => println!("  cache       {file}REJECTED ({why}): started empty"),
+    }
+    match &r.journal {
+        JournalStart::None => {}
+        JournalStart::Resumed { skipped } => {
+            println!("  resumed     {skipped} variants were prepared by an interrupted run: skipped")
+        }
+        JournalStart::Discarded(why) => println!("  journal     discarded: {why}"),
+    }
+    let par = |t: emuhost::prepare::PhaseTime| ms(t.busy) / ms(t.wall).max(1e-9);
+    println!(
+        "  translate   {} programs, {} variants in {:.1} ms (busy {:.1} ms: {:.1} workers' worth)",
+        r.translated_programs,
+        r.translated_variants,
+        ms(r.translate.wall),
+        ms(r.translate.busy),
+        par(r.translate)
+    );
+    let hits = r.cache_hits.map_or("cache hits not reported by the driver".to_string(), |h| format!("{h} cache hits"));
+    println!(
+        "  compile     {} pipelines in {:.1} ms (busy {:.1} ms: {:.1} workers' worth), {hits}",
+        r.created,
+        ms(r.compile.wall),
+        ms(r.compile.busy),
+        par(r.compile)
+    );
+    let verdict = cache_verdict(r);
+    if !verdict.is_empty() {
+        println!("  {verdict}");
+    }
+    if cache.is_some() {
+        println!("  saved       {} bytes of cache data, {} saves", r.cache_bytes, r.saves);
+    }
+    match peak {
+        Some(b) => println!("  peak memory {:.1} MiB (VmHWM)", b as f64 / (1 << 20) as f64),
+        None => println!("  peak memory unknown (no VmHWM in /proc/self/status)"),
+    }
+    if r.interrupted {
+        println!("  INTERRUPTED: {} variants left; run again to resume", r.remaining());
+    }
+    println!("  failures    {}", r.failures.len());
+    for f in &r.failures {
+        let which = f.variant.as_ref().map_or(String::new(), |(i, c)| format!(" variant {i} ({c})"));
+        println!("FAILED {}{which} [{}]:", f.program, f.phase.name());
+        for line in f.error.trim_end().lines() {
+            println!("    {line}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The pipeline cache file and the progress journal beside it.
+//!
+//! **Cache file.** The driver's cache data (`vkGetPipelineCacheData`) starts with
+//! `VkPipelineCacheHeaderVersionOne`: header size (32), header version (1), vendor ID, device ID
+//! and the driver's `pipelineCacheUUID` (16 bytes); the rest is the driver's own. A driver is
+//! meant to ignore data made for another device or driver, but corrupt data past a valid header
+//! is not something to hand it. So the file wraps the data in an envelope: 16 bytes of magic,
+//! the data's length and its FNV-1a 64 checksum (little-endian u64s), then the data. A file whose
+//! envelope, checksum or header does not match this device is rejected ([`CacheRejected`]) and the
+//! run starts cold. The file is replaced atomically (written beside it, synced, renamed).
+//!
+//! **Journal** (`FILE.journal`): what an interrupted run had finished. Its first line names the
+//! device (`emuhost-prepare-journal 1 VENDOR DEVICE UUID`); each line after it is the key of a
+//! variant whose pipeline is in the cache file saved before the line was written. A journal of
+//! another device, or with a line that is not a key, is discarded whole. A run that finishes with
+//! no failure removes it.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::error::CacheRejected;
+use super::vk::DeviceInfo;
+use super::{PrepareError, fnv1a};
+
+const MAGIC: &[u8; 16] = b"EMUHOST-VKPC\0\0\0\x01";
+const ENVELOPE: usize = 32;
+const VK_HEADER: usize = 32;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Wraps the driver's cache data in the envelope.
+pub fn wrap(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ENVELOPE + data.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&fnv1a(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Checks a cache file's bytes against this device; returns the driver's data inside.
+pub fn unwrap<'a>(file: &'a [u8], dev: &DeviceInfo) -> Result<&'a [u8], CacheRejected> {
+    if file.len() < ENVELOPE {
+        return Err(CacheRejected::Short { len: file.len(), want: ENVELOPE });
+    }
+    if &file[..16] != MAGIC {
+        return Err(CacheRejected::Magic);
+    }
+    let (said, want_sum) = (u64_at(file, 16), u64_at(file, 24));
+    let data = &file[ENVELOPE..];
+    if said != data.len() as u64 {
+        return Err(CacheRejected::Length { said, held: data.len() as u64 });
+    }
+    let found = fnv1a(data);
+    if found != want_sum {
+        return Err(CacheRejected::Checksum { found, want: want_sum });
+    }
+    if data.len() < VK_HEADER {
+        return Err(CacheRejected::Header { header_size: 0, version: 0 });
+    }
+    let (header_size, version) = (u32_at(data, 0), u32_at(data, 4));
+    if (header_size as usize) < VK_HEADER || header_size as usize > data.len() || version != 1 {
+        return Err(CacheRejected::Header { header_size, version });
+    }
+    let (vendor, device) = (u32_at(data, 8), u32_at(data, 12));
+    if vendor != dev.vendor_id || device != dev.device_id {
+        return Err(CacheRejected::Device { vendor, device, want_vendor: dev.vendor_id, want_device: dev.device_id });
+    }
+    if data[16..32] != dev.pipeline_cache_uuid {
+        return Err(CacheRejected::Uuid { found: hex(&data[16..32]), want: hex(&dev.pipeline_cache_uuid) });
+    }
+    Ok(data)
+}
+
+/// Writes `bytes` to `path` atomically: a file beside it, synced, renamed over it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
+    let tmp = sibling(path, ".tmp");
+    let io = |source| PrepareError::Io { path: tmp.clone(), source };
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(|source| PrepareError::Io { path: path.to_path_buf(), source })
+}
+
+/// `path` with `suffix` added to its file name.
+pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The journal's first line for this device.
+pub fn journal_header(dev: &DeviceInfo) -> String {
+    format!("emuhost-prepare-journal 1 {:#x} {:#x} {}", dev.vendor_id, dev.device_id, hex(&dev.pipeline_cache_uuid))
+}
+
+/// Reads a journal's keys; `Err` says why it is not trusted. A last line without its newline was
+/// cut by the interruption: it is left out (its variant is made again).
+pub fn parse_journal(text: &str, dev: &DeviceInfo) -> Result<Vec<u64>, String> {
+    let text = if text.ends_with('\n') { text } else { text.rfind('\n').map_or("", |i| &text[..=i]) };
+    let mut lines = text.lines();
+    let want = journal_header(dev);
+    match lines.next() {
+        Some(h) if h == want => {}
+        Some(h) => return Err(format!("its first line {h:?} is not this device's {want:?}")),
+        None => return Err("it is empty".into()),
+    }
+    lines
+        .enumerate()
+        .map(|(i, l)| {
+            (l.len() == 16)
+                .then(|| u64::from_str_radix(l, 16).ok())
+                .flatten()
+                .ok_or_else(|| format!("line {} {l:?} is not a variant key", i + 2))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> DeviceInfo {
+        DeviceInfo {
+            name: "test".into(),
+            vendor_id: 0x10de,
+            device_id: 0x2335,
+            driver_version: 1,
+            pipeline_cache_uuid: [7; 16],
+            api_version: 0,
+            max_workgroup_invocations: 1024,
+            max_workgroup_size: [1024, 1024, 64],
+            creation_feedback: true,
+        }
+    }
+
+    fn data(vendor: u32, device: u32, uuid: [u8; 16]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&32u32.to_le_bytes());
+        d.extend_from_slice(&1u32.to_le_bytes());
+        d.extend_from_slice(&vendor.to_le_bytes());
+        d.extend_from_slice(&device.to_le_bytes());
+        d.extend_from_slice(&uuid);
+        d.extend_from_slice(b"driver's own bytes");
+        d
+    }
+
+    #[test]
+    fn a_good_file_unwraps() {
+        let d = data(0x10de, 0x2335, [7; 16]);
+        assert_eq!(unwrap(&wrap(&d), &dev()).unwrap(), &d[..]);
+    }
+
+    #[test]
+    fn every_fault_is_rejected() {
+        let good = wrap(&data(0x10de, 0x2335, [7; 16]));
+        assert!(matches!(unwrap(&good[..20], &dev()), Err(CacheRejected::Short { .. })));
+        let mut f = good.clone();
+        f[0] ^= 1;
+        assert_eq!(unwrap(&f, &dev()), Err(CacheRejected::Magic));
+        assert!(matches!(unwrap(&good[..good.len() - 1], &dev()), Err(CacheRejected::Length { .. })));
+        let mut f = good.clone();
+        *f.last_mut().unwrap() ^= 0x40;
+        assert!(matches!(unwrap(&f, &dev()), Err(CacheRejected::Checksum { .. })));
+        let other = wrap(&data(0x1002, 0x2335, [7; 16]));
+        assert!(matches!(unwrap(&other, &dev()), Err(CacheRejected::Device { vendor: 0x1002, .. })));
+        let other = wrap(&data(0x10de, 0x2336, [7; 16]));
+        assert!(matches!(unwrap(&other, &dev()), Err(CacheRejected::Device { device: 0x2336, .. })));
+        let other = wrap(&data(0x10de, 0x2335, [8; 16]));
+        assert!(matches!(unwrap(&other, &dev()), Err(CacheRejected::Uuid { .. })));
+        let mut bad_header = data(0x10de, 0x2335, [7; 16]);
+        bad_header[4] = 2;
+        assert!(matches!(unwrap(&wrap(&bad_header), &dev()), Err(CacheRejected::Header { version: 2, .. })));
+        assert!(matches!(unwrap(&wrap(b"short"), &dev()), Err(CacheRejected::Header { .. })));
+    }
+
+    #[test]
+    fn journal_round_trip_and_refusals() {
+        let text = format!("{}\n{:016x}\n{:016x}\n", journal_header(&dev()), 5u64, u64::MAX);
+        assert_eq!(parse_journal(&text, &dev()).unwrap(), [5, u64::MAX]);
+        let mut other = dev();
+        other.pipeline_cache_uuid[0] = 0;
+        assert!(parse_journal(&text, &other).unwrap_err().contains("not this device's"));
+        assert!(parse_journal(&format!("{text}xyz\n"), &dev()).unwrap_err().contains("line 4"));
+        assert!(parse_journal("", &dev()).is_err());
+        // A cut last line is left out, not a reason to distrust the rest.
+        assert_eq!(parse_journal(&format!("{text}00000000"), &dev()).unwrap(), [5, u64::MAX]);
+    }
+}

@@ -1,0 +1,48 @@
+use std::io;
+use std::path::PathBuf;
+
+/// What stopped a preparation or a corpus from loading. A shader that fails to translate or
+/// compile is not one of these: it is reported in the run's [`Report`](super::Report) and the run
+/// goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}, line {line}: {what}")]
+    Manifest { path: PathBuf, line: usize, what: String },
+    #[error("the Vulkan loader (libvulkan.so.1) could not be loaded")]
+    Loader(#[source] ash::LoadingError),
+    #[error("Vulkan: {what} failed: {result}")]
+    Vulkan { what: &'static str, result: ash::vk::Result },
+    #[error("no Vulkan device with a compute queue")]
+    NoComputeDevice,
+    #[error("no Vulkan device {index:#x}: {count:#x} present")]
+    NoSuchDevice { index: usize, count: usize },
+    #[error("the workers must be at least 1")]
+    NoWorkers,
+}
+
+/// Why a pipeline cache file was not used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CacheRejected {
+    #[error("{len:#x} bytes: shorter than emuhost's {want:#x}-byte envelope")]
+    Short { len: usize, want: usize },
+    #[error("not an emuhost pipeline cache (bad magic)")]
+    Magic,
+    #[error("the envelope says {said:#x} bytes of data, the file holds {held:#x}")]
+    Length { said: u64, held: u64 },
+    #[error("checksum {found:#018x}, expected {want:#018x}: the data is corrupt")]
+    Checksum { found: u64, want: u64 },
+    #[error(
+        "the Vulkan header says {header_size:#x} bytes, version {version:#x} (expected >= 0x20 bytes, version 0x1)"
+    )]
+    Header { header_size: u32, version: u32 },
+    #[error("made by vendor {vendor:#x} device {device:#x}, this is vendor {want_vendor:#x} device {want_device:#x}")]
+    Device { vendor: u32, device: u32, want_vendor: u32, want_device: u32 },
+    #[error("pipelineCacheUUID {found}, this driver's is {want}")]
+    Uuid { found: String, want: String },
+}

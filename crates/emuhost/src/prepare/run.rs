@@ -1,0 +1,490 @@
+//! One preparation: the cache file and journal read and checked, every pending program translated
+//! (workers pulling programs), then every variant's pipeline created (workers pulling variants),
+//! the cache saved and the journal appended every `checkpoint_every` pipelines and at the end.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::cache::{journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
+use super::corpus::{Corpus, Program, Variant};
+use super::error::CacheRejected;
+use super::translate::{self, Spirv};
+use super::vk::{DeviceInfo, Driver};
+use super::{PrepareError, fnv1a};
+
+/// What a preparation is asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Threads for each phase (at least 1).
+    pub workers: usize,
+    /// The pipeline cache file (its journal is `FILE.journal`). `None`: a cache in memory only,
+    /// nothing saved, nothing resumed.
+    pub cache: Option<PathBuf>,
+    /// The Vulkan device's index in the loader's list; `None`: the best one.
+    pub device: Option<usize>,
+    /// Pipelines created between two saves of the cache and the journal.
+    pub checkpoint_every: usize,
+    /// Stop once this many pipelines were created, as an interruption would (then save).
+    pub stop_after: Option<usize>,
+    /// Set from outside (another thread, a signal) to stop as an interruption would.
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            workers: 1,
+            cache: None,
+            device: None,
+            checkpoint_every: 64,
+            stop_after: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// The two phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// naga: parse, validate, constants, SPIR-V.
+    Translate,
+    /// The driver: shader module and compute pipeline through the cache.
+    Compile,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Translate => "translate",
+            Phase::Compile => "compile",
+        }
+    }
+}
+
+/// What the cache file gave the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheStart {
+    /// No cache file was asked for.
+    None,
+    /// No file yet: an empty cache.
+    Cold,
+    /// The file was checked and handed to the driver: this many bytes of its data.
+    Warm { bytes: usize },
+    /// The file was not used (and will be replaced): why.
+    Rejected(CacheRejected),
+}
+
+/// What the journal gave the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalStart {
+    /// No journal: every variant is made.
+    None,
+    /// An interrupted run's journal: this many of the corpus's variants were done and are skipped.
+    Resumed { skipped: usize },
+    /// A journal was there and is not trusted: why. Every variant is made.
+    Discarded(String),
+}
+
+/// A shader that failed, by name, with the error.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub program: String,
+    /// The variant's index and constants; `None` where the whole program failed to translate.
+    pub variant: Option<(usize, String)>,
+    pub phase: Phase,
+    pub error: String,
+}
+
+/// A phase's time: wall-clock, and the sum of its jobs' times over all workers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PhaseTime {
+    pub wall: Duration,
+    pub busy: Duration,
+}
+
+/// What a preparation did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub device: DeviceInfo,
+    pub workers: usize,
+    pub programs: usize,
+    pub variants: usize,
+    pub cache: CacheStart,
+    pub journal: JournalStart,
+    /// Programs given to the translator (those with a variant left to make), and variants
+    /// written as SPIR-V.
+    pub translated_programs: usize,
+    pub translated_variants: usize,
+    /// Pipelines created.
+    pub created: usize,
+    /// Of them, those the driver said came from the cache; `None` where the driver does not say.
+    pub cache_hits: Option<usize>,
+    pub failures: Vec<Failure>,
+    pub translate: PhaseTime,
+    pub compile: PhaseTime,
+    /// Saves of the cache file (and journal), and the driver's data size at the last one.
+    pub saves: usize,
+    pub cache_bytes: usize,
+    /// Stopped before the end (`stop_after` or `cancel`); the journal says where.
+    pub interrupted: bool,
+    /// The journal is kept (interrupted, or failures to retry) rather than removed.
+    pub journal_kept: bool,
+}
+
+impl Report {
+    /// Variants left to make after this run (failed, or not reached).
+    pub fn remaining(&self) -> usize {
+        let skipped = match self.journal {
+            JournalStart::Resumed { skipped } => skipped,
+            _ => 0,
+        };
+        self.variants - skipped - self.created
+    }
+}
+
+/// The key of a variant: the program's name, language and source and the constants, hashed.
+pub fn variant_key(p: &Program, v: &Variant) -> u64 {
+    let mut s = format!("{}\0{}\0{}\0", p.name, p.language.name(), p.source);
+    s.push_str(&v.describe());
+    fnv1a(s.as_bytes())
+}
+
+/// Work shared by the workers of the compile phase.
+struct Shared<'a> {
+    driver: &'a Driver,
+    cache_path: Option<&'a Path>,
+    journal: Mutex<Option<File>>,
+    journal_path: PathBuf,
+    /// Keys of pipelines created since the last save.
+    unsaved: Mutex<Vec<u64>>,
+    checkpoint: Mutex<(usize, usize)>, // saves, bytes
+    error: Mutex<Option<PrepareError>>,
+    stop: AtomicBool,
+}
+
+impl Shared<'_> {
+    /// Saves the cache, then journals the pipelines created before the save. Only pipelines in a
+    /// saved cache file are ever journaled.
+    fn save(&self) -> Result<(), PrepareError> {
+        let Some(path) = self.cache_path else { return Ok(()) };
+        let mut ck = self.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
+        let keys = std::mem::take(&mut *self.unsaved.lock().unwrap_or_else(|e| e.into_inner()));
+        let data = self.driver.cache_data()?;
+        write_atomic(path, &wrap(&data))?;
+        let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = j.as_mut() {
+            let io = |source| PrepareError::Io { path: self.journal_path.clone(), source };
+            let text: String = keys.iter().map(|k| format!("{k:016x}\n")).collect();
+            f.write_all(text.as_bytes()).map_err(io)?;
+            f.sync_data().map_err(io)?;
+        }
+        ck.0 += 1;
+        ck.1 = data.len();
+        Ok(())
+    }
+
+    fn fail(&self, e: PrepareError) {
+        let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(e);
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `n` jobs on `workers` threads pulling indices; `job` returns false to stop them all.
+/// Returns the phase's time.
+fn pool(workers: usize, n: usize, stop: &AtomicBool, job: impl Fn(usize) -> bool + Sync) -> PhaseTime {
+    let next = AtomicUsize::new(0);
+    let busy_ns = std::sync::atomic::AtomicU64::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..workers.min(n) {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let t = Instant::now();
+                    let go_on = job(i);
+                    busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    if !go_on {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    PhaseTime { wall: t.elapsed(), busy: Duration::from_nanos(busy_ns.into_inner()) }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the cache file: its checked data, or why it is not used. A missing file is cold.
+fn read_cache(path: &Path, dev: &DeviceInfo) -> Result<(CacheStart, Vec<u8>), PrepareError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((CacheStart::Cold, Vec::new())),
+        Err(source) => return Err(PrepareError::Io { path: path.to_path_buf(), source }),
+    };
+    match unwrap(&bytes, dev) {
+        Ok(data) => Ok((CacheStart::Warm { bytes: data.len() }, data.to_vec())),
+        Err(why) => {
+            tracing::warn!("prepare: pipeline cache {} discarded: {why}; starting with an empty cache", path.display());
+            Ok((CacheStart::Rejected(why), Vec::new()))
+        }
+    }
+}
+
+/// Prepares `corpus`: see the module's docs. `progress(phase, done, total)` is called after
+/// each job, from the worker that did it.
+pub fn prepare(
+    corpus: &Corpus,
+    opts: &Options,
+    progress: &(dyn Fn(Phase, usize, usize) + Sync),
+) -> Result<Report, PrepareError> {
+    if opts.workers == 0 {
+        return Err(PrepareError::NoWorkers);
+    }
+    let mut driver = Driver::open(opts.device)?;
+    let dev = driver.info.clone();
+    tracing::info!(
+        "prepare: device {} (vendor {:#x}, device {:#x}, Vulkan {}.{}), {} workers",
+        dev.name,
+        dev.vendor_id,
+        dev.device_id,
+        ash::vk::api_version_major(dev.api_version),
+        ash::vk::api_version_minor(dev.api_version),
+        opts.workers
+    );
+    let (cache_start, initial) = match &opts.cache {
+        Some(path) => read_cache(path, &dev)?,
+        None => (CacheStart::None, Vec::new()),
+    };
+    let handed = driver.make_cache(&initial)?;
+    let cache_start = match cache_start {
+        CacheStart::Warm { .. } => CacheStart::Warm { bytes: handed },
+        other => other,
+    };
+    drop(initial);
+
+    // The journal is trusted only beside a cache file that was used.
+    let journal_path = opts.cache.as_deref().map_or_else(PathBuf::new, |p| sibling(p, ".journal"));
+    let mut done: HashSet<u64> = HashSet::new();
+    let journal_start = match (&opts.cache, &cache_start) {
+        (None, _) => JournalStart::None,
+        (Some(_), CacheStart::Warm { .. }) => match std::fs::read_to_string(&journal_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => JournalStart::None,
+            Err(source) => return Err(PrepareError::Io { path: journal_path, source }),
+            Ok(text) => match parse_journal(&text, &dev) {
+                Ok(keys) => {
+                    done.extend(keys);
+                    JournalStart::Resumed { skipped: 0 }
+                }
+                Err(why) => {
+                    tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
+                    JournalStart::Discarded(why)
+                }
+            },
+        },
+        (Some(_), _) => {
+            if journal_path.exists() {
+                let why = "the cache file it goes with was not used".to_string();
+                tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
+                JournalStart::Discarded(why)
+            } else {
+                JournalStart::None
+            }
+        }
+    };
+
+    // What is left: per program, the variants not in the journal.
+    let mut skipped = 0;
+    let pending: Vec<(usize, Vec<usize>)> = corpus
+        .programs
+        .iter()
+        .enumerate()
+        .filter_map(|(pi, p)| {
+            let left: Vec<usize> =
+                (0..p.variants.len()).filter(|&vi| !done.contains(&variant_key(p, &p.variants[vi]))).collect();
+            skipped += p.variants.len() - left.len();
+            (!left.is_empty()).then_some((pi, left))
+        })
+        .collect();
+    let journal_start = match journal_start {
+        JournalStart::Resumed { .. } => {
+            tracing::info!(
+                "prepare: resuming: {skipped} of {} variants were prepared by an interrupted run",
+                corpus.variant_count()
+            );
+            JournalStart::Resumed { skipped }
+        }
+        other => other,
+    };
+    let journal = match (&opts.cache, &journal_start) {
+        (None, _) => None,
+        (Some(_), JournalStart::Resumed { .. }) => Some(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&journal_path)
+                .map_err(|source| PrepareError::Io { path: journal_path.clone(), source })?,
+        ),
+        (Some(_), _) => {
+            let io = |source| PrepareError::Io { path: journal_path.clone(), source };
+            let mut f = File::create(&journal_path).map_err(io)?;
+            writeln!(f, "{}", journal_header(&dev)).map_err(io)?;
+            Some(f)
+        }
+    };
+
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
+    let cancel = &opts.cancel;
+
+    // Phase 1: translate the programs with something left.
+    let spirv: Mutex<Vec<(usize, usize, u64, Spirv)>> = Mutex::new(Vec::new());
+    let translated = AtomicUsize::new(0);
+    let stop = AtomicBool::new(cancel.load(Ordering::Relaxed));
+    let translate_time = pool(opts.workers, pending.len(), &stop, |j| {
+        let (pi, left) = &pending[j];
+        let p = &corpus.programs[*pi];
+        match translate::parse(p) {
+            Err(error) => {
+                lock(&failures).push(Failure { program: p.name.clone(), variant: None, phase: Phase::Translate, error })
+            }
+            Ok(parsed) => {
+                for &vi in left {
+                    let v = &p.variants[vi];
+                    match parsed.variant(v) {
+                        Ok(s) => lock(&spirv).push((*pi, vi, variant_key(p, v), s)),
+                        Err(error) => lock(&failures).push(Failure {
+                            program: p.name.clone(),
+                            variant: Some((vi, v.describe())),
+                            phase: Phase::Translate,
+                            error,
+                        }),
+                    }
+                }
+            }
+        }
+        progress(Phase::Translate, translated.fetch_add(1, Ordering::Relaxed) + 1, pending.len());
+        !cancel.load(Ordering::Relaxed)
+    });
+    let mut spirv = spirv.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Corpus order, so that a run's pipelines (and the journal) come in the same order each time.
+    spirv.sort_by_key(|(pi, vi, ..)| (*pi, *vi));
+    let translated_variants = spirv.len();
+    let mut interrupted = stop.load(Ordering::Relaxed);
+
+    // Phase 2: create every variant's pipeline through the cache.
+    let shared = Shared {
+        driver: &driver,
+        cache_path: opts.cache.as_deref(),
+        journal: Mutex::new(journal),
+        journal_path: journal_path.clone(),
+        unsaved: Mutex::new(Vec::new()),
+        checkpoint: Mutex::new((0, 0)),
+        error: Mutex::new(None),
+        stop: AtomicBool::new(interrupted),
+    };
+    let created = AtomicUsize::new(0);
+    let hits = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let compile_time = pool(opts.workers, spirv.len(), &shared.stop, |j| {
+        let (pi, vi, key, s) = &spirv[j];
+        match driver.create_compute(s) {
+            Ok(out) => {
+                if out.cache_hit == Some(true) {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
+                let unsaved = {
+                    let mut u = lock(&shared.unsaved);
+                    u.push(*key);
+                    u.len()
+                };
+                let n = created.fetch_add(1, Ordering::Relaxed) + 1;
+                if opts.stop_after.is_some_and(|limit| n >= limit) {
+                    return false;
+                }
+                if unsaved >= opts.checkpoint_every.max(1)
+                    && let Err(e) = shared.save()
+                {
+                    shared.fail(e);
+                    return false;
+                }
+            }
+            Err(error) => {
+                let p = &corpus.programs[*pi];
+                lock(&failures).push(Failure {
+                    program: p.name.clone(),
+                    variant: Some((*vi, p.variants[*vi].describe())),
+                    phase: Phase::Compile,
+                    error,
+                });
+            }
+        }
+        progress(Phase::Compile, finished.fetch_add(1, Ordering::Relaxed) + 1, spirv.len());
+        !cancel.load(Ordering::Relaxed)
+    });
+    if let Some(e) = lock(&shared.error).take() {
+        return Err(e);
+    }
+    interrupted |= shared.stop.load(Ordering::Relaxed);
+    shared.save()?;
+    let (saves, cache_bytes) = *lock(&shared.checkpoint);
+    drop(shared);
+
+    let mut failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+    failures.sort_by(|a, b| {
+        (&a.program, a.variant.as_ref().map(|v| v.0)).cmp(&(&b.program, b.variant.as_ref().map(|v| v.0)))
+    });
+    let journal_kept = opts.cache.is_some() && (interrupted || !failures.is_empty());
+    if opts.cache.is_some() && !journal_kept {
+        // Everything is in the saved cache: nothing to resume. The next run makes every
+        // pipeline again, from the warm cache.
+        std::fs::remove_file(&journal_path)
+            .map_err(|source| PrepareError::Io { path: journal_path.clone(), source })?;
+    }
+    let created = created.into_inner();
+    let report = Report {
+        cache_hits: dev.creation_feedback.then(|| hits.into_inner()),
+        device: dev,
+        workers: opts.workers,
+        programs: corpus.programs.len(),
+        variants: corpus.variant_count(),
+        cache: cache_start,
+        journal: journal_start,
+        translated_programs: translated.into_inner(),
+        translated_variants,
+        created,
+        failures,
+        translate: translate_time,
+        compile: compile_time,
+        saves,
+        cache_bytes,
+        interrupted,
+        journal_kept,
+    };
+    Ok(report)
+}
+
+/// The process's peak resident memory (`VmHWM` in `/proc/self/status`), in bytes.
+pub fn peak_memory_bytes() -> Option<u64> {
+    let status = crate::sys::procstat::self_status().ok()?;
+    parse_vm_hwm(&status)
+}
+
+/// `VmHWM:   N kB` in bytes.
+pub fn parse_vm_hwm(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let mut f = line["VmHWM:".len()..].split_whitespace();
+    match (f.next(), f.next()) {
+        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
+        _ => None,
+    }
+}

@@ -348,7 +348,7 @@ fn grow(seed: &mut u64, budget: usize, depth: u32) -> Node {
     *seed ^= *seed << 17;
     let r = *seed;
     if budget <= 1 || depth > 40 {
-        return if r % 3 == 0 { Node::Var(format!("v{}", r % 64)) } else { Node::Num((r % 1000) as i64) };
+        return if r.is_multiple_of(3) { Node::Var(format!("v{}", r % 64)) } else { Node::Num((r % 1000) as i64) };
     }
     let left = budget / 2;
     let (a, b) = (Box::new(grow(seed, left, depth + 1)), Box::new(grow(seed, budget - 1 - left, depth + 1)));

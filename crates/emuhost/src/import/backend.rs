@@ -58,7 +58,7 @@ impl HostSpan {
     }
 
     pub(crate) fn check_aligned(&self, align: u64) -> Result<(), ImportError> {
-        if self.addr as u64 % align != 0 || self.len as u64 % align != 0 || self.len == 0 {
+        if !(self.addr as u64).is_multiple_of(align) || !(self.len as u64).is_multiple_of(align) || self.len == 0 {
             return Err(ImportError::Unaligned { addr: self.addr as u64, len: self.len as u64, align });
         }
         Ok(())

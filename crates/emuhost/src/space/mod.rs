@@ -196,7 +196,7 @@ impl Space {
     /// Reserves the window.
     pub fn new(config: SpaceConfig) -> Result<Self, SpaceError> {
         let page = page_size();
-        if config.window == 0 || config.window % page != 0 || usize::try_from(config.window).is_err() {
+        if config.window == 0 || !config.window.is_multiple_of(page) || usize::try_from(config.window).is_err() {
             return Err(SpaceError::BadWindow { size: config.window, page });
         }
         let res = Reservation::new(config.window as usize)

@@ -48,7 +48,7 @@ impl GuestRange {
         if len == 0 {
             return Err(SpaceError::ZeroLength { addr: addr.0 });
         }
-        if addr.0 % page != 0 || len % page != 0 {
+        if !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(SpaceError::Unaligned { addr: addr.0, len, page });
         }
         if addr.0.checked_add(len).is_none() {

@@ -564,7 +564,7 @@ impl Synth {
         }
         for k in 0..self.crossings.len() {
             let (end, from) = self.crossings[k];
-            if f >= from && (f - from) % u64::from(self.cfg.fps) == 0 {
+            if f >= from && (f - from).is_multiple_of(u64::from(self.cfg.fps)) {
                 render.push(if end == KOKIRI_END {
                     Event::Bind { addr: GuestAddr(KOKIRI_BIND.0), size: KOKIRI_BIND.1 }
                 } else {

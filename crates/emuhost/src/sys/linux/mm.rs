@@ -66,7 +66,7 @@ fn einval() -> io::Error {
 impl Reservation {
     /// Reserves `len` bytes of address space (no memory, no commit charge).
     pub fn new(len: usize) -> io::Result<Self> {
-        if len == 0 || len % page_size() != 0 {
+        if len == 0 || !len.is_multiple_of(page_size()) {
             return Err(einval());
         }
         count(Call::Mmap);
@@ -98,7 +98,7 @@ impl Reservation {
     fn span(&self, off: usize, len: usize) -> io::Result<*mut libc::c_void> {
         let page = page_size();
         let end = off.checked_add(len).ok_or_else(einval)?;
-        if len == 0 || end > self.len || off % page != 0 || len % page != 0 {
+        if len == 0 || end > self.len || !off.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(einval());
         }
         Ok((self.base + off) as *mut libc::c_void)

@@ -22,7 +22,7 @@ mod importer;
 mod pin;
 mod plan;
 mod pools;
-mod vulkan;
+pub(crate) mod vulkan;
 
 pub use backend::{
     AnyBackend, AnyImport, Backend, BackendChoice, BackendKind, Budget, BudgetCell, HostSpan, Picked, error_chain,

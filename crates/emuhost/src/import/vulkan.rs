@@ -77,7 +77,8 @@ pub struct VulkanImport {
     pub host_type_bits: u32,
 }
 
-fn rank(t: vk::PhysicalDeviceType) -> u32 {
+/// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
+pub(crate) fn rank(t: vk::PhysicalDeviceType) -> u32 {
     match t {
         vk::PhysicalDeviceType::DISCRETE_GPU => 0,
         vk::PhysicalDeviceType::INTEGRATED_GPU => 1,

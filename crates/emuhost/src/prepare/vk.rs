@@ -63,16 +63,6 @@ fn vkerr(what: &'static str) -> impl Fn(vk::Result) -> PrepareError {
     move |result| PrepareError::Vulkan { what, result }
 }
 
-fn device_rank(t: vk::PhysicalDeviceType) -> u32 {
-    match t {
-        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
-        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
-        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
-        vk::PhysicalDeviceType::CPU => 3,
-        _ => 4,
-    }
-}
-
 impl Driver {
     /// Opens a device with a compute queue: `index` into the loader's list, or the best one
     /// (discrete GPU, integrated, virtual, CPU) where `None`. Make the cache next
@@ -121,7 +111,7 @@ impl Driver {
             None => pdevs
                 .iter()
                 .filter_map(|&pd| compute_family(pd).map(|f| (pd, f)))
-                .min_by_key(|(pd, _)| device_rank(props(*pd).device_type))
+                .min_by_key(|(pd, _)| crate::import::vulkan::rank(props(*pd).device_type))
                 .ok_or(PrepareError::NoComputeDevice)?,
         };
         let p = props(pd);

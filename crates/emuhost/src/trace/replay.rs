@@ -20,7 +20,7 @@ use super::{Event, Header, Record, SleepKind, Thread, TraceError};
 use crate::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
 use crate::sched::{self, Caller};
 use crate::space::ranges::RangeMap;
-use crate::space::{GuestAddr, GuestRange, Space, SpaceConfig, SpaceError, page_size};
+use crate::space::{Space, SpaceConfig, SpaceError, page_size};
 use crate::watch::{self, Tracker, WatchError};
 
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
@@ -148,10 +148,6 @@ fn failed(line: u64, r: &Record, e: impl std::error::Error + Send + Sync + 'stat
     ReplayError::Event { line, event: r.event.to_string(), source: Box::new(e) }
 }
 
-fn range(space: &Space, lo: GuestAddr, size: u64) -> Result<GuestRange, SpaceError> {
-    space.range(lo.0, size)
-}
-
 /// Runs one trace thread's events.
 fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
     let mut f = ThreadFigures::default();
@@ -207,12 +203,12 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     }
                 }
                 Event::Commit { lo, size, prot } => {
-                    let g = range(sh.space, lo, size).map_err(|e| failed(line, &r, e))?;
+                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
                     sh.space.commit(g, prot).map_err(|e| failed(line, &r, e))?;
                     sh.tracker.arm(g).map_err(|e| failed(line, &r, e))?;
                 }
                 Event::Decommit { lo, size } => {
-                    let g = range(sh.space, lo, size).map_err(|e| failed(line, &r, e))?;
+                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
                     let (a, b) = (lo.0, lo.0 + size);
                     if sh.importer.imports().iter().any(|p| p.lo < b && a < p.hi) {
                         // Pages under a live GPU import stay mapped: zero them instead (a write
@@ -225,16 +221,16 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     }
                 }
                 Event::Bind { addr, size } => {
-                    let before = sh.importer.stats();
                     let t = Instant::now();
-                    sh.importer.bind(addr.0, size).map_err(|e| failed(line, &r, e))?;
+                    let bound = sh.importer.bind(addr.0, size).map_err(|e| failed(line, &r, e))?;
                     let took = t.elapsed();
-                    let after = sh.importer.stats();
                     if let Some(fr) = frame.as_mut() {
                         fr.runtime += took;
-                        if after.imports > before.imports {
+                        // A binding makes at most one import (the spanned range or, failing
+                        // that, the plain one).
+                        if bound.made {
                             fr.imports += took;
-                            fr.imports_made += (after.imports - before.imports) as u32;
+                            fr.imports_made += 1;
                         }
                     }
                 }
@@ -249,7 +245,7 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     }
                 }
                 Event::Collect { lo, size } => {
-                    let g = range(sh.space, lo, size).map_err(|e| failed(line, &r, e))?;
+                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
                     let t = Instant::now();
                     let n = sh.collect_seq.fetch_add(1, SeqCst) + 1;
                     let got = sh.tracker.collect(g).map_err(|e| failed(line, &r, e))?;

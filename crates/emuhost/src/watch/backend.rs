@@ -196,7 +196,7 @@ impl Backend for MprotectBackend {
             }
         });
         if let Some(a) = probe {
-            segv::probe_read(a)?;
+            crate::sys::mm::read_host(a, &mut [0u8])?;
         }
         let p = page_size();
         let mut runs = Vec::new();

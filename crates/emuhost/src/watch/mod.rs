@@ -386,7 +386,7 @@ impl Tracker {
                     self.verify_span(&inner, span)?;
                 }
                 if let Err(err) = self.backend.read(self.host(s), self.host(e), &mut host_runs) {
-                    if self.released_behind(&inner, span)? {
+                    if self.unexpected(&inner, span)?.is_some() {
                         out.untracked.push(span);
                         if let Some((start, end, generation)) = alloc {
                             inner.failed.insert(start, (end, generation));
@@ -408,13 +408,9 @@ impl Tracker {
         })
     }
 
-    /// Whether `span` was released behind the space's back: the kernel has no mapping, or an
-    /// inaccessible one the guest did not ask for, somewhere in it.
-    fn released_behind(&self, inner: &Inner, span: GuestRange) -> Result<bool, WatchError> {
-        Ok(self.unexpected(inner, span)?.is_some())
-    }
-
-    /// What the kernel has in `span` that a committed, armed span should not have, if anything.
+    /// What the kernel has in `span` that a committed, armed span should not have, if anything:
+    /// no mapping, or an inaccessible one the guest did not ask for (memory released behind the
+    /// space's back).
     fn unexpected(&self, inner: &Inner, span: GuestRange) -> Result<Option<String>, WatchError> {
         let regions = self.space.kernel_regions(span)?;
         let mut at = span.start().0 as usize;

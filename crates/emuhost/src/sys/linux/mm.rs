@@ -241,31 +241,51 @@ impl Reservation {
         if end > self.len {
             return Err(einval());
         }
-        let mut done = 0;
-        while done < len {
-            let l = libc::iovec { iov_base: local.wrapping_add(done) as *mut libc::c_void, iov_len: len - done };
-            let r_iov = libc::iovec { iov_base: (self.base + off + done) as *mut libc::c_void, iov_len: len - done };
-            count(Call::Copy);
-            // SAFETY: `local` points to `len` bytes the caller borrowed (mutably for a read); the
-            // remote range was checked to lie inside this reservation. The kernel copies through
-            // the page tables and fails with EFAULT on a page the protection forbids.
-            let r = unsafe {
-                if write {
-                    libc::process_vm_writev(libc::getpid(), &l, 1, &r_iov, 1, 0)
-                } else {
-                    libc::process_vm_readv(libc::getpid(), &l, 1, &r_iov, 1, 0)
-                }
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if r == 0 {
-                return Err(io::Error::from_raw_os_error(libc::EFAULT));
-            }
-            done += r as usize;
-        }
-        Ok(())
+        // SAFETY: `local` points to `len` bytes the caller borrowed (mutably for a read); the
+        // remote range was checked to lie inside this reservation, which no Rust reference points
+        // into.
+        unsafe { vm_copy(local, self.base + off, len, write) }
     }
+}
+
+/// Copies `len` bytes between `local` and host address `remote` of this process through the page
+/// tables (`process_vm_readv`/`process_vm_writev`): a page the protection forbids or that is not
+/// mapped fails with `EFAULT` instead of faulting.
+///
+/// # Safety
+/// `local` must point to `len` bytes valid for the copy's direction. For a write, `remote..+len`
+/// must be memory no Rust reference points into (guest memory of a reservation).
+unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let l = libc::iovec { iov_base: local.wrapping_add(done) as *mut libc::c_void, iov_len: len - done };
+        let r_iov = libc::iovec { iov_base: (remote + done) as *mut libc::c_void, iov_len: len - done };
+        count(Call::Copy);
+        // SAFETY: the caller's contract covers both iovecs; the kernel copies through the page
+        // tables and fails with EFAULT on a page the protection forbids.
+        let r = unsafe {
+            if write {
+                libc::process_vm_writev(libc::getpid(), &l, 1, &r_iov, 1, 0)
+            } else {
+                libc::process_vm_readv(libc::getpid(), &l, 1, &r_iov, 1, 0)
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if r == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// Reads bytes at any host address of this process into `buf`: an error (`EFAULT`), never a
+/// fault, where a page is not readable or not mapped.
+pub fn read_host(remote: usize, buf: &mut [u8]) -> io::Result<()> {
+    // SAFETY: `buf` is a live, writable slice of its length, and a read changes no remote memory.
+    unsafe { vm_copy(buf.as_mut_ptr(), remote, buf.len(), false) }
 }
 
 impl Drop for Reservation {

@@ -313,22 +313,3 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         }
     }
 }
-
-/// Reads one byte at host address `addr` through the kernel: an error (`EFAULT`), never a fault,
-/// where the page is not readable or not mapped.
-pub fn probe_read(addr: usize) -> io::Result<()> {
-    let mut b = 0u8;
-    let local = libc::iovec { iov_base: &mut b as *mut u8 as *mut libc::c_void, iov_len: 1 };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
-    count(Call::Copy);
-    // SAFETY: the local iovec points at one writable byte on our stack; the kernel reads the remote
-    // byte through the page tables and fails with EFAULT instead of faulting.
-    let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if r == 1 {
-        Ok(())
-    } else if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Err(io::Error::from_raw_os_error(libc::EFAULT))
-    }
-}

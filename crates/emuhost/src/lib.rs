@@ -5,6 +5,7 @@
 //! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin).
+//! - [`switches`]: every `EMUHOST_*` switch the library reads, and a check of a value.
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
@@ -12,6 +13,7 @@
 pub mod import;
 pub mod sched;
 pub mod space;
+pub mod switches;
 mod sys;
 pub mod trace;
 pub mod watch;

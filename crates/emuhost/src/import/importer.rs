@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::backend::{Backend, HostSpan};
 use super::plan::{PlanConfig, Planned, binding_cover, cover, plan};
 use super::pools::{PoolId, Pools};
-use super::{ImportError, env_u64};
+use super::{ImportError, switch_u64};
 use crate::space::{Prot, Space, page_size};
 
 /// The default time a range that failed to import is held before it is tried again.
@@ -40,8 +40,13 @@ impl ImportConfig {
     /// The defaults, changed by `EMUHOST_IMPORT_CHUNK_MB`, `EMUHOST_IMPORT_SPAN_MB`,
     /// `EMUHOST_IMPORT_COOLING_MS` and `EMUHOST_IMPORT_POPULATE_AHEAD`.
     pub fn from_env() -> Result<Self, ImportError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with the switches' values from `get` (`None`: unset).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ImportError> {
         let mut c = Self::default();
-        if let Some(mb) = env_u64("EMUHOST_IMPORT_CHUNK_MB")? {
+        if let Some(mb) = switch_u64("EMUHOST_IMPORT_CHUNK_MB", get("EMUHOST_IMPORT_CHUNK_MB"))? {
             c.plan.chunk =
                 mb.checked_mul(1 << 20).filter(|b| b.is_power_of_two()).ok_or_else(|| ImportError::BadSwitch {
                     name: "EMUHOST_IMPORT_CHUNK_MB",
@@ -49,17 +54,17 @@ impl ImportConfig {
                     why: "a power of two of MiB is needed",
                 })?;
         }
-        if let Some(mb) = env_u64("EMUHOST_IMPORT_SPAN_MB")? {
+        if let Some(mb) = switch_u64("EMUHOST_IMPORT_SPAN_MB", get("EMUHOST_IMPORT_SPAN_MB"))? {
             c.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
                 name: "EMUHOST_IMPORT_SPAN_MB",
                 value: mb.to_string(),
                 why: "too large",
             })?;
         }
-        if let Some(ms) = env_u64("EMUHOST_IMPORT_COOLING_MS")? {
+        if let Some(ms) = switch_u64("EMUHOST_IMPORT_COOLING_MS", get("EMUHOST_IMPORT_COOLING_MS"))? {
             c.cooling = Duration::from_millis(ms);
         }
-        if let Ok(v) = std::env::var("EMUHOST_IMPORT_POPULATE_AHEAD") {
+        if let Some(v) = get("EMUHOST_IMPORT_POPULATE_AHEAD") {
             c.populate_ahead = match v.trim().to_ascii_lowercase().as_str() {
                 "" | "0" | "false" | "off" | "no" => PopulateAhead::Off,
                 "1" | "true" | "on" | "yes" | "pools" => PopulateAhead::Pools,

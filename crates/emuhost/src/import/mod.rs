@@ -36,15 +36,15 @@ pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cov
 pub use pools::{Pool, PoolId, Pools};
 pub use vulkan::{Vulkan, VulkanImport};
 
-/// An unsigned switch: `None` when unset or empty.
-fn env_u64(name: &'static str) -> Result<Option<u64>, ImportError> {
-    match std::env::var(name) {
-        Ok(v) if v.trim().is_empty() => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| ImportError::BadSwitch {
+/// An unsigned switch's value: `None` when unset or empty.
+fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, ImportError> {
+    match value {
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| ImportError::BadSwitch {
             name,
             value: v,
             why: "an unsigned integer is needed",
         }),
-        Err(_) => Ok(None),
+        None => Ok(None),
     }
 }

@@ -68,7 +68,11 @@ impl BackendKind {
             "uffd" => Ok(BackendKind::Uffd),
             "mprotect" => Ok(BackendKind::Mprotect),
             "softdirty" => Ok(BackendKind::SoftDirty),
-            _ => Err(WatchError::BadSwitch { name: WATCH_SWITCH, value: value.to_string() }),
+            _ => Err(WatchError::BadSwitch {
+                name: WATCH_SWITCH,
+                value: value.to_string(),
+                why: "is not one of uffd, mprotect, softdirty",
+            }),
         }
     }
 
@@ -79,8 +83,8 @@ impl BackendKind {
 /// What went wrong in write tracking.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    #[error("{name}={value:?} is not one of uffd, mprotect, softdirty")]
-    BadSwitch { name: &'static str, value: String },
+    #[error("{name}={value:?} {why}")]
+    BadSwitch { name: &'static str, value: String, why: &'static str },
     #[error(transparent)]
     Space(#[from] SpaceError),
     #[error("the {backend} backend is not available here")]
@@ -158,15 +162,15 @@ pub struct Choice {
     pub why: String,
 }
 
-/// Chooses a backend: the one `EMUHOST_WATCH` forces (it must pass its self-test), else the first
-/// of [`BackendKind::AUTO`] that passes.
+/// Chooses a backend: the one `EMUHOST_WATCH` forces (it must pass its self-test), else (unset or
+/// empty) the first of [`BackendKind::AUTO`] that passes.
 pub fn choose() -> Result<Choice, WatchError> {
     choose_from(std::env::var(WATCH_SWITCH).ok().as_deref())
 }
 
 /// [`choose`] with the switch's value given.
 pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
-    if let Some(v) = switch {
+    if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
         let kind = BackendKind::parse(v)?;
         self_test(kind)?;
         return Ok(Choice { kind, why: format!("forced by {WATCH_SWITCH}={v}; its self-test passed") });
@@ -254,7 +258,7 @@ impl Tracker {
     pub fn new(space: &Arc<Space>) -> Result<Arc<Tracker>, WatchError> {
         let choice = choose()?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
-        let t = Self::build(space, choice.kind, verify_from_env())?;
+        let t = Self::build(space, choice.kind, verify_from_env()?)?;
         Ok(t)
     }
 
@@ -452,11 +456,23 @@ fn merge(mut v: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<PageRun> {
     runs.into_iter().map(|(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect()
 }
 
-fn verify_from_env() -> bool {
-    match std::env::var(VERIFY_SWITCH) {
-        Ok(v) => !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false" | "off" | "no"),
-        Err(_) => false,
+/// Parses an `EMUHOST_VERIFY_COLLECT` value (trimmed, any case): `1`, `true`, `on`, `yes` turn
+/// verify mode on; `0`, `false`, `off`, `no` or empty leave it off; anything else is an error, so a
+/// typo never silently leaves the check off.
+pub fn parse_verify(value: &str) -> Result<bool, WatchError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "" | "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(WatchError::BadSwitch {
+            name: VERIFY_SWITCH,
+            value: value.to_string(),
+            why: "is not one of 1, true, on, yes, 0, false, off, no",
+        }),
     }
+}
+
+fn verify_from_env() -> Result<bool, WatchError> {
+    std::env::var(VERIFY_SWITCH).map_or(Ok(false), |v| parse_verify(&v))
 }
 
 impl Observer for Tracker {

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use crate::Outcome;
 use crate::bench::median;
-use crate::replay::parse_switch;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,7 +52,7 @@ const ROWS: &[(&str, &str)] = &[
 ];
 
 fn switches(s: &str) -> anyhow::Result<Vec<(String, String)>> {
-    s.split_whitespace().map(parse_switch).collect()
+    s.split_whitespace().map(crate::switches::parse).collect()
 }
 
 fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {

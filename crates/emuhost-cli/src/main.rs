@@ -9,6 +9,7 @@ mod policy;
 mod prepare;
 mod probe;
 mod replay;
+mod switches;
 mod trace;
 
 use std::process::ExitCode;
@@ -69,14 +70,17 @@ pub enum Outcome {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A bad switch is refused before any work, the log filter's included.
+    if let Err(e) = switches::check_env() {
+        eprintln!("emuhost: error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let filter = std::env::var(switches::LOG).unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EMUHOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(a) => replay::run(a),
         Command::Ab(a) => ab::run(a),

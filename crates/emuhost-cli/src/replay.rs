@@ -13,19 +13,6 @@ use serde_json::{Value, json};
 
 use crate::Outcome;
 
-/// Every `EMUHOST_*` switch a replay honours (the README's table).
-pub const SWITCHES: &[&str] = &[
-    "EMUHOST_LOG",
-    "EMUHOST_WATCH",
-    "EMUHOST_VERIFY_COLLECT",
-    "EMUHOST_SHORT_SLEEP_TIMER",
-    "EMUHOST_IMPORT_BACKEND",
-    "EMUHOST_IMPORT_CHUNK_MB",
-    "EMUHOST_IMPORT_SPAN_MB",
-    "EMUHOST_IMPORT_COOLING_MS",
-    "EMUHOST_IMPORT_POPULATE_AHEAD",
-];
-
 /// Set when this process is the child that a flag-set switch re-ran.
 const CHILD: &str = "EMUHOST_REPLAY_CHILD";
 
@@ -62,34 +49,23 @@ pub struct Args {
     pub set: Vec<String>,
 }
 
-/// Parses `KEY=VALUE`, checking the key is a switch.
-pub fn parse_switch(kv: &str) -> anyhow::Result<(String, String)> {
-    let Some((k, v)) = kv.split_once('=') else {
-        bail!("{kv:?} is not KEY=VALUE");
-    };
-    let k = k.trim();
-    if !SWITCHES.contains(&k) {
-        bail!("{k:?} is not a switch a replay honours (one of {})", SWITCHES.join(", "));
-    }
-    Ok((k.to_string(), v.to_string()))
-}
-
 impl Args {
     /// The switches the flags set.
     fn switches(&self) -> anyhow::Result<Vec<(String, String)>> {
         let mut out = Vec::new();
-        for (flag, name) in [
-            (&self.import_backend, "EMUHOST_IMPORT_BACKEND"),
-            (&self.watch, "EMUHOST_WATCH"),
-            (&self.span_mb, "EMUHOST_IMPORT_SPAN_MB"),
-            (&self.short_sleep_timer, "EMUHOST_SHORT_SLEEP_TIMER"),
+        for (value, flag, name) in [
+            (&self.import_backend, "--import-backend", "EMUHOST_IMPORT_BACKEND"),
+            (&self.watch, "--watch", "EMUHOST_WATCH"),
+            (&self.span_mb, "--span-mb", "EMUHOST_IMPORT_SPAN_MB"),
+            (&self.short_sleep_timer, "--short-sleep-timer", "EMUHOST_SHORT_SLEEP_TIMER"),
         ] {
-            if let Some(v) = flag {
+            if let Some(v) = value {
+                crate::switches::check(name, v).context(flag)?;
                 out.push((name.to_string(), v.clone()));
             }
         }
         for kv in &self.set {
-            out.push(parse_switch(kv)?);
+            out.push(crate::switches::parse(kv).context("--set")?);
         }
         Ok(out)
     }
@@ -97,6 +73,14 @@ impl Args {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let switches = a.switches()?;
+    // Outputs are checked before the replay, not after it.
+    if let Some(p) = &a.csv {
+        crate::switches::check_output("--csv", p)?;
+    }
+    if let Some(p) = &a.plot {
+        plot_kind(p)?;
+        crate::switches::check_output("--plot", p)?;
+    }
     // Switches are read from the environment (once per process, as an emulator would): a flag
     // that sets one runs the replay again in a child process with it set.
     if !switches.is_empty() && std::env::var_os(CHILD).is_none() {
@@ -128,9 +112,6 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 bail!("the replay was killed by signal {}", status.signal().unwrap_or(0))
             }
         };
-    }
-    if let Some(p) = &a.plot {
-        plot_kind(p)?;
     }
     let cfg = ReplayConfig { paced: a.paced, ..Default::default() };
     let done = Arc::new(AtomicBool::new(false));

@@ -86,8 +86,9 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
     let chunk = chunk_mib << 20;
     let (name, s) = match &file {
         Some(path) => {
-            let reader = FileReader::open(path)?;
-            let s = Stats::of(reader, chunk).with_context(|| format!("reading {}", path.display()))?;
+            let at = || format!("reading {}", path.display());
+            let reader = FileReader::open(path).with_context(at)?;
+            let s = Stats::of(reader, chunk).with_context(at)?;
             (path.display().to_string(), s)
         }
         None => {

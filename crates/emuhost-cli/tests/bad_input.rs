@@ -1,0 +1,172 @@
+//! Bad input, class by class, as a user gives it: every case exits 2 with one `emuhost: error:`
+//! (or clap's `error:`) message naming the value, or the file and line, and never panics.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn emuhost() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_emuhost"));
+    c.env("EMUHOST_LOG", "warn").env("EMUHOST_IMPORT_BACKEND", "pin");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("EMUHOST_") && k != "EMUHOST_LOG" && k != "EMUHOST_IMPORT_BACKEND" {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+fn file(name: &str, text: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("emuhost-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Runs `c`, expects exit 2 and every one of `says` in stderr, and no panic.
+#[track_caller]
+fn refused(mut c: Command, says: &[&str]) {
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{c:?}: exit {:?}, stderr:\n{err}", out.status);
+    assert!(!err.contains("panicked"), "{c:?} panicked:\n{err}");
+    assert!(err.contains("error"), "{c:?}: no error message:\n{err}");
+    for s in says {
+        assert!(err.contains(s), "{c:?}: stderr does not say {s:?}:\n{err}");
+    }
+}
+
+fn args(list: &[&str]) -> Command {
+    let mut c = emuhost();
+    c.args(list);
+    c
+}
+
+#[test]
+fn bad_flags_are_named() {
+    let missing = std::env::temp_dir().join("emuhost-no-such-folder/frames.csv");
+    let missing = missing.to_str().unwrap();
+    for (list, says) in [
+        (&["replay", "--span-mb", "abc"][..], &["--span-mb", "\"abc\""][..]),
+        (&["replay", "--watch", "fast"], &["--watch", "\"fast\""]),
+        (&["replay", "--import-backend", "gpu"], &["--import-backend", "\"gpu\""]),
+        (&["replay", "--set", "EMUHOST_WACTH=uffd"], &["--set", "\"EMUHOST_WACTH\" is not a switch"]),
+        (&["replay", "--set", "EMUHOST_WATCH"], &["--set", "\"EMUHOST_WATCH\" is not KEY=VALUE"]),
+        (&["replay", "--csv", missing], &["--csv", "emuhost-no-such-folder", "does not exist"]),
+        (&["replay", "--plot", "frames.gif"], &["--plot frames.gif", ".svg or .png"]),
+        (&["replay", "--frobnicate"], &["--frobnicate"]),
+        (&["ab", "--a", "EMUHOST_WATCH=fast", "--b", "EMUHOST_WATCH=uffd"], &["--a", "\"fast\""]),
+        (&["ab", "--a", "EMUHOST_WATCH=uffd", "--b", "x"], &["--b", "\"x\" is not KEY=VALUE"]),
+        (&["ab", "--a", "A=1", "--b", "B=2", "--rounds", "0"], &["'0'", "--rounds"]),
+        (&["plan", "--pools", "/dev/null", "--bind", "0x1000:0x10", "--chunk-mib", "3"], &["--chunk-mib 3"]),
+        (&["plan", "--pools", "/dev/null", "--bind", "4096"], &["\"4096\" is not ADDR:SIZE"]),
+        (&["plan", "--pools", "/dev/null", "--bind", "0x1000:0"], &["the size is zero"]),
+        (&["plan", "--pools", "/dev/null", "--bind", "0xfffffffffffffff0:0x20"], &["runs past the end"]),
+        (&["policy", "--cpus", "0"], &["'0'", "--cpus"]),
+        (&["bench", "space", "--rounds", "0"], &["'0'", "--rounds"]),
+        (&["trace", "stats", "--chunk-mib", "3"], &["--chunk-mib 3"]),
+        (&["trace", "synth", "--seed", "x"], &["'x'", "--seed"]),
+    ] {
+        refused(args(list), says);
+    }
+}
+
+#[test]
+fn bad_switches_are_named_before_any_work() {
+    for (k, v, says) in [
+        ("EMUHOST_WATCH", "fast", "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect, softdirty"),
+        ("EMUHOST_VERIFY_COLLECT", "maybe", "EMUHOST_VERIFY_COLLECT=\"maybe\" is not one of"),
+        ("EMUHOST_IMPORT_BACKEND", "gpu", "EMUHOST_IMPORT_BACKEND=\"gpu\""),
+        ("EMUHOST_IMPORT_CHUNK_MB", "3", "EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"),
+        ("EMUHOST_IMPORT_SPAN_MB", "-1", "EMUHOST_IMPORT_SPAN_MB=\"-1\": an unsigned integer"),
+        ("EMUHOST_IMPORT_COOLING_MS", "1s", "EMUHOST_IMPORT_COOLING_MS=\"1s\": an unsigned integer"),
+        ("EMUHOST_IMPORT_POPULATE_AHEAD", "all", "EMUHOST_IMPORT_POPULATE_AHEAD=\"all\""),
+        ("EMUHOST_LOG", "[[[", "EMUHOST_LOG=\"[[[\" is not a log filter"),
+    ] {
+        // `policy` touches no switch of these: the check is made up front, for every command.
+        let mut c = args(&["policy"]);
+        c.env(k, v);
+        refused(c, &[says]);
+        let mut c = args(&["replay"]);
+        c.env(k, v);
+        refused(c, &[says]);
+    }
+    // A name that is not a switch is only warned of: the environment is shared with other programs.
+    let out = args(&["policy"]).env("EMUHOST_WACTH", "uffd").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: EMUHOST_WACTH is not a switch"));
+}
+
+const HEAD: &str = "emuhost-trace 1 window=0x8000000000\n";
+
+#[test]
+fn bad_trace_files_are_named_by_line() {
+    // Malformed records: the reader refuses them, for a replay and for `trace stats` alike.
+    // Records that parse but cannot be replayed (a write where nothing is committed): the replay.
+    for (name, body, syntax, says) in [
+        ("event.trace", "0 g0 frobnicate 0x1000\nend 1\n", true, &["line 2", "unknown event \"frobnicate\""][..]),
+        ("prot.trace", "0 g0 commit 0x1000 0x1000 rwz\nend 1\n", true, &["line 2", "\"rwz\""]),
+        ("number.trace", "0 g0 commit 0x10g0 0x1000 rw-\nend 1\n", true, &["line 2", "0x10g0"]),
+        ("thread.trace", "0 q7 commit 0x1000 0x1000 rw-\nend 1\n", true, &["line 2", "q7"]),
+        ("truncated.trace", "0 g0 commit 0x1000 0x1000 rw-\n", true, &["line 3", "truncated"]),
+        ("count.trace", "0 g0 commit 0x1000 0x1000 rw-\nend 7\n", true, &["line 3", "7"]),
+        ("align.trace", "0 g0 commit 0x1000 0x1001 rw-\nend 1\n", false, &["line 2", "0x1000+0x1001", "aligned"]),
+        ("uncommitted.trace", "0 g0 write 0x1000 0x10\nend 1\n", false, &["line 2", "write 0x1000+0x10"]),
+    ] {
+        let p = file(name, format!("{HEAD}{body}").as_bytes());
+        let mut says = says.to_vec();
+        let shown = p.display().to_string();
+        says.push(&shown);
+        refused(args(&["replay", p.to_str().unwrap()]), &says);
+        if syntax {
+            refused(args(&["trace", "stats", p.to_str().unwrap()]), &says);
+        }
+    }
+    for (name, text, says) in [
+        ("version.trace", &b"emuhost-trace 9 window=0x8000000000\nend 0\n"[..], &["line 1", "version \"9\""][..]),
+        ("garbage.trace", b"garbage\n", &["line 1", "not an emuhost trace"]),
+        ("binary.trace", b"\x00\xff\xfe\n", &["line 1"]),
+        ("zstd.trace", b"\x28\xb5\x2f\xfd garbage", &["line 1"]),
+        ("empty.trace", b"", &["line 1"]),
+    ] {
+        let p = file(name, text);
+        refused(args(&["replay", p.to_str().unwrap()]), says);
+    }
+    refused(args(&["replay", "/no/such/file.trace"]), &["/no/such/file.trace"]);
+    refused(args(&["replay", std::env::temp_dir().to_str().unwrap()]), &["Is a directory"]);
+}
+
+#[test]
+fn bad_pool_files_are_named_by_file_and_line() {
+    for (name, text, says) in [
+        ("zero.pools", &b"0x1000 0x1000\n0x2000 0\n"[..], &[":2:", "0x2000", "zero size"][..]),
+        ("number.pools", b"# pools\n\nzz 1\n", &[":3:", "\"zz\""]),
+        ("fields.pools", b"0x1000\n", &[":1:", "`LO SIZE`"]),
+        ("wrap.pools", b"0xffffffffffffff00 0x100\n", &[":1:", "0xffffffffffffff00", "runs past"]),
+        ("binary.pools", b"0x1000 0x1000\n\xff\xfe 1\n", &["binary.pools"]),
+    ] {
+        let p = file(name, text);
+        let shown = p.display().to_string();
+        let mut says = says.to_vec();
+        says.push(&shown);
+        refused(args(&["plan", "--pools", p.to_str().unwrap(), "--bind", "0x1000:0x10"]), &says);
+    }
+    refused(args(&["plan", "--pools", "/no/such.pools", "--bind", "0x1000:0x10"]), &["/no/such.pools"]);
+}
+
+#[test]
+fn addresses_outside_the_window_are_named() {
+    for (event, says) in [
+        ("0 g0 commit 0x9000000000 0x1000 rw-", &["line 2", "0x9000000000+0x1000", "outside the guest window"][..]),
+        ("0 g0 pool 0x7ffffff000 0x2000", &["line 2", "0x7ffffff000+0x2000", "outside the guest window"]),
+        ("0 r bind 0x7ffffff000 0x2000", &["line 2", "0x7ffffff000+0x2000", "outside the guest window"]),
+        ("0 r collect 0xffffffffffff0000 0x20000", &["line 2", "0xffffffffffff0000"]),
+        ("0 g0 write 0x8000000000 0x10", &["line 2", "0x8000000000"]),
+    ] {
+        let p = file("window.trace", format!("{HEAD}{event}\nend 1\n").as_bytes());
+        refused(args(&["replay", p.to_str().unwrap()]), says);
+    }
+    // A window the host cannot reserve is refused with its size.
+    let p = file("huge.trace", b"emuhost-trace 1 window=0xffffffffffff0000\nend 0\n");
+    refused(args(&["replay", p.to_str().unwrap()]), &["0xffffffffffff0000"]);
+}

@@ -107,15 +107,20 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 ratios.insert((*k).into(), json!(y / x));
             }
         }
-        println!("{}", json!({ "rounds": a.rounds, "a": arm(0, &a.a), "b": arm(1, &a.b), "ratio_b_over_a": ratios }));
+        outln!("{}", json!({ "rounds": a.rounds, "a": arm(0, &a.a), "b": arm(1, &a.b), "ratio_b_over_a": ratios }));
     } else {
-        println!("A: {}\nB: {}\n{} rounds, alternated A B, each a fresh process\n", a.a, a.b, a.rounds);
+        outln!("A: {}\nB: {}\n{} rounds, alternated A B, each a fresh process\n", a.a, a.b, a.rounds);
         let cell = |v: Option<f64>| {
             v.map_or("-".to_string(), |x| if x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") })
         };
-        println!(
+        outln!(
             "{:<34} {:>26} {:>26} {:>9} {:>9} {:>7}",
-            "", "A per round", "B per round", "A median", "B median", "B/A"
+            "",
+            "A per round",
+            "B per round",
+            "A median",
+            "B median",
+            "B/A"
         );
         for (k, label) in ROWS {
             if runs[0].iter().all(|r| figure(r, k).is_none()) {
@@ -127,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 (Some(x), Some(y)) if x != 0.0 => format!("{:.2}", y / x),
                 _ => "-".into(),
             };
-            println!("{label:<34} {:>26} {:>26} {:>9} {:>9} {:>7}", per(0), per(1), cell(x), cell(y), ratio);
+            outln!("{label:<34} {:>26} {:>26} {:>9} {:>9} {:>7}", per(0), per(1), cell(x), cell(y), ratio);
         }
     }
     Ok(if lost > 0.0 { Outcome::CheckFailed } else { Outcome::Ok })

@@ -1,6 +1,17 @@
 //! `emuhost`: replay a game session through the host layer, A/B two settings, and measure.
 //! Glue only: argument parsing, reports. Exit status: 0 ok, 1 a check failed, 2 an error.
 
+/// `println!` for stdout that ends the process quietly (exit 0) when the reader has gone
+/// (`emuhost trace stats | head -3`), instead of panicking; another write error is exit 2.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!` as [`outln!`] does it.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::stdout(format_args!($($t)*)) };
+}
+
 mod ab;
 mod bench;
 mod plan;
@@ -59,6 +70,18 @@ enum Command {
         #[command(subcommand)]
         which: trace::Which,
     },
+}
+
+/// Writes to stdout for [`outln!`] and [`out!`].
+pub fn stdout(args: std::fmt::Arguments) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("emuhost: error: writing to stdout: {e}");
+        std::process::exit(2);
+    }
 }
 
 /// What a command found: all well, or a check that failed (exit 1).

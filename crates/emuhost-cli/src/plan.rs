@@ -89,7 +89,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let r = plan(&pools, cfg, addr, size, true).with_context(|| format!("--bind {addr:#x}:{size:#x}"))?;
         out.push_str(&format!("{:#x}..{:#x}\n", r.lo, r.hi));
     }
-    print!("{out}");
+    out!("{out}");
     Ok(Outcome::Ok)
 }
 

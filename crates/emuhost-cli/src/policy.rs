@@ -63,7 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     };
     let why = format!("short sleeps: {}. workers: {}", rule.why(), workers.why);
     // Written by hand so the keys come in the contract's order.
-    println!(
+    outln!(
         "{{\"short_sleep\":{{\"guest\":{},\"host\":{}}},\"prepare_workers\":{},\"why\":{}}}",
         serde_json::to_string(rule.guest.name())?,
         serde_json::to_string(rule.host.name())?,

@@ -125,7 +125,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     };
     if let Some(dir) = &a.generate {
         corpus.write(dir).with_context(|| format!("writing the corpus to {}", dir.display()))?;
-        println!("wrote {} programs, {} variants to {}", corpus.programs.len(), corpus.variant_count(), dir.display());
+        outln!("wrote {} programs, {} variants to {}", corpus.programs.len(), corpus.variant_count(), dir.display());
         return Ok(Outcome::Ok);
     }
     let (allocator, allocator_name) = own_allocator();
@@ -163,7 +163,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let peak = emuhost::prepare::peak_memory_bytes();
     if a.json {
-        println!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));
+        outln!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));
     } else {
         print_summary(&report, &why, allocator_name, peak, a.cache.as_deref());
     }
@@ -244,27 +244,31 @@ fn to_json(
 
 fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cache: Option<&std::path::Path>) {
     let d = &r.device;
-    println!(
+    outln!(
         "prepared {} programs, {} variants on {} (vendor {:#x}, device {:#x})",
-        r.programs, r.variants, d.name, d.vendor_id, d.device_id
+        r.programs,
+        r.variants,
+        d.name,
+        d.vendor_id,
+        d.device_id
     );
-    println!("  workers     {} ({allocator} allocator): {why}", r.workers);
+    outln!("  workers     {} ({allocator} allocator): {why}", r.workers);
     let file = cache.map_or(String::new(), |p| format!("{}: ", p.display()));
     match &r.cache {
-        CacheStart::None => println!("  cache       in memory only (no --cache): nothing saved, nothing resumed"),
-        CacheStart::Cold => println!("  cache       {file}cold (no file yet)"),
-        CacheStart::Warm { bytes } => println!("  cache       {file}warm: {bytes} bytes handed to the driver"),
-        CacheStart::Rejected(why) => println!("  cache       {file}REJECTED ({why}): started empty"),
+        CacheStart::None => outln!("  cache       in memory only (no --cache): nothing saved, nothing resumed"),
+        CacheStart::Cold => outln!("  cache       {file}cold (no file yet)"),
+        CacheStart::Warm { bytes } => outln!("  cache       {file}warm: {bytes} bytes handed to the driver"),
+        CacheStart::Rejected(why) => outln!("  cache       {file}REJECTED ({why}): started empty"),
     }
     match &r.journal {
         JournalStart::None => {}
         JournalStart::Resumed { skipped } => {
-            println!("  resumed     {skipped} variants were prepared by an interrupted run: skipped")
+            outln!("  resumed     {skipped} variants were prepared by an interrupted run: skipped")
         }
-        JournalStart::Discarded(why) => println!("  journal     discarded: {why}"),
+        JournalStart::Discarded(why) => outln!("  journal     discarded: {why}"),
     }
     let par = |t: emuhost::prepare::PhaseTime| ms(t.busy) / ms(t.wall).max(1e-9);
-    println!(
+    outln!(
         "  translate   {} programs, {} variants in {:.1} ms (busy {:.1} ms: {:.1} workers' worth)",
         r.translated_programs,
         r.translated_variants,
@@ -273,7 +277,7 @@ fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cach
         par(r.translate)
     );
     let hits = r.cache_hits.map_or("cache hits not reported by the driver".to_string(), |h| format!("{h} cache hits"));
-    println!(
+    outln!(
         "  compile     {} pipelines in {:.1} ms (busy {:.1} ms: {:.1} workers' worth), {hits}",
         r.created,
         ms(r.compile.wall),
@@ -282,24 +286,24 @@ fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cach
     );
     let verdict = cache_verdict(r);
     if !verdict.is_empty() {
-        println!("  {verdict}");
+        outln!("  {verdict}");
     }
     if cache.is_some() {
-        println!("  saved       {} bytes of cache data, {} saves", r.cache_bytes, r.saves);
+        outln!("  saved       {} bytes of cache data, {} saves", r.cache_bytes, r.saves);
     }
     match peak {
-        Some(b) => println!("  peak memory {:.1} MiB (VmHWM)", b as f64 / (1 << 20) as f64),
-        None => println!("  peak memory unknown (no VmHWM in /proc/self/status)"),
+        Some(b) => outln!("  peak memory {:.1} MiB (VmHWM)", b as f64 / (1 << 20) as f64),
+        None => outln!("  peak memory unknown (no VmHWM in /proc/self/status)"),
     }
     if r.interrupted {
-        println!("  INTERRUPTED: {} variants left; run again to resume", r.remaining());
+        outln!("  INTERRUPTED: {} variants left; run again to resume", r.remaining());
     }
-    println!("  failures    {}", r.failures.len());
+    outln!("  failures    {}", r.failures.len());
     for f in &r.failures {
         let which = f.variant.as_ref().map_or(String::new(), |(i, c)| format!(" variant {i} ({c})"));
-        println!("FAILED {}{which} [{}]:", f.program, f.phase.name());
+        outln!("FAILED {}{which} [{}]:", f.program, f.phase.name());
         for line in f.error.trim_end().lines() {
-            println!("    {line}");
+            outln!("    {line}");
         }
     }
 }

@@ -50,12 +50,12 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
             "watch_self_tests": tried.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "import": import.json,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!("kernel            {}", p.kernel);
-        println!("page size         {} bytes", p.page_size);
-        println!("logical CPUs      {} (in this process's affinity mask)", text(&p.cpus, |n| n.to_string()));
-        println!(
+        outln!("kernel            {}", p.kernel);
+        outln!("page size         {} bytes", p.page_size);
+        outln!("logical CPUs      {} (in this process's affinity mask)", text(&p.cpus, |n| n.to_string()));
+        outln!(
             "userfaultfd       {}",
             text(&p.uffd_features, |f| format!(
                 "features {f:#x}; WP_ASYNC {}, WP_UNPOPULATED {}",
@@ -63,18 +63,18 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
                 yes(p.uffd_wp_unpopulated())
             ))
         );
-        println!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
-        println!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
-        println!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
+        outln!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
+        outln!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
+        outln!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
         match &tracking {
-            Ok(c) => println!("write tracking    {} ({})", c.kind.name(), c.why),
-            Err(e) => println!("write tracking    none ({e})"),
+            Ok(c) => outln!("write tracking    {} ({})", c.kind.name(), c.why),
+            Err(e) => outln!("write tracking    none ({e})"),
         }
         for (k, v) in &tried {
-            println!("  self-test {k:<9} {v}");
+            outln!("  self-test {k:<9} {v}");
         }
         for line in import.text {
-            println!("{line}");
+            outln!("{line}");
         }
     }
     Ok(Outcome::Ok)

@@ -133,7 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         crate::plot::frames(p, &report).with_context(|| format!("plotting to {}", p.display()))?;
     }
     if a.json {
-        println!("{s}");
+        outln!("{s}");
     } else {
         print_table(&report, &s);
     }
@@ -265,7 +265,7 @@ fn csv(r: &ReplayReport) -> String {
 fn print_table(r: &ReplayReport, s: &Value) {
     let g = |k: &str| s.get(k).cloned().unwrap_or(Value::Null);
     let f = |k: &str| g(k).as_f64().unwrap_or(0.0);
-    println!(
+    outln!(
         "replay: {} frames, {} events, {} threads in {:.1} s ({})",
         r.frames.len(),
         r.events,
@@ -273,25 +273,25 @@ fn print_table(r: &ReplayReport, s: &Value) {
         r.wall.as_secs_f64(),
         if r.paced { "paced" } else { "unpaced" }
     );
-    println!("  import backend   {}", r.import_backend);
-    println!("  write tracking   {}", r.watch_backend);
-    println!("  short sleeps     {}", r.sleep_rule);
-    println!("render thread in the runtime, per frame");
-    println!(
+    outln!("  import backend   {}", r.import_backend);
+    outln!("  write tracking   {}", r.watch_backend);
+    outln!("  short sleeps     {}", r.sleep_rule);
+    outln!("render thread in the runtime, per frame");
+    outln!(
         "  p50 {:.3} ms   p99 {:.3} ms   p99.9 {:.3} ms   worst {:.3} ms",
         f("runtime_ms_p50"),
         f("runtime_ms_p99"),
         f("runtime_ms_p999"),
         f("runtime_ms_worst")
     );
-    println!(
+    outln!(
         "  frames over 16.7 ms: {}   over 50 ms: {}   over 100 ms: {}",
         g("frames_over_16_7ms"),
         g("frames_over_50ms"),
         g("frames_over_100ms")
     );
     if r.paced {
-        println!(
+        outln!(
             "  fps {:.1}   1% low {:.1}   0.1% low {:.1}   worst frame {:.1} ms",
             f("fps_avg"),
             f("low_1pct_fps"),
@@ -299,8 +299,8 @@ fn print_table(r: &ReplayReport, s: &Value) {
             f("worst_frame_ms")
         );
     }
-    println!("imports");
-    println!(
+    outln!("imports");
+    outln!(
         "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed",
         r.imports,
         r.reimports,
@@ -308,13 +308,13 @@ fn print_table(r: &ReplayReport, s: &Value) {
         f("worst_import_ms"),
         r.import_failures
     );
-    println!(
+    outln!(
         "  live imported {:.0} MiB at the end, {:.0} MiB at peak",
         f("live_import_mib_end"),
         f("live_import_mib_peak")
     );
-    println!("write tracking");
-    println!(
+    outln!("write tracking");
+    outln!(
         "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked",
         r.collects,
         f("collect_ms"),
@@ -323,9 +323,9 @@ fn print_table(r: &ReplayReport, s: &Value) {
         r.lost_writes,
         r.unchecked_writes
     );
-    println!("short sleeps");
+    outln!("short sleeps");
     for (name, sl) in [("guest", r.guest_sleeps), ("host", r.host_sleeps)] {
-        println!(
+        outln!(
             "  {name:<5} {:>8} sleeps, {:.0} ms asked, {:.0} ms waited, {:.0} ms of CPU",
             sl.count,
             ms(sl.asked),

@@ -20,6 +20,16 @@ pub enum Which {
         /// Write here instead of to stdout; a name ending in `.zst` is compressed.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The session's length in seconds (default 120); the loading phase is the first tenth of
+        /// it, at most 10 s, at least 1 s.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=86_400))]
+        seconds: Option<u32>,
+        /// Game threads (default 4; at least 2: thread 0 makes pools, the others sleep).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(2..=256))]
+        game_threads: Option<u16>,
+        /// Host threads (default 1).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(0..=256))]
+        host_threads: Option<u16>,
     },
     /// Print a trace's figures: pools, pools across a chunk's end, chunks touched and bound, frames, ...
     Stats {
@@ -36,13 +46,23 @@ pub enum Which {
 
 pub fn run(which: Which) -> anyhow::Result<Outcome> {
     match which {
-        Which::Synth { seed, out } => synth(seed, out),
+        Which::Synth { seed, out, seconds, game_threads, host_threads } => {
+            let mut cfg = SynthConfig::default().seed(seed);
+            if let Some(s) = seconds {
+                cfg.seconds = s;
+                cfg.load_seconds = (s / 10).clamp(1, cfg.load_seconds);
+            }
+            cfg.game_threads = game_threads.unwrap_or(cfg.game_threads);
+            cfg.host_threads = host_threads.unwrap_or(cfg.host_threads);
+            synth(cfg, out)
+        }
         Which::Stats { file, json, chunk_mib } => stats(file, json, chunk_mib),
     }
 }
 
-fn synth(seed: u64, out: Option<PathBuf>) -> anyhow::Result<Outcome> {
-    let synth = Synth::new(SynthConfig::default().seed(seed))?;
+fn synth(cfg: SynthConfig, out: Option<PathBuf>) -> anyhow::Result<Outcome> {
+    let seed = cfg.seed;
+    let synth = Synth::new(cfg)?;
     let header = synth.header();
     let events = match &out {
         Some(path) => {
@@ -124,43 +144,45 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
             "game_threads": s.game_threads,
             "host_threads": s.host_threads,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         let secs = s.duration_us as f64 / 1e6;
         let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        println!("trace                     {name}");
-        println!("frames                    {} in {secs:.1} s ({:.1} frames/s)", s.frames, s.fps());
-        println!("events                    {}", s.events);
-        println!("pools                     {} made, {} released", s.pools, s.pools_released);
-        println!("pools across a chunk end  {} ({chunk_mib} MiB chunks)", s.pools_crossing_chunk_end);
-        println!("chunks touched by pools   {}", s.chunks_touched);
-        println!("chunks bound              {}", s.chunks_bound);
-        println!(
+        outln!("trace                     {name}");
+        outln!("frames                    {} in {secs:.1} s ({:.1} frames/s)", s.frames, s.fps());
+        outln!("events                    {}", s.events);
+        outln!("pools                     {} made, {} released", s.pools, s.pools_released);
+        outln!("pools across a chunk end  {} ({chunk_mib} MiB chunks)", s.pools_crossing_chunk_end);
+        outln!("chunks touched by pools   {}", s.chunks_touched);
+        outln!("chunks bound              {}", s.chunks_bound);
+        outln!(
             "bindings                  {} ({} across a chunk end, {} distinct ends)",
-            s.binds, s.binds_crossing_chunk_end, s.chunk_ends_bound_across
+            s.binds,
+            s.binds_crossing_chunk_end,
+            s.chunk_ends_bound_across
         );
-        println!(
+        outln!(
             "commits                   {} ({:.1} MiB), {} decommits",
             s.commits,
             mib(s.committed_bytes),
             s.decommits
         );
-        println!("guest writes              {} ({:.1} MiB)", s.writes, mib(s.write_bytes));
-        println!("collects                  {} ({:.1} MiB of ranges)", s.collects, mib(s.collect_bytes));
-        println!(
+        outln!("guest writes              {} ({:.1} MiB)", s.writes, mib(s.write_bytes));
+        outln!("collects                  {} ({:.1} MiB of ranges)", s.collects, mib(s.collect_bytes));
+        outln!(
             "guest sleeps              {} ({:.0}/s, {:.1} ms asked in all)",
             s.sleeps_guest,
             per_s(s.sleeps_guest),
             s.sleep_guest_ns as f64 / 1e6
         );
-        println!(
+        outln!(
             "host sleeps               {} ({:.0}/s, {:.1} ms asked in all)",
             s.sleeps_host,
             per_s(s.sleeps_host),
             s.sleep_host_ns as f64 / 1e6
         );
-        println!("threads                   render, {} game, {} host", s.game_threads, s.host_threads);
+        outln!("threads                   render, {} game, {} host", s.game_threads, s.host_threads);
     }
     Ok(Outcome::Ok)
 }

@@ -170,3 +170,16 @@ fn addresses_outside_the_window_are_named() {
     let p = file("huge.trace", b"emuhost-trace 1 window=0xffffffffffff0000\nend 0\n");
     refused(args(&["replay", p.to_str().unwrap()]), &["0xffffffffffff0000"]);
 }
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    // `emuhost trace stats | head -0`: the reader is gone before the first line is written.
+    for list in [&["trace", "stats"][..], &["trace", "stats", "--json"], &["probe"], &["policy"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = args(list).stdout(writer).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{list:?} panicked:\n{err}");
+        assert_eq!(out.status.code(), Some(0), "{list:?}: {err}");
+    }
+}

@@ -49,7 +49,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let backend = Arc::new(picked.backend);
     let what = format!("{}: {}", backend.kind().name(), backend.describe());
     if !a.json {
-        println!("backend {what}");
+        outln!("backend {what}");
     }
     let mut sizes = Vec::new();
     for &mib in &a.sizes_mib {
@@ -69,7 +69,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         s.json()
     };
     if a.json {
-        println!("{}", json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session }));
+        outln!("{}", json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session }));
     }
     Ok(Outcome::Ok)
 }
@@ -99,18 +99,18 @@ impl SizeResult {
 
     fn print(&self) {
         let mib = (self.size / MIB) as f64;
-        println!(
+        outln!(
             "import of {} MiB: untouched against populated pages ({} rounds)",
             self.size / MIB,
             self.untouched.times.len()
         );
         for (name, arm) in [("untouched pages", &self.untouched), ("populated pages", &self.populated)] {
             let ms = arm.median_ms();
-            println!("  {name:<28} median {ms:>10.3} ms  {:>8.4} ms/MiB", ms / mib);
+            outln!("  {name:<28} median {ms:>10.3} ms  {:>8.4} ms/MiB", ms / mib);
         }
-        println!("  populate (off the binding thread) median {:.3} ms", self.populate.median_ms());
-        println!("  release                            median {:.3} ms", self.release.median_ms());
-        println!("  time ratio  {:.1}x", self.ratio());
+        outln!("  populate (off the binding thread) median {:.3} ms", self.populate.median_ms());
+        outln!("  release                            median {:.3} ms", self.release.median_ms());
+        outln!("  time ratio  {:.1}x", self.ratio());
     }
 
     fn json(&self) -> serde_json::Value {
@@ -334,7 +334,7 @@ impl SessionResult {
     }
 
     fn print(&self) {
-        println!(
+        outln!(
             "session: {} pools ({} across a chunk's end), {} bindings into {} pools of the bound chunks ({} rounds, medians)",
             self.pools,
             self.crossing,
@@ -342,20 +342,33 @@ impl SessionResult {
             self.hot,
             self.arms[0].1.len()
         );
-        println!(
+        outln!(
             "  {:<30} {:>8} {:>14} {:>9} {:>11} {:>9} {:>12} {:>14}",
-            "arm", "imports", "in imports ms", "worst ms", "re-imports", "live MiB", "populate ms", "populated MiB"
+            "arm",
+            "imports",
+            "in imports ms",
+            "worst ms",
+            "re-imports",
+            "live MiB",
+            "populate ms",
+            "populated MiB"
         );
         for (name, v) in self.figures() {
-            println!(
+            outln!(
                 "  {name:<30} {:>8.0} {:>14.1} {:>9.2} {:>11.0} {:>9.0} {:>12.1} {:>14.0}",
-                v[0], v[1], v[2], v[3], v[4], v[5], v[6]
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                v[4],
+                v[5],
+                v[6]
             );
         }
         let met = |ok: bool| if ok { "met" } else { "NOT met" };
-        println!("  targets: worst import <= 2 ms, time in imports >= 10x below naive, imported memory <= +10 %");
+        outln!("  targets: worst import <= 2 ms, time in imports >= 10x below naive, imported memory <= +10 %");
         for (name, worst, ratio, extra) in self.targets() {
-            println!(
+            outln!(
                 "  {name:<30} worst {worst:.2} ms ({}), {ratio:.1}x ({}), {:+.1} % ({})",
                 met(worst <= 2.0),
                 met(ratio >= 10.0),

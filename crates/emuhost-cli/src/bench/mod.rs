@@ -132,14 +132,14 @@ impl Comparison {
 
     pub fn print(&self) {
         let calls = |a: &Arm| a.median_calls().map_or("n/a".to_string(), |c| format!("{c:.0}"));
-        println!("{} ({} rounds)", self.name, self.old.times.len());
-        println!(
+        outln!("{} ({} rounds)", self.name, self.old.times.len());
+        outln!(
             "  {:<28} median {:>10.3} ms  {:>8} system calls",
             self.old_name,
             self.old.median_ms(),
             calls(&self.old)
         );
-        println!(
+        outln!(
             "  {:<28} median {:>10.3} ms  {:>8} system calls",
             self.new_name,
             self.new.median_ms(),
@@ -148,10 +148,10 @@ impl Comparison {
         let target = |t: Option<f64>, got: f64| {
             t.map_or(String::new(), |t| format!(" (target >= {t}x: {})", if got >= t { "met" } else { "NOT met" }))
         };
-        println!("  time ratio  {:.1}x{}", self.time_ratio(), target(self.target_time, self.time_ratio()));
+        outln!("  time ratio  {:.1}x{}", self.time_ratio(), target(self.target_time, self.time_ratio()));
         match self.calls_ratio() {
-            Some(r) => println!("  calls ratio {:.1}x{}", r, target(self.target_calls, r)),
-            None => println!("  calls ratio n/a (build with the `counters` feature to count system calls)"),
+            Some(r) => outln!("  calls ratio {:.1}x{}", r, target(self.target_calls, r)),
+            None => outln!("  calls ratio n/a (build with the `counters` feature to count system calls)"),
         }
     }
 }

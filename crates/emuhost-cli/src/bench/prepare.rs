@@ -189,7 +189,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         None => json!({ "programs": a.programs, "variants": a.variants, "statements": a.statements }),
     };
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({ "bench": "prepare", "allocator": allocator_name, "usable_cpus": usable, "rounds": a.rounds,
                     "device": device, "corpus": corpus, "driver_disk_cache": a.keep_driver_cache,
@@ -197,13 +197,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         );
         return Ok(Outcome::Ok);
     }
-    println!(
+    outln!(
         "emuhost prepare: {} pipelines, allocator {allocator_name}, {usable} usable CPUs, {} rounds (medians), device {}",
         cold[0].pipelines,
         a.rounds,
         device["name"].as_str().unwrap_or("?")
     );
-    println!(
+    outln!(
         "  {:>8} | {:>10} {:>10} {:>10} {:>8} {:>9} | {:>10} {:>10} {:>8} {:>9} {:>6}",
         "workers",
         "cold ms",
@@ -220,7 +220,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     for r in &rows {
         let f = |p: &str| r.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
         let mark = if r["rule"].as_bool() == Some(true) { "*" } else { " " };
-        println!(
+        outln!(
             "  {:>7}{mark} | {:>10.1} {:>10.1} {:>10.1} {:>7.2}x {:>9.1} | {:>10.1} {:>10.1} {:>7.2}x {:>9.1} {:>6.0}",
             r["workers"].as_u64().unwrap_or(0),
             f("/cold/total_ms"),
@@ -235,9 +235,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             f("/warm/cache_hits"),
         );
     }
-    println!("  * the rule's count here: {}", rule.why);
+    outln!("  * the rule's count here: {}", rule.why);
     if !a.keep_driver_cache {
-        println!("  (the drivers' own disk caches were off: MESA_SHADER_CACHE_DISABLE=true, __GL_SHADER_DISK_CACHE=0)");
+        outln!("  (the drivers' own disk caches were off: MESA_SHADER_CACHE_DISABLE=true, __GL_SHADER_DISK_CACHE=0)");
     }
     Ok(Outcome::Ok)
 }

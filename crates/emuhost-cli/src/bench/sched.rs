@@ -263,7 +263,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         "frame_within_3pct_of_no_sleepers": none_vs_rule.old.median_ms() / none_vs_rule.new.median_ms() >= 0.97,
     });
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "bench": "sleep",
@@ -276,10 +276,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         );
         return Ok(Outcome::Ok);
     }
-    println!("short sleeps ({} rounds, medians; hybrid margin {} µs)", a.rounds, a.margin_us);
-    println!("  {:>8}  {:<20} {:>12} {:>12} {:>12}", "sleep", "method", "late p50 µs", "late p99 µs", "CPU per s");
+    outln!("short sleeps ({} rounds, medians; hybrid margin {} µs)", a.rounds, a.margin_us);
+    outln!("  {:>8}  {:<20} {:>12} {:>12} {:>12}", "sleep", "method", "late p50 µs", "late p99 µs", "CPU per s");
     for r in &rows {
-        println!(
+        outln!(
             "  {:>6}µs  {:<20} {:>12.1} {:>12.1} {:>12.3}",
             r["sleep_us"],
             r["method"].as_str().unwrap_or(""),
@@ -288,28 +288,28 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             r["cpu_per_s"].as_f64().unwrap_or(f64::NAN)
         );
     }
-    println!(
+    outln!(
         "  1 ms hybrid against the yield loop: p99 late {h_p99:.1} vs {y_p99:.1} µs at {:.0} % of its CPU ({h_cpu:.3} vs {y_cpu:.3})",
         100.0 * h_cpu / y_cpu
     );
     let met = |b: bool| if b { "met" } else { "NOT met" };
-    println!("  target: guest 20 µs on the timer <= 0.25 CPU: {timer20_cpu:.3} ({})", met(timer20_cpu <= 0.25));
-    println!(
+    outln!("  target: guest 20 µs on the timer <= 0.25 CPU: {timer20_cpu:.3} ({})", met(timer20_cpu <= 0.25));
+    outln!(
         "  target: host exact 1 ms wait p99 <= 10 µs at <= 0.05 CPU: {h_p99:.1} µs, {h_cpu:.3} ({})",
         met(h_p99 <= 10.0 && h_cpu <= 0.05)
     );
     // Comparison::print would show a calls ratio of 0/0: these arms make no counted calls.
-    println!("{} ({} rounds)", none_vs_rule.name, a.rounds);
+    outln!("{} ({} rounds)", none_vs_rule.name, a.rounds);
     for (name, arm) in [
         ("no sleepers", &none_vs_rule.old),
         ("sleepers yielding", &yield_vs_rule.old),
         ("sleepers by the rule", &none_vs_rule.new),
     ] {
-        println!("  {name:<28} median {:>10.3} ms", arm.median_ms());
+        outln!("  {name:<28} median {:>10.3} ms", arm.median_ms());
     }
     let within = none_vs_rule.old.median_ms() / none_vs_rule.new.median_ms();
-    println!("  no sleepers / the rule   {within:.3}x (target >= 0.97x: {})", met(within >= 0.97));
-    println!(
+    outln!("  no sleepers / the rule   {within:.3}x (target >= 0.97x: {})", met(within >= 0.97));
+    outln!(
         "  yielding / the rule      {:.3}x (above 1: the rule leaves the frame thread more)",
         yield_vs_rule.old.median_ms() / yield_vs_rule.new.median_ms()
     );
@@ -471,20 +471,21 @@ pub fn run_workers(a: WorkersArgs) -> anyhow::Result<Outcome> {
     let scales = machine.prepare_workers(emuhost::sched::Allocator::Scales).count;
     let locked = machine.prepare_workers(emuhost::sched::Allocator::Locked).count;
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({ "bench": "workers", "allocator": allocator, "usable_cpus": usable, "jobs": a.jobs, "rounds": a.rounds,
                     "results": rows, "prepare_workers": { "scales": scales, "locked": locked } })
         );
         return Ok(Outcome::Ok);
     }
-    println!(
+    outln!(
         "compile-like jobs ({} per round, {} rounds, medians), allocator {allocator}, {usable} usable CPUs",
-        a.jobs, a.rounds
+        a.jobs,
+        a.rounds
     );
-    println!("  {:>8} {:>12} {:>10} {:>8}", "workers", "median ms", "jobs/s", "speed-up");
+    outln!("  {:>8} {:>12} {:>10} {:>8}", "workers", "median ms", "jobs/s", "speed-up");
     for r in &rows {
-        println!(
+        outln!(
             "  {:>8} {:>12.1} {:>10.1} {:>7.2}x",
             r["workers"],
             r["median_ms"].as_f64().unwrap_or(f64::NAN),
@@ -492,6 +493,6 @@ pub fn run_workers(a: WorkersArgs) -> anyhow::Result<Outcome> {
             r["speedup"].as_f64().unwrap_or(f64::NAN)
         );
     }
-    println!("  prepare_workers on this machine: {scales} where the allocator scales, {locked} where it is locked");
+    outln!("  prepare_workers on this machine: {scales} where the allocator scales, {locked} where it is locked");
     Ok(Outcome::Ok)
 }

@@ -33,7 +33,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let commit = commit_arms(&a)?;
     let shared = shared_arms(&a)?;
     if a.json {
-        println!("{}", json!({ "bench": "space", "results": [commit.json(), shared.json()] }));
+        outln!("{}", json!({ "bench": "space", "results": [commit.json(), shared.json()] }));
     } else {
         commit.print();
         shared.print();

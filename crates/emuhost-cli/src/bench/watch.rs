@@ -147,7 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         serde_json::Value::Object(o)
     };
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "bench": "watch", "rounds": a.rounds, "size_mib": a.size_mib,
@@ -158,18 +158,18 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         );
         return Ok(Outcome::Ok);
     }
-    println!("collect over {} MiB ({} rounds; medians)", a.size_mib, a.rounds);
-    println!("  {:<36} {:>12} {:>12} {:>8}", "", "uffd", "mprotect", "ratio");
+    outln!("collect over {} MiB ({} rounds; medians)", a.size_mib, a.rounds);
+    outln!("  {:<36} {:>12} {:>12} {:>8}", "", "uffd", "mprotect", "ratio");
     let keys: Vec<String> = samples.get(&u).map(|s| s.keys().cloned().collect()).unwrap_or_default();
     for key in keys {
         let (x, y) = (med(u, &key), med(m, &key));
         let f = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
         let ratio = x.zip(y).map_or("".into(), |(x, y)| format!("{:.1}x", y / x));
-        println!("  {key:<36} {:>12} {:>12} {:>8}", f(x), f(y), ratio);
+        outln!("  {key:<36} {:>12} {:>12} {:>8}", f(x), f(y), ratio);
     }
     for kind in BACKENDS {
         let r = stress[&kind];
-        println!(
+        outln!(
             "  stress {:<9} {} writes, {} lost writes ({} collects, {} space operations beside them)",
             kind.name(),
             r.writes,
@@ -183,11 +183,11 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         Some(false) => "NOT met",
         None => "n/a",
     };
-    println!("targets:");
-    println!("  uffd clean page <= 1.5 ns: {}", met(clean.map(|c| c <= 1.5)));
-    println!("  uffd dirty page <= 40 ns (worst of 1/50/100 %: {dirty_max:.1} ns): {}", met(Some(dirty_max <= 40.0)));
-    println!("  uffd one system call per allocation: {}", met(calls.map(|c| c <= 1.0)));
-    println!("  first write >= 5x cheaper with uffd: {}", met(first_ratio.map(|r| r >= 5.0)));
-    println!("  0 lost writes: {}", met(Some(lost == 0)));
+    outln!("targets:");
+    outln!("  uffd clean page <= 1.5 ns: {}", met(clean.map(|c| c <= 1.5)));
+    outln!("  uffd dirty page <= 40 ns (worst of 1/50/100 %: {dirty_max:.1} ns): {}", met(Some(dirty_max <= 40.0)));
+    outln!("  uffd one system call per allocation: {}", met(calls.map(|c| c <= 1.0)));
+    outln!("  first write >= 5x cheaper with uffd: {}", met(first_ratio.map(|r| r >= 5.0)));
+    outln!("  0 lost writes: {}", met(Some(lost == 0)));
     Ok(Outcome::Ok)
 }

@@ -77,6 +77,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A fault switch with a bad value, or set in a build without fault injection, is bad input.
+    if let Err(e) = emuhost::faults::from_env() {
+        eprintln!("emuhost: error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Replay(a) => replay::run(a),
         Command::Ab(a) => ab::run(a),

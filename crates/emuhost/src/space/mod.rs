@@ -254,7 +254,7 @@ impl Space {
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
-        let path = if self.one_call_commit && self.res.protect(off, len, prot.raw()).is_ok() {
+        let path = if self.one_call_commit && self.res.commit(off, len, prot.raw()).is_ok() {
             CommitPath::OneCall
         } else {
             self.commit_by_regions(off, len, prot)
@@ -291,7 +291,7 @@ impl Space {
             match self.maps.query(at)? {
                 Some(r) if r.start <= at => {
                     let to = r.end.min(end);
-                    self.res.protect(at - base, to - at, prot.raw())?;
+                    self.res.commit(at - base, to - at, prot.raw())?;
                     regions += 1;
                     at = to;
                 }

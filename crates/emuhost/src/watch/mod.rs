@@ -350,6 +350,8 @@ impl Tracker {
     pub fn collect(&self, range: GuestRange) -> Result<Collected, WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
         let (a, b) = (range.start().0, range.end().0);
+        // Fault injection may make a foreign SIGSEGV here first (a no-op in the default build).
+        crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
         self.space.with_layout(range, |layout| {
             let mut inner = self.inner();
             // The spans to read: allocations and views, clipped to the range and to what is armed.

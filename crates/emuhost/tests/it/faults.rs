@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use emuhost::faults::{self, ForeignPage, Plan, Schedule};
 use emuhost::import::{Backend, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, Vulkan, error_chain};
-use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::space::{CommitPath, GuestAddr, Prot, Space, SpaceError, page_size};
 use emuhost::watch::{BackendKind, PageRun, Tracker};
 
 const MIB: u64 = 1 << 20;
@@ -212,6 +212,94 @@ child_test!(
         imports_fail_and_recover(Pin::new(), false, "mlock", &log);
     }
 );
+
+// ---- b: commit ----
+
+/// Commit under `ENOMEM` with a tracker armed over the range.
+fn commit_fails_with_enomem(kind: BackendKind, log: &Log) {
+    let p = page_size();
+    let before = census();
+    {
+        let space = Arc::new(Space::with_window(64 * p).unwrap());
+        let range = |a: u64, n: u64| space.range(a * p, n * p).unwrap();
+        // Only the one call fails: the region walk commits the range.
+        let s = faults::scoped(Plan { commit_enomem: Schedule::nth(1), ..Plan::default() });
+        let path = space.commit(range(40, 8), Prot::READ_WRITE).unwrap();
+        assert_eq!(path, CommitPath::RegionWalk { regions: 1, holes: 0 });
+        assert_eq!(s.tally().commit_failed, 1);
+        drop(s);
+        space.write(GuestAddr(41 * p), &[7]).unwrap();
+
+        // A (pages 0..16) committed and B (16..32) reserved, both armed.
+        space.commit(range(0, 16), Prot::READ_WRITE).unwrap();
+        let t = Tracker::with_backend(&space, kind).unwrap();
+        let whole = range(0, 32);
+        t.arm(whole).unwrap();
+        let allocations = space.allocations();
+
+        let check_unchanged = |e: SpaceError, t: &Tracker| {
+            assert!(matches!(&e, SpaceError::Os { op: "commit", addr: 0, len, .. } if *len == 32 * p), "{e}");
+            let src = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+            assert_eq!(src.and_then(|s| s.raw_os_error()), Some(libc::ENOMEM), "{e:?}");
+            assert_eq!(space.allocations(), allocations, "the extent map is unchanged");
+            let b = space.kernel_regions(range(16, 16)).unwrap();
+            assert!(b.iter().all(|r| !r.read && !r.write), "B stays reserved: {b:?}");
+            assert_eq!(t.collect(whole).unwrap().pages(), 0, "nothing reported");
+            // A's pages are still armed: a write is reported, once.
+            space.store(GuestAddr(3 * p + 1), &[1]).unwrap();
+            assert_eq!(
+                t.collect(whole).unwrap().runs,
+                vec![PageRun { start: GuestAddr(3 * p), pages: 1 }],
+                "a write after the failed commit is reported, not lost"
+            );
+        };
+
+        // The one call and the walk's first region fail: nothing was done.
+        let s = faults::scoped(Plan { commit_enomem: Schedule::calls(1, 2), ..Plan::default() });
+        let e = space.commit(whole, Prot::READ_WRITE).unwrap_err();
+        assert_eq!(s.tally().commit_failed, 2);
+        drop(s);
+        check_unchanged(e, &t);
+
+        // The walk commits A, then B fails: A is put back as it was.
+        let s = faults::scoped(Plan { commit_enomem: Schedule::nth(1).and(Schedule::nth(3)), ..Plan::default() });
+        let e = space.commit(whole, Prot::READ_WRITE).unwrap_err();
+        let tally = s.tally();
+        drop(s);
+        check_unchanged(e, &t);
+        assert_eq!((tally.commit_calls, tally.commit_failed), (4, 2), "A was put back (call 4)");
+
+        // Putting A back fails too: A stays committed, and is recorded and reported so.
+        let s = faults::scoped(Plan { commit_enomem: Schedule::nth(1).and(Schedule::calls(3, 4)), ..Plan::default() });
+        let e = space.commit(whole, Prot::READ_WRITE).unwrap_err();
+        drop(s);
+        assert!(matches!(&e, SpaceError::Os { op: "commit", .. }), "{e}");
+        let got = t.collect(whole).unwrap();
+        assert_eq!(got.runs, vec![PageRun { start: GuestAddr(0), pages: 16 }], "A reported, not lost");
+        space.store(GuestAddr(5 * p), &[1]).unwrap();
+        assert_eq!(t.collect(whole).unwrap().runs, vec![PageRun { start: GuestAddr(5 * p), pages: 1 }]);
+
+        // A later commit of the range works, and B is tracked from its first write.
+        assert_eq!(space.commit(whole, Prot::READ_WRITE).unwrap(), CommitPath::OneCall);
+        let extents: Vec<_> = space.allocations().iter().map(|a| a.range).collect();
+        assert_eq!(extents, vec![range(0, 16), range(16, 16), range(40, 8)], "A keeps its extent, B is new");
+        t.collect(whole).unwrap();
+        space.store(GuestAddr(20 * p), &[1]).unwrap();
+        assert_eq!(t.collect(whole).unwrap().runs, vec![PageRun { start: GuestAddr(20 * p), pages: 1 }]);
+    }
+    assert_eq!(census(), before, "mappings and descriptors are back to their count before");
+    let text = log.text();
+    assert!(text.contains("one call failed (Cannot allocate memory"), "{text}");
+    assert!(text.contains("stays committed: recorded as such"), "{text}");
+}
+
+child_test!(commit_fails_with_enomem_under_uffd, &[], |log| {
+    commit_fails_with_enomem(BackendKind::Uffd, &log);
+});
+
+child_test!(commit_fails_with_enomem_under_mprotect, &[], |log| {
+    commit_fails_with_enomem(BackendKind::Mprotect, &log);
+});
 
 // ---- d: a SIGSEGV that is not ours ----
 

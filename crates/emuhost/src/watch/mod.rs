@@ -182,10 +182,22 @@ pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
                 };
                 return Ok(Choice { kind, why });
             }
-            Err(e) => tried.push(format!("{}: {e}", kind.name())),
+            Err(e) => tried.push(format!("{}: {}", kind.name(), chain(&e))),
         }
     }
     Err(WatchError::NoBackend { tried: tried.join("; ") })
+}
+
+/// An error and its sources on one line (a backend's failure names the OS error under it).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
 }
 
 /// Arms a few pages of a small space of its own, writes one, collects, and expects exactly it.

@@ -12,10 +12,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emuhost::faults::{self, ForeignPage, Plan, Schedule};
+use emuhost::faults::{self, ForeignPage, Plan, Schedule, UffdFault};
 use emuhost::import::{Backend, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, Vulkan, error_chain};
 use emuhost::space::{CommitPath, GuestAddr, Prot, Space, SpaceError, page_size};
-use emuhost::watch::{BackendKind, PageRun, Tracker};
+use emuhost::watch::{self, BackendKind, PageRun, Tracker};
 
 const MIB: u64 = 1 << 20;
 const CHILD: &str = "EMUHOST_TEST_FAULT_CHILD";
@@ -299,6 +299,34 @@ child_test!(commit_fails_with_enomem_under_uffd, &[], |log| {
 
 child_test!(commit_fails_with_enomem_under_mprotect, &[], |log| {
     commit_fails_with_enomem(BackendKind::Mprotect, &log);
+});
+
+// ---- c: userfaultfd unavailable ----
+
+child_test!(without_userfaultfd_the_tracker_falls_back_to_mprotect_and_says_why, &[], |log| {
+    let p = page_size();
+    let before = census();
+    for (fault, says) in
+        [(UffdFault::Eperm, "Operation not permitted"), (UffdFault::Enosys, "Function not implemented")]
+    {
+        let s = faults::scoped(Plan { uffd: Some(fault), ..Plan::default() });
+        let choice = watch::choose_from(None).unwrap();
+        assert_eq!(choice.kind, BackendKind::Mprotect);
+        assert!(choice.why.contains("not uffd:") && choice.why.contains(says), "{}", choice.why);
+        let space = Arc::new(Space::with_window(16 * p).unwrap());
+        let t = Tracker::new(&space).unwrap();
+        assert_eq!(t.kind(), BackendKind::Mprotect);
+        assert!(s.tally().uffd_failed >= 2, "both choices met the fault");
+        let whole = space.range(0, 16 * p).unwrap();
+        space.commit(whole, Prot::READ_WRITE).unwrap();
+        t.arm(whole).unwrap();
+        space.store(GuestAddr(9 * p + 3), &[1]).unwrap();
+        assert_eq!(t.collect(whole).unwrap().runs, vec![PageRun { start: GuestAddr(9 * p), pages: 1 }]);
+        let text = log.text();
+        let line = text.lines().rfind(|l| l.contains("write tracking: mprotect (")).unwrap_or("");
+        assert!(line.contains("not uffd:") && line.contains(says), "{text}");
+    }
+    assert_eq!(census(), before, "mappings and descriptors are back to their count before");
 });
 
 // ---- d: a SIGSEGV that is not ours ----

@@ -99,6 +99,11 @@ fn main() -> ExitCode {
         eprintln!("emuhost: error: {e:#}");
         return ExitCode::from(2);
     }
+    // A fault switch with a bad value, or set in a build without fault injection, is bad input.
+    if let Err(e) = emuhost::faults::from_env() {
+        eprintln!("emuhost: error: {e}");
+        return ExitCode::from(2);
+    }
     let filter = std::env::var(switches::LOG).unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into()))

@@ -25,6 +25,10 @@ pub fn check(name: &str, value: &str) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if emuhost::faults::SWITCHES.contains(&name) {
+        // Checked by `emuhost::faults::from_env` where the process starts (exit 2 naming it).
+        return Ok(());
+    }
     match emuhost::switches::check(name, value) {
         Err(emuhost::switches::SwitchError::Unknown { .. }) => {
             bail!("{name:?} is not a switch emuhost reads (one of {})", names().join(", "))
@@ -51,7 +55,7 @@ pub fn check_env() -> anyhow::Result<()> {
         let Some(v) = v.to_str() else { bail!("{k} is not valid UTF-8") };
         if names().contains(&k) {
             check(k, v)?;
-        } else if !NOT_SWITCHES.contains(&k) && !k.starts_with("EMUHOST_FAULT_") {
+        } else if !NOT_SWITCHES.contains(&k) && !emuhost::faults::SWITCHES.contains(&k) {
             eprintln!("emuhost: warning: {k} is not a switch emuhost reads; see the README's table");
         }
     }

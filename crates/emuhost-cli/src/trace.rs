@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn synth_writes_a_trace_that_stats_reads() {
         let path = std::env::temp_dir().join(format!("emuhost-cli-{}-synth.trace.zst", std::process::id()));
-        synth(3, Some(path.clone())).unwrap();
+        synth(SynthConfig::default().seed(3), Some(path.clone())).unwrap();
         let s = Stats::of(FileReader::open(&path).unwrap(), 16 << 20);
         std::fs::remove_file(&path).unwrap();
         let s = s.unwrap();

@@ -10,6 +10,11 @@
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "faults")]
+pub mod faults;
+#[cfg(not(feature = "faults"))]
+#[path = "faults_disabled.rs"]
+pub mod faults;
 pub mod import;
 pub mod sched;
 pub mod space;

@@ -31,6 +31,8 @@ type CuDevicePtr = u64;
 
 const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
 const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+/// What `cuMemHostRegister` says when it cannot pin (what an injected import failure says).
+const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
 
 struct Api {
     init: unsafe extern "C" fn(c_uint) -> CuResult,
@@ -205,9 +207,14 @@ impl Backend for Cuda {
         let p = span.addr() as *mut c_void;
         let out = self.in_context(|| {
             let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
-            // SAFETY: the range lies in a mapping that stays mapped until it is unregistered (the
-            // HostSpan contract); the driver pins it and touches no byte.
-            self.check("cuMemHostRegister", unsafe { (self.api.register)(p, span.len(), flags) })?;
+            let code = if crate::faults::fail_import(len) {
+                CUDA_ERROR_OUT_OF_MEMORY
+            } else {
+                // SAFETY: the range lies in a mapping that stays mapped until it is unregistered
+                // (the HostSpan contract); the driver pins it and touches no byte.
+                unsafe { (self.api.register)(p, span.len(), flags) }
+            };
+            self.check("cuMemHostRegister", code)?;
             let mut device_ptr: CuDevicePtr = 0;
             // SAFETY: `p` was just registered with DEVICEMAP; the out-pointer is a local.
             let r = unsafe { (self.api.device_pointer)(&mut device_ptr, p, 0) };

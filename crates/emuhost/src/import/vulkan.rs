@@ -314,9 +314,14 @@ impl Vulkan {
         };
         let mut import = vk::ImportMemoryHostPointerInfoEXT::default().handle_type(HOST).host_pointer(ptr);
         let alloc = vk::MemoryAllocateInfo::default().allocation_size(len).memory_type_index(t).push_next(&mut import);
-        // SAFETY: `alloc`'s chain lives across the call; the pointer and size are aligned and lie
-        // in a mapping that stays mapped until the memory is freed (the HostSpan contract).
-        let memory = match unsafe { self.device.allocate_memory(&alloc, None) } {
+        let allocated = if crate::faults::fail_import(len) {
+            Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+        } else {
+            // SAFETY: `alloc`'s chain lives across the call; the pointer and size are aligned and
+            // lie in a mapping that stays mapped until the memory is freed (the HostSpan contract).
+            unsafe { self.device.allocate_memory(&alloc, None) }
+        };
+        let memory = match allocated {
             Ok(m) => m,
             Err(code) => {
                 give();

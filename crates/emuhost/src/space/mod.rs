@@ -251,15 +251,42 @@ impl Space {
     /// Commits `range` with `prot`. Pages already committed keep their bytes; their protection is
     /// set to `prot` again. Shared views in the range are re-protected too, but stay views (the
     /// private allocation map records only the private parts).
+    ///
+    /// A commit that fails leaves the pages as they were: the regions the walk committed before
+    /// the one that failed get their protection back. Where even that fails, the pages left
+    /// committed are recorded and told to observers as a commit (so a tracker reports them
+    /// written rather than lose their writes).
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
-        let path = if self.one_call_commit && self.res.protect(off, len, prot.raw()).is_ok() {
-            CommitPath::OneCall
-        } else {
-            self.commit_by_regions(off, len, prot)
-                .map_err(|source| SpaceError::os("commit", range.start().0, range.len(), source))?
+        let path = match self.one_call_commit.then(|| self.res.commit(off, len, prot.raw())) {
+            Some(Ok(())) => CommitPath::OneCall,
+            first => {
+                if let Some(Err(e)) = first {
+                    tracing::debug!("commit of {range}: one call failed ({e}); walking it region by region");
+                }
+                match self.commit_by_regions(off, len, prot) {
+                    Ok(path) => path,
+                    Err((source, left)) => {
+                        let base = self.res.base();
+                        for (s, e) in left {
+                            let part = GuestRange::from_bounds((s - base) as u64, (e - base) as u64)
+                                .expect("regions are page-aligned");
+                            tracing::warn!("commit of {range} failed and {part} stays committed: recorded as such");
+                            let path = CommitPath::RegionWalk { regions: 1, holes: 0 };
+                            self.record_commit(&mut st, part, prot, path);
+                        }
+                        return Err(SpaceError::os("commit", range.start().0, range.len(), source));
+                    }
+                }
+            }
         };
+        self.record_commit(&mut st, range, prot, path);
+        Ok(path)
+    }
+
+    /// Records a commit that was made: extents and observers.
+    fn record_commit(&self, st: &mut State, range: GuestRange, prot: Prot, path: CommitPath) {
         let gen_ = st.next_generation();
         let (a, b) = (range.start().0, range.end().0);
         // Allocations the commit runs over keep their extent but change generation: their commit
@@ -277,33 +304,64 @@ impl Space {
             st.extents.insert(x, y, gen_);
         }
         st.tell(self, Change::Committed { range, prot, path });
-        Ok(path)
     }
 
     /// The old way: ask the kernel region by region and commit each region on its own; a gap
-    /// with nothing mapped (released behind the space's back) gets fresh pages.
-    fn commit_by_regions(&self, off: usize, len: usize, prot: Prot) -> std::io::Result<CommitPath> {
+    /// with nothing mapped (released behind the space's back) gets fresh pages. Where a region
+    /// fails, those done before it are put back as they were (their protection; a filled hole
+    /// reserved again); the error comes with the host ranges that could not be put back.
+    fn commit_by_regions(
+        &self,
+        off: usize,
+        len: usize,
+        prot: Prot,
+    ) -> Result<CommitPath, (std::io::Error, Vec<(usize, usize)>)> {
         let base = self.res.base();
         let (start, end) = (base + off, base + off + len);
         let (mut regions, mut holes) = (0, 0);
+        // What was done: host range and its protection before (`None`: a hole filled).
+        let mut done: Vec<(usize, usize, Option<crate::sys::mm::RawProt>)> = Vec::new();
         let mut at = start;
-        while at < end {
-            match self.maps.query(at)? {
-                Some(r) if r.start <= at => {
-                    let to = r.end.min(end);
-                    self.res.protect(at - base, to - at, prot.raw())?;
-                    regions += 1;
-                    at = to;
-                }
-                next => {
-                    let to = next.map_or(end, |r| r.start.min(end));
-                    self.res.fill_hole(at - base, to - at, prot.raw())?;
-                    holes += 1;
-                    at = to;
+        let walked = (|| {
+            while at < end {
+                match self.maps.query(at)? {
+                    Some(r) if r.start <= at => {
+                        let to = r.end.min(end);
+                        self.res.commit(at - base, to - at, prot.raw())?;
+                        let before = crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec };
+                        done.push((at, to, Some(before)));
+                        regions += 1;
+                        at = to;
+                    }
+                    next => {
+                        let to = next.map_or(end, |r| r.start.min(end));
+                        self.res.fill_hole(at - base, to - at, prot.raw())?;
+                        done.push((at, to, None));
+                        holes += 1;
+                        at = to;
+                    }
                 }
             }
+            Ok(())
+        })();
+        match walked {
+            Ok(()) => Ok(CommitPath::RegionWalk { regions, holes }),
+            Err(e) => {
+                let mut left = Vec::new();
+                for (s, t, before) in done.into_iter().rev() {
+                    let undone = match before {
+                        Some(p) => self.res.commit(s - base, t - s, p),
+                        None => self.res.reset(s - base, t - s),
+                    };
+                    if let Err(u) = undone {
+                        tracing::warn!("commit walk: putting {:#x}..{:#x} back failed: {u}", s - base, t - base);
+                        left.push((s, t));
+                    }
+                }
+                left.reverse();
+                Err((e, left))
+            }
         }
-        Ok(CommitPath::RegionWalk { regions, holes })
     }
 
     /// Decommits (releases) `range`: its pages are dropped and it is reserved again. Private

@@ -186,10 +186,22 @@ pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
                 };
                 return Ok(Choice { kind, why });
             }
-            Err(e) => tried.push(format!("{}: {e}", kind.name())),
+            Err(e) => tried.push(format!("{}: {}", kind.name(), chain(&e))),
         }
     }
     Err(WatchError::NoBackend { tried: tried.join("; ") })
+}
+
+/// An error and its sources on one line (a backend's failure names the OS error under it).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
 }
 
 /// Arms a few pages of a small space of its own, writes one, collects, and expects exactly it.
@@ -354,6 +366,8 @@ impl Tracker {
     pub fn collect(&self, range: GuestRange) -> Result<Collected, WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
         let (a, b) = (range.start().0, range.end().0);
+        // Fault injection may make a foreign SIGSEGV here first (a no-op in the default build).
+        crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
         self.space.with_layout(range, |layout| {
             let mut inner = self.inner();
             // The spans to read: allocations and views, clipped to the range and to what is armed.

@@ -1,6 +1,8 @@
 //! emuhost's integration tests, in one binary. Each test makes its own `Space`, so they run in
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
+#[cfg(feature = "faults")]
+mod faults;
 mod import;
 mod prepare;
 mod replay;

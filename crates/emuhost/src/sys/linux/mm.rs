@@ -114,6 +114,16 @@ impl Reservation {
         unsafe { rustix::mm::mprotect(p, len, prot.mprotect_flags()) }.map_err(Into::into)
     }
 
+    /// A commit's `mprotect` of `off..off + len` (see [`Reservation::protect`]); the call fault
+    /// injection can make fail with `ENOMEM`.
+    pub fn commit(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
+        if crate::faults::fail_commit_call() {
+            self.span(off, len)?;
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        }
+        self.protect(off, len, prot)
+    }
+
     /// Returns `off..off + len` to reserved: fresh anonymous `PROT_NONE` `MAP_NORESERVE` pages
     /// replace whatever was there (private pages or a shared view) in one `mmap`.
     pub fn reset(&self, off: usize, len: usize) -> io::Result<()> {
@@ -137,6 +147,10 @@ impl Reservation {
     /// that is still mapped.
     pub fn fill_hole(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
         let p = self.span(off, len)?;
+        // Only a commit fills holes: a call fault injection may fail.
+        if crate::faults::fail_commit_call() {
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        }
         count(Call::Mmap);
         // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped, inside the `span`-checked
         // range this reservation owns; it never replaces a mapping.

@@ -2,6 +2,8 @@
 //! region queries, write tracking (userfaultfd + `PAGEMAP_SCAN`, `mprotect` + `SIGSEGV`,
 //! soft-dirty), and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
 
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod mm;
 pub mod pin;
 pub mod probe;

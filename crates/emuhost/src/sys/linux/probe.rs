@@ -19,6 +19,9 @@ pub fn affinity_cpus() -> io::Result<usize> {
 
 /// Opens a userfaultfd that handles user-mode faults only (no privilege needed for that).
 pub fn userfaultfd() -> io::Result<OwnedFd> {
+    if let Some(errno) = crate::faults::uffd_errno() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
     // SAFETY: the userfaultfd system call takes flags only and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY) };
     if fd < 0 {

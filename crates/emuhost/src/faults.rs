@@ -1,0 +1,454 @@
+//! Fault injection (cargo feature `faults`, off by default): chosen driver and system calls fail
+//! as they do on a machine short of memory or without userfaultfd, so that the recovery paths run
+//! in tests and under `emuhost replay`.
+//!
+//! Each fault is made where the real failure comes from, and returns the error the real call
+//! returns, so everything above sees what it would see from the driver or the kernel:
+//! - an import: the backend's driver call (`mlock` for pin, `vkAllocateMemory` with the host
+//!   pointer for Vulkan, `cuMemHostRegister` for CUDA) fails (`ENOMEM`,
+//!   `VK_ERROR_OUT_OF_DEVICE_MEMORY`, `CUDA_ERROR_OUT_OF_MEMORY`) and the backend's own error
+//!   path runs; the Nth imports (a [`Schedule`]) and/or every import above a size fail;
+//! - a commit: the `mprotect` of the one-call commit and the `mprotect`/`mmap` of each region of
+//!   the region walk count as calls, and the calls the schedule names fail with `ENOMEM`;
+//! - userfaultfd: the `userfaultfd` system call fails with `EPERM` or `ENOSYS`;
+//! - a `SIGSEGV` that is not emuhost's: [`ForeignPage`] installs a handler before emuhost's and
+//!   owns a page only it resolves.
+//!
+//! A plan set from code ([`scoped`]) holds for the calling thread until its [`Scope`] drops, so
+//! tests running beside each other do not see each other's faults. The `EMUHOST_FAULT_*` switches
+//! set one plan for the whole process (read at the first hook, or by [`from_env`]). Counts (the
+//! Nth import) are per plan.
+//!
+//! A schedule names 1-based call numbers: `N` (the Nth), `N-M` (the Nth to the Mth), `N-` (the
+//! Nth and every one after), `%K` (every Kth), several separated by commas (`2,%10`).
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+#[path = "faults_common.rs"]
+mod common;
+pub use common::*;
+
+pub use crate::sys::faults::ForeignPage;
+
+/// Whether this build can inject faults.
+pub const ENABLED: bool = true;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Item {
+    /// The calls `from..=to` (1-based).
+    Calls(u64, u64),
+    /// Every Kth call.
+    Every(u64),
+}
+
+/// Which calls fail, by their 1-based number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Schedule(Vec<Item>);
+
+impl Schedule {
+    /// No call.
+    pub fn never() -> Self {
+        Self::default()
+    }
+
+    /// The `n`th call.
+    pub fn nth(n: u64) -> Self {
+        Self::calls(n, n)
+    }
+
+    /// The calls `from..=to`.
+    pub fn calls(from: u64, to: u64) -> Self {
+        Self(vec![Item::Calls(from, to)])
+    }
+
+    /// The `n`th call and every one after it.
+    pub fn from_nth(n: u64) -> Self {
+        Self::calls(n, u64::MAX)
+    }
+
+    /// Every `k`th call.
+    pub fn every(k: u64) -> Self {
+        Self(vec![Item::Every(k.max(1))])
+    }
+
+    /// The calls either schedule names.
+    pub fn and(mut self, other: Schedule) -> Self {
+        self.0.extend(other.0);
+        self
+    }
+
+    /// Whether the `n`th call (1-based) fails.
+    pub fn hits(&self, n: u64) -> bool {
+        self.0.iter().any(|i| match *i {
+            Item::Calls(a, b) => a <= n && n <= b,
+            Item::Every(k) => n.is_multiple_of(k),
+        })
+    }
+
+    pub fn is_never(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromStr for Schedule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let num = |t: &str| -> Result<u64, String> {
+            match t.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{t:?} is not a call number (1, 2, ...)")),
+            }
+        };
+        let mut items = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            items.push(if let Some(k) = part.strip_prefix('%') {
+                Item::Every(num(k)?)
+            } else if let Some((a, b)) = part.split_once('-') {
+                let a = num(a)?;
+                let b = if b.trim().is_empty() { u64::MAX } else { num(b)? };
+                if b < a {
+                    return Err(format!("{part:?} ends before it starts"));
+                }
+                Item::Calls(a, b)
+            } else {
+                let n = num(part)?;
+                Item::Calls(n, n)
+            });
+        }
+        Ok(Schedule(items))
+    }
+}
+
+/// How opening a userfaultfd fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UffdFault {
+    /// `EPERM`: unprivileged userfaultfd turned off (`vm.unprivileged_userfaultfd=0`, a seccomp
+    /// filter).
+    Eperm,
+    /// `ENOSYS`: a kernel built without userfaultfd.
+    Enosys,
+}
+
+impl UffdFault {
+    pub fn errno(self) -> i32 {
+        match self {
+            UffdFault::Eperm => libc::EPERM,
+            UffdFault::Enosys => libc::ENOSYS,
+        }
+    }
+}
+
+/// The faults to inject.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Which imports fail.
+    pub import: Schedule,
+    /// Imports of more bytes than this fail.
+    pub import_above: Option<u64>,
+    /// Which of the system calls commits make fail with `ENOMEM`.
+    pub commit_enomem: Schedule,
+    /// Opening a userfaultfd fails so.
+    pub uffd: Option<UffdFault>,
+}
+
+impl Plan {
+    /// The plan the `EMUHOST_FAULT_*` switches describe (`None` where no fault is asked for), and
+    /// whether `EMUHOST_FAULT_FOREIGN_SEGV` asks for a foreign handler.
+    pub fn from_env() -> Result<(Option<Plan>, bool), FaultError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Plan::from_env`] with the switches' values given.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<(Option<Plan>, bool), FaultError> {
+        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let bad = |name: &'static str, value: &str, why: String| FaultError::BadSwitch {
+            name,
+            value: value.to_string(),
+            why,
+        };
+        let mut plan = Plan::default();
+        if let Some(v) = get(IMPORT_SWITCH) {
+            plan.import = v.parse().map_err(|why| bad(IMPORT_SWITCH, &v, why))?;
+        }
+        if let Some(v) = get(IMPORT_ABOVE_SWITCH) {
+            let mb: u64 = v.trim().parse().map_err(|_| bad(IMPORT_ABOVE_SWITCH, &v, "MiB as an integer".into()))?;
+            plan.import_above =
+                Some(mb.checked_mul(1 << 20).ok_or_else(|| bad(IMPORT_ABOVE_SWITCH, &v, "too large".into()))?);
+        }
+        if let Some(v) = get(COMMIT_SWITCH) {
+            plan.commit_enomem = v.parse().map_err(|why| bad(COMMIT_SWITCH, &v, why))?;
+        }
+        if let Some(v) = get(UFFD_SWITCH) {
+            plan.uffd = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "eperm" => UffdFault::Eperm,
+                "enosys" => UffdFault::Enosys,
+                _ => return Err(bad(UFFD_SWITCH, &v, "expected eperm or enosys".into())),
+            });
+        }
+        let foreign = match get(FOREIGN_SEGV_SWITCH) {
+            None => false,
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "0" | "false" | "off" | "no" => false,
+                "1" | "true" | "on" | "yes" => true,
+                _ => return Err(bad(FOREIGN_SEGV_SWITCH, &v, "expected 1 or 0".into())),
+            },
+        };
+        Ok(((plan != Plan::default()).then_some(plan), foreign))
+    }
+}
+
+/// What a plan has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Imports seen and failed.
+    pub imports: u64,
+    pub imports_failed: u64,
+    /// Commit system calls seen and failed.
+    pub commit_calls: u64,
+    pub commit_failed: u64,
+    /// userfaultfd opens failed.
+    pub uffd_failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Active {
+    plan: Plan,
+    imports: AtomicU64,
+    imports_failed: AtomicU64,
+    commit_calls: AtomicU64,
+    commit_failed: AtomicU64,
+    uffd_failed: AtomicU64,
+}
+
+impl Active {
+    fn tally(&self) -> Tally {
+        Tally {
+            imports: self.imports.load(Relaxed),
+            imports_failed: self.imports_failed.load(Relaxed),
+            commit_calls: self.commit_calls.load(Relaxed),
+            commit_failed: self.commit_failed.load(Relaxed),
+            uffd_failed: self.uffd_failed.load(Relaxed),
+        }
+    }
+}
+
+thread_local! {
+    static SCOPED: RefCell<Option<Arc<Active>>> = const { RefCell::new(None) };
+    static PAUSED: Cell<u32> = const { Cell::new(0) };
+}
+
+struct Process {
+    plan: Option<Arc<Active>>,
+    foreign: bool,
+}
+
+static PROCESS: OnceLock<Result<Process, FaultError>> = OnceLock::new();
+
+fn process() -> &'static Result<Process, FaultError> {
+    PROCESS.get_or_init(|| {
+        let (plan, foreign) = Plan::from_env()?;
+        if let Some(p) = &plan {
+            tracing::warn!("fault injection on for this process: {p:?}");
+        }
+        if foreign {
+            tracing::warn!("fault injection: a foreign SIGSEGV before each collect ({FOREIGN_SEGV_SWITCH}=1)");
+        }
+        Ok(Process { plan: plan.map(|plan| Arc::new(Active { plan, ..Active::default() })), foreign })
+    })
+}
+
+/// Reads the `EMUHOST_FAULT_*` switches into the process's plan (once; later calls return the
+/// first answer). An error names the bad switch and value; the hooks then inject nothing.
+pub fn from_env() -> Result<(), FaultError> {
+    process().as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+/// What the process's plan (the switches') has done, if there is one.
+pub fn process_tally() -> Option<Tally> {
+    process().as_ref().ok()?.plan.as_ref().map(|a| a.tally())
+}
+
+/// A plan in force on the thread that made it, until dropped (the plan before it comes back).
+#[must_use = "the plan holds only while the scope lives"]
+pub struct Scope {
+    active: Arc<Active>,
+    before: Option<Arc<Active>>,
+}
+
+impl Scope {
+    /// What the plan has done so far.
+    pub fn tally(&self) -> Tally {
+        self.active.tally()
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        SCOPED.with(|s| *s.borrow_mut() = self.before.take());
+    }
+}
+
+/// Puts `plan` in force on this thread (over the process's plan) until the scope drops.
+pub fn scoped(plan: Plan) -> Scope {
+    let active = Arc::new(Active { plan, ..Active::default() });
+    let before = SCOPED.with(|s| s.borrow_mut().replace(active.clone()));
+    Scope { active, before }
+}
+
+fn active() -> Option<Arc<Active>> {
+    if PAUSED.with(Cell::get) > 0 {
+        return None;
+    }
+    if let Some(a) = SCOPED.with(|s| s.borrow().clone()) {
+        return Some(a);
+    }
+    match process() {
+        Ok(p) => p.plan.clone(),
+        Err(e) => {
+            static SAID: OnceLock<()> = OnceLock::new();
+            SAID.get_or_init(|| tracing::error!("fault injection off: {e}"));
+            None
+        }
+    }
+}
+
+/// Counts an import of `len` bytes; whether it must fail.
+pub(crate) fn fail_import(len: u64) -> bool {
+    let Some(a) = active() else { return false };
+    let n = a.imports.fetch_add(1, Relaxed) + 1;
+    let above = a.plan.import_above.is_some_and(|max| len > max);
+    let fail = above || a.plan.import.hits(n);
+    if fail {
+        a.imports_failed.fetch_add(1, Relaxed);
+        let why = if above { "larger than the size given" } else { "its number is in the schedule" };
+        tracing::warn!("fault injected: import {n} ({len:#x} bytes) fails: {why}");
+    }
+    fail
+}
+
+/// Counts a system call of a commit; whether it must fail (with `ENOMEM`).
+pub(crate) fn fail_commit_call() -> bool {
+    let Some(a) = active() else { return false };
+    let n = a.commit_calls.fetch_add(1, Relaxed) + 1;
+    let fail = a.plan.commit_enomem.hits(n);
+    if fail {
+        a.commit_failed.fetch_add(1, Relaxed);
+        tracing::warn!("fault injected: commit system call {n} fails with ENOMEM");
+    }
+    fail
+}
+
+/// The error opening a userfaultfd must fail with, if any.
+pub(crate) fn uffd_errno() -> Option<i32> {
+    let a = active()?;
+    let f = a.plan.uffd?;
+    a.uffd_failed.fetch_add(1, Relaxed);
+    tracing::warn!("fault injected: userfaultfd fails with {f:?}");
+    Some(f.errno())
+}
+
+/// Runs `f` with no fault injected on this thread (a backend's start-up check: a fault there would
+/// only pass the backend over, never reach the importer).
+pub(crate) fn unfaulted<R>(f: impl FnOnce() -> R) -> R {
+    struct Unpause;
+    impl Drop for Unpause {
+        fn drop(&mut self) {
+            PAUSED.with(|p| p.set(p.get() - 1));
+        }
+    }
+    PAUSED.with(|p| p.set(p.get() + 1));
+    let _unpause = Unpause;
+    f()
+}
+
+/// Called just before emuhost installs its `SIGSEGV` handler: with `EMUHOST_FAULT_FOREIGN_SEGV=1`
+/// the foreign handler goes in first.
+pub(crate) fn before_segv_install() {
+    if process().as_ref().is_ok_and(|p| p.foreign)
+        && let Err(e) = ForeignPage::install()
+    {
+        tracing::error!("fault injection: the foreign SIGSEGV handler could not be installed: {e}");
+    }
+}
+
+/// Called at each collect: with `EMUHOST_FAULT_FOREIGN_SEGV=1`, faults once on the foreign page;
+/// an error where its handler did not resolve the fault exactly once.
+pub(crate) fn at_collect() -> io::Result<()> {
+    if !process().as_ref().is_ok_and(|p| p.foreign) {
+        return Ok(());
+    }
+    let page = ForeignPage::install()?;
+    let (calls, resolved) = (page.calls(), page.resolved());
+    if page.touch(0x5a)? != 0x5a {
+        return Err(io::Error::other("a store to the foreign page did not complete"));
+    }
+    let (calls, resolved) = (page.calls() - calls, page.resolved() - resolved);
+    if (calls, resolved) != (1, 1) {
+        return Err(io::Error::other(format!(
+            "a foreign SIGSEGV reached its own handler {calls} times ({resolved} resolved), not once"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_parse_and_hit_the_calls_they_name() {
+        let s: Schedule = "2, 5-6,%10".parse().unwrap();
+        let hit: Vec<u64> = (1..=20).filter(|&n| s.hits(n)).collect();
+        assert_eq!(hit, vec![2, 5, 6, 10, 20]);
+        let s: Schedule = "3-".parse().unwrap();
+        assert!(!s.hits(2) && s.hits(3) && s.hits(u64::MAX));
+        assert!("".parse::<Schedule>().unwrap().is_never());
+        for bad in ["0", "x", "%0", "4-2", "-3", "1-x"] {
+            assert!(bad.parse::<Schedule>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn switches_make_a_plan_and_a_bad_value_is_named() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(Plan::from_vars(vars(&[])).unwrap(), (None, false));
+        let (plan, foreign) = Plan::from_vars(vars(&[
+            (IMPORT_SWITCH, "3"),
+            (IMPORT_ABOVE_SWITCH, "16"),
+            (COMMIT_SWITCH, "1-2"),
+            (UFFD_SWITCH, "ENOSYS"),
+            (FOREIGN_SEGV_SWITCH, "1"),
+        ]))
+        .unwrap();
+        let plan = plan.unwrap();
+        assert!(foreign);
+        assert_eq!(plan.import, Schedule::nth(3));
+        assert_eq!(plan.import_above, Some(16 << 20));
+        assert_eq!(plan.commit_enomem, Schedule::calls(1, 2));
+        assert_eq!(plan.uffd, Some(UffdFault::Enosys));
+        let e = Plan::from_vars(vars(&[(UFFD_SWITCH, "sometimes")])).unwrap_err();
+        assert!(e.to_string().contains("EMUHOST_FAULT_UFFD=\"sometimes\""), "{e}");
+        let e = Plan::from_vars(vars(&[(IMPORT_SWITCH, "0")])).unwrap_err();
+        assert!(e.to_string().contains("EMUHOST_FAULT_IMPORT=\"0\""), "{e}");
+    }
+
+    #[test]
+    fn a_scoped_plan_counts_on_its_thread_only_and_goes_with_its_scope() {
+        let s = scoped(Plan { import: Schedule::nth(2), import_above: Some(100), ..Plan::default() });
+        assert!(!fail_import(10));
+        assert!(std::thread::spawn(|| !fail_import(1000)).join().unwrap(), "another thread has no plan");
+        assert!(fail_import(10));
+        assert!(fail_import(101));
+        assert!(!unfaulted(|| fail_import(101)));
+        assert_eq!((s.tally().imports, s.tally().imports_failed), (3, 2));
+        drop(s);
+        assert!(!fail_import(1000));
+    }
+}

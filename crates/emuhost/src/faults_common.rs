@@ -1,0 +1,26 @@
+//! What both builds of fault injection share: the switches' names and the error of a bad one.
+
+/// Which imports fail (a schedule, see [`crate::faults`]), counted over every import the
+/// backends make after start-up (the start-up check's own imports are not counted).
+pub const IMPORT_SWITCH: &str = "EMUHOST_FAULT_IMPORT";
+/// Imports of more than this many MiB fail.
+pub const IMPORT_ABOVE_SWITCH: &str = "EMUHOST_FAULT_IMPORT_ABOVE_MB";
+/// Which of the system calls a commit makes fail with `ENOMEM` (a schedule).
+pub const COMMIT_SWITCH: &str = "EMUHOST_FAULT_COMMIT_ENOMEM";
+/// `eperm` or `enosys`: opening a userfaultfd fails so.
+pub const UFFD_SWITCH: &str = "EMUHOST_FAULT_UFFD";
+/// `1`: a `SIGSEGV` handler is installed before emuhost's, and every collect first faults on a
+/// page of its own that only that handler resolves.
+pub const FOREIGN_SEGV_SWITCH: &str = "EMUHOST_FAULT_FOREIGN_SEGV";
+
+/// Every fault switch.
+pub const SWITCHES: [&str; 5] = [IMPORT_SWITCH, IMPORT_ABOVE_SWITCH, COMMIT_SWITCH, UFFD_SWITCH, FOREIGN_SEGV_SWITCH];
+
+/// A fault switch that cannot be honoured.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FaultError {
+    #[error("{name}={value:?}: {why}")]
+    BadSwitch { name: &'static str, value: String, why: String },
+    #[error("{name} is set, but this build has no fault injection (build with the cargo feature `faults`)")]
+    NotBuilt { name: &'static str },
+}

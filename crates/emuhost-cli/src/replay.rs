@@ -216,6 +216,7 @@ pub fn summary(r: &ReplayReport) -> Value {
         "import_ms": ms(r.import_time),
         "worst_import_ms": ms(r.worst_import),
         "import_failures": r.import_failures,
+        "bind_failures": r.bind_failures,
         "live_import_mib_end": mib(r.live_import_bytes_end),
         "live_import_mib_peak": mib(r.live_import_bytes_peak),
         "collects": r.collects,
@@ -301,12 +302,13 @@ fn print_table(r: &ReplayReport, s: &Value) {
     }
     outln!("imports");
     outln!(
-        "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed",
+        "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed; {} bindings went without",
         r.imports,
         r.reimports,
         f("import_ms"),
         f("worst_import_ms"),
-        r.import_failures
+        r.import_failures,
+        r.bind_failures
     );
     outln!(
         "  live imported {:.0} MiB at the end, {:.0} MiB at peak",

@@ -53,3 +53,41 @@ end 8
     let choice = err.lines().find(|l| l.contains("write tracking: mprotect (")).unwrap_or_default();
     assert!(choice.contains("Operation not permitted"), "{err}");
 }
+
+#[cfg(feature = "faults")]
+#[test]
+fn a_replay_goes_on_past_bindings_whose_import_fails() {
+    // Three bindings in three chunks, then the first chunk again: import 2 fails, its binding goes
+    // without (cooling holds the range), the replay goes on to the end and releases everything.
+    const TRACE: &str = "emuhost-trace 1 window=0x8000000000
+0 g0 commit 0x1000000000 0x4000000 rw-
+1 r frame 0
+2 r bind 0x1000000000 0x1000
+3 r bind 0x1001000000 0x1000
+4 r frame 1
+5 r bind 0x1002000000 0x1000
+6 r bind 0x1001000000 0x1000
+7 r frame 2
+end 8
+";
+    let dir = std::env::temp_dir().join(format!("emuhost-cli-faults-bind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = dir.join("binds.trace");
+    std::fs::write(&t, TRACE).unwrap();
+    let out = emuhost()
+        .arg("replay")
+        .arg(&t)
+        .arg("--json")
+        .env("EMUHOST_IMPORT_CHUNK_MB", "1")
+        .env("EMUHOST_FAULT_IMPORT", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["frames"], 3, "{v}");
+    // Binding 2 failed; binding 4 found its range cooling.
+    assert_eq!((v["imports"].as_u64(), v["import_failures"].as_u64()), (Some(2), Some(1)), "{v}");
+    assert_eq!(v["bind_failures"], 2, "{v}");
+    assert!(err.contains("fault injected: import 2"), "{err}");
+}

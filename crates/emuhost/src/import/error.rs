@@ -51,3 +51,12 @@ pub enum ImportError {
     #[error("{name}={value:?}: {why}")]
     BadSwitch { name: &'static str, value: String, why: &'static str },
 }
+
+impl ImportError {
+    /// Whether this is the importer refusing one binding at run time (the driver failed the
+    /// import, or the range is cooling after it did) rather than a bad binding or setting: a
+    /// caller goes on without the import.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, ImportError::Import { .. } | ImportError::Cooling { .. })
+    }
+}

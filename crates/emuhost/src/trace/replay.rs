@@ -107,6 +107,9 @@ pub struct ReplayReport {
     pub host_sleeps: SleepFigures,
     /// Freed ranges zeroed in place because a live import covered them.
     pub zeroed_under_import: u64,
+    /// Bindings the importer could not import (the driver refused, or the range was cooling after
+    /// it did): the replay goes on, as a game does (it would copy instead).
+    pub bind_failures: u64,
 }
 
 enum Msg {
@@ -141,6 +144,7 @@ struct ThreadFigures {
     guest_sleeps: SleepFigures,
     host_sleeps: SleepFigures,
     zeroed: u64,
+    bind_failures: u64,
     error: Option<ReplayError>,
 }
 
@@ -222,13 +226,21 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                 }
                 Event::Bind { addr, size } => {
                     let t = Instant::now();
-                    let bound = sh.importer.bind(addr.0, size).map_err(|e| failed(line, &r, e))?;
+                    let bound = match sh.importer.bind(addr.0, size) {
+                        Ok(b) => Some(b),
+                        // The importer logged it and holds the range cooling: the game goes on.
+                        Err(e) if e.is_refused() => {
+                            f.bind_failures += 1;
+                            None
+                        }
+                        Err(e) => return Err(failed(line, &r, e)),
+                    };
                     let took = t.elapsed();
                     if let Some(fr) = frame.as_mut() {
                         fr.runtime += took;
                         // A binding makes at most one import (the spanned range or, failing
                         // that, the plain one).
-                        if bound.made {
+                        if bound.is_some_and(|b| b.made) {
                             fr.imports += took;
                             fr.imports_made += 1;
                         }
@@ -470,6 +482,7 @@ pub fn replay(
         add_sleeps(&mut report.guest_sleeps, f.guest_sleeps);
         add_sleeps(&mut report.host_sleeps, f.host_sleeps);
         report.zeroed_under_import += f.zeroed;
+        report.bind_failures += f.bind_failures;
     }
     report.frames.sort_by_key(|f| f.index);
     let collects = sh.collects.into_inner().unwrap_or_else(|p| p.into_inner());

@@ -33,7 +33,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
-pub use stress::{StressReport, stress};
+pub use stress::{StressOps, StressReport, stress};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Space, SpaceError, page_size};
@@ -331,18 +331,38 @@ impl Tracker {
     /// Makes the armed pages of `range` writable by the host (a `read(2)` into guest memory, a
     /// copy by the kernel) and reports them written at the next collect. With the mprotect backend
     /// such a write would fail with `EFAULT` otherwise; the other backends need nothing.
+    ///
+    /// A collect on another thread between this and the write arms the pages again (and the
+    /// write fails): use [`Tracker::host_write`] where collects run concurrently.
     pub fn prepare_host_write(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
+        self.space.with_layout(range, |_| self.prepare_locked(&self.inner(), range))
+    }
+
+    fn prepare_locked(&self, inner: &Inner, range: GuestRange) -> Result<(), WatchError> {
+        let (a, b) = (range.start().0, range.end().0);
+        for (s, e, _) in inner.armed.overlapping(a, b) {
+            let (s, e) = clip(a, b, s, e).expect("overlapping");
+            self.backend.prepare_host_write(self.host(s), self.host(e)).map_err(|err| self.os("prepare", range, err))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `write`, a write by the host through the kernel over `range` ([`Space::write`],
+    /// [`Space::populate`], [`Space::zero`]), with the armed pages there prepared for it as
+    /// [`Tracker::prepare_host_write`] does. Where the backend needs that preparation (mprotect),
+    /// no collect runs between it and the write, so none arms the pages again in between (the
+    /// write would fail with `EFAULT`); the others need nothing and take no lock. `write` must
+    /// not commit, release, protect or map (those wait for the lock held here).
+    pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
+        let range = self.space.range(range.start().0, range.len())?;
+        if !self.backend.needs_host_write_prepare() {
+            return Ok(write());
+        }
         self.space.with_layout(range, |_| {
             let inner = self.inner();
-            let (a, b) = (range.start().0, range.end().0);
-            for (s, e, _) in inner.armed.overlapping(a, b) {
-                let (s, e) = clip(a, b, s, e).expect("overlapping");
-                self.backend
-                    .prepare_host_write(self.host(s), self.host(e))
-                    .map_err(|err| self.os("prepare", range, err))?;
-            }
-            Ok(())
+            self.prepare_locked(&inner, range)?;
+            Ok(write())
         })
     }
 

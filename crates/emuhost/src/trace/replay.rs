@@ -212,9 +212,10 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     let (a, b) = (lo.0, lo.0 + size);
                     if sh.importer.imports().iter().any(|p| p.lo < b && a < p.hi) {
                         // Pages under a live GPU import stay mapped: zero them instead (a write
-                        // by the kernel, which armed pages must be prepared for).
-                        sh.tracker.prepare_host_write(g).map_err(|e| failed(line, &r, e))?;
-                        sh.space.zero(g).map_err(|e| failed(line, &r, e))?;
+                        // by the kernel, which armed pages must be prepared for, with no collect
+                        // on the render thread arming them again in between).
+                        let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
+                        zeroed.map_err(|e| failed(line, &r, e))?.map_err(|e| failed(line, &r, e))?;
                         f.zeroed += 1;
                     } else {
                         sh.space.decommit(g).map_err(|e| failed(line, &r, e))?;

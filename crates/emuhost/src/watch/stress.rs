@@ -64,21 +64,57 @@ pub struct StressReport {
 /// A write's page and the collect epochs read before and after it.
 type Logged = (u32, u32, u32);
 
-/// A background thread of the stress: runs `step` until told to stop, at least once.
+/// The fewest steps of the host writer, the populator and the mutator, and the fewest collects,
+/// a run makes: the CPU writers go on past their count until all are reached, so every kind of
+/// operation runs beside the others however the threads are scheduled.
+const MIN_STEPS: [u64; 3] = [1000, 500, 100];
+const MIN_COLLECTS: u64 = 200;
+
+/// What the threads of a run share to pace themselves.
+struct Pace {
+    /// The collect epoch: collect `n` raises it to `n` first.
+    epoch: AtomicU64,
+    /// Steps made by the host writer, the populator and the mutator.
+    steps: [AtomicU64; 3],
+    /// Every minimum reached (or a thread failed): the CPU writers may stop.
+    enough: AtomicBool,
+    /// The CPU writers are done: the background threads stop.
+    stop: AtomicBool,
+}
+
+/// Background thread `k` of the stress: runs `step` until told to stop, at least once, and at most
+/// `per_collect` times between two collects (so that no kind of operation starves the others of
+/// the locks they share).
 fn background(
-    stop: &Arc<AtomicBool>,
+    pace: &Arc<Pace>,
+    k: usize,
+    per_collect: u64,
     mut step: impl FnMut(u64) -> Result<(), WatchError> + Send + 'static,
 ) -> JoinHandle<Result<u64, WatchError>> {
-    let stop = stop.clone();
+    let pace = pace.clone();
     std::thread::spawn(move || {
-        let mut i = 0;
+        let (mut i, mut seen, mut now) = (0, u64::MAX, 0);
         loop {
-            step(i)?;
-            i += 1;
-            if stop.load(SeqCst) {
+            let e = pace.epoch.load(SeqCst);
+            if e != seen {
+                (seen, now) = (e, 0);
+            }
+            if now < per_collect {
+                if let Err(err) = step(i) {
+                    pace.enough.store(true, SeqCst);
+                    return Err(err);
+                }
+                (i, now) = (i + 1, now + 1);
+                pace.steps[k].store(i, SeqCst);
+            }
+            if pace.stop.load(SeqCst) && i > 0 {
                 return Ok(i);
             }
-            std::thread::yield_now();
+            if now >= per_collect {
+                // A sleep, not a yield: the kernel's scheduler (EEVDF) pushes a yielding thread's
+                // deadline back at each yield, so a thread spinning on yields starves itself.
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
         }
     })
 }
@@ -90,8 +126,9 @@ fn xorshift(x: &mut u64) -> u64 {
     *x
 }
 
-/// Runs the stress with `writes_per_writer` CPU stores on each of two writer threads; the host
-/// writer, the populator and the mutator run until the writers are done.
+/// Runs the stress with at least `writes_per_writer` CPU stores on each of two writer threads (more
+/// until every kind of operation has run [`MIN_STEPS`] times); the host writer, the populator and
+/// the mutator run until the writers are done.
 ///
 /// Each writer reads the collect epoch before (`e1`) and after (`e2`) each write and logs both.
 /// Collect `n` starts by raising the epoch to `n`, so collect `e2 + 1` started after the write
@@ -115,20 +152,30 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     // Pages the mutator releases and remaps; the writers keep off them.
     let volatile = [512 + 16, 512 + 48];
     let targets: Arc<Vec<u64>> = Arc::new((0..256).chain(512..576).filter(|pg| !volatile.contains(pg)).collect());
-    let epoch = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
+    let pace = Arc::new(Pace {
+        epoch: AtomicU64::new(0),
+        steps: Default::default(),
+        enough: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+    });
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
-            let (epoch, targets, s) = (epoch.clone(), targets.clone(), s.clone());
+            let (pace, targets, s) = (pace.clone(), targets.clone(), s.clone());
             std::thread::spawn(move || -> Result<Vec<Logged>, WatchError> {
+                let epoch = &pace.epoch;
                 let mut log = Vec::with_capacity(writes_per_writer as usize);
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
-                for i in 0..writes_per_writer {
+                let mut i = 0u64;
+                while i < writes_per_writer || !pace.enough.load(SeqCst) {
+                    i += 1;
                     let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
                     let e1 = epoch.load(SeqCst);
                     // The target pages stay committed (or mapped) read-write throughout: the mutator
                     // re-commits and re-protects them read-write and releases only other pages.
-                    s.store(GuestAddr(pg * page_size() + w * 8), &i.to_le_bytes())?;
+                    if let Err(e) = s.store(GuestAddr(pg * page_size() + w * 8), &i.to_le_bytes()) {
+                        pace.enough.store(true, SeqCst);
+                        return Err(e.into());
+                    }
                     log.push((pg as u32, e1 as u32, epoch.load(SeqCst) as u32));
                 }
                 Ok(log)
@@ -137,15 +184,16 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
         .collect();
     let host_log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let host_writer = {
-        let (epoch, targets, s, t, host_log) = (epoch.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
+        let (e, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
+        let e = move || e.epoch.load(SeqCst);
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        background(&stop, move |i| {
+        background(&pace, 0, 8, move |i| {
             let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
-            let e1 = epoch.load(SeqCst);
+            let e1 = e();
             t.host_write(s.range(pg * page_size(), page_size())?, || {
                 s.write(GuestAddr(pg * page_size() + 16), &i.to_le_bytes())
             })??;
-            let e2 = epoch.load(SeqCst);
+            let e2 = e();
             host_log.lock().unwrap_or_else(|p| p.into_inner()).push((pg as u32, e1 as u32, e2 as u32));
             Ok(())
         })
@@ -153,7 +201,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     let populator = {
         let (s, t) = (s.clone(), t.clone());
         let mut x = 0x1234_5678_9abc_def1u64;
-        background(&stop, move |_| {
+        background(&pace, 1, 4, move |_| {
             // Eight pages the writers write, across an allocation's end now and then.
             let first = xorshift(&mut x) % (256 - 8);
             let r = s.range(first * page_size(), 8 * page_size())?;
@@ -163,7 +211,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     };
     let mutator = {
         let (s, t) = (s.clone(), t.clone());
-        background(&stop, move |i| {
+        background(&pace, 2, 1, move |i| {
             let p = page_size();
             let a = i % 4;
             s.commit(s.range(a * 64 * p, 64 * p)?, Prot::READ_WRITE)?;
@@ -190,13 +238,17 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     };
     let mut result = Ok(());
     while !writers.iter().all(|w| w.is_finished()) {
-        let n = epoch.fetch_add(1, SeqCst) as u32 + 1;
+        let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
         if let Err(e) = collect(n) {
+            pace.enough.store(true, SeqCst);
             result = Err(e);
             break;
         }
+        if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(MIN_STEPS).all(|(s, min)| s.load(SeqCst) >= min) {
+            pace.enough.store(true, SeqCst);
+        }
     }
-    stop.store(true, SeqCst);
+    pace.stop.store(true, SeqCst);
     let logs: Vec<_> = writers.into_iter().map(|w| w.join().expect("writer panicked")).collect();
     let host_writes = host_writer.join().expect("host writer panicked");
     let populates = populator.join().expect("populator panicked");
@@ -204,7 +256,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     result?;
     let (host_writes, populates_written, rounds) = (host_writes?, populates?, rounds?);
     // A collect after every thread is done: it checks the last writes.
-    let n = epoch.fetch_add(1, SeqCst) as u32 + 1;
+    let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
     collect(n)?;
     let host_log = std::mem::take(&mut *host_log.lock().unwrap_or_else(|p| p.into_inner()));
     let mut all = vec![host_log];

@@ -334,7 +334,7 @@ fn stress(kind: BackendKind, writes_per_writer: u64) -> (u64, u64) {
         assert!(count > 0, "{}: no {name} in the stress: {:?}", kind.name(), r.ops);
     }
     assert_eq!(r.writes, r.ops.cpu_stores + r.ops.host_writes);
-    assert_eq!(r.ops.cpu_stores, 2 * writes_per_writer);
+    assert!(r.ops.cpu_stores >= 2 * writes_per_writer);
     (r.writes, r.lost)
 }
 

@@ -30,6 +30,7 @@ mod stress;
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
@@ -127,6 +128,9 @@ pub struct Collected {
     pub runs: Vec<PageRun>,
     /// Armed spans that are not tracked any more (released behind the space's back).
     pub untracked: Vec<GuestRange>,
+    /// This collect's number: the tracker's collects are numbered 1, 2, ... in the order they
+    /// ran (see [`Tracker::collects_started`]).
+    pub seq: u64,
 }
 
 impl Collected {
@@ -241,6 +245,8 @@ pub struct Tracker {
     backend: Box<dyn Backend>,
     verify: bool,
     inner: Mutex<Inner>,
+    /// Collects started, raised under the lock as each begins.
+    started: AtomicU64,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -267,7 +273,7 @@ impl Tracker {
     pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
         let backend =
             backend::make(kind, space).map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
-        let t = Arc::new(Tracker { space: space.clone(), backend, verify, inner: Mutex::new(Inner::default()) });
+        let t = Arc::new(Tracker { space: space.clone(), backend, verify, inner: Mutex::new(Inner::default()), started: AtomicU64::new(0) });
         let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(t.clone() as Arc<dyn Observer>));
         space.observe(weak);
         Ok(t)
@@ -279,6 +285,14 @@ impl Tracker {
 
     pub fn verifying(&self) -> bool {
         self.verify
+    }
+
+    /// The number of the latest collect to start (0 before any). Collects run one at a time, so
+    /// a write that reads `e1` before it and `e2` after it must be reported by a collect of its
+    /// page numbered from `e1` up to the first one numbered above `e2` (which started after the
+    /// write ended), whichever threads collect.
+    pub fn collects_started(&self) -> u64 {
+        self.started.load(SeqCst)
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -372,6 +386,7 @@ impl Tracker {
         let (a, b) = (range.start().0, range.end().0);
         self.space.with_layout(range, |layout| {
             let mut inner = self.inner();
+            let seq = self.started.fetch_add(1, SeqCst) + 1;
             // The spans to read: allocations and views, clipped to the range and to what is armed.
             let mut spans: Vec<Span> = Vec::new();
             let armed: Vec<(u64, u64)> =
@@ -393,7 +408,7 @@ impl Tracker {
             }
             spans.sort_by_key(|s| s.0);
             let mut host_runs = Vec::new();
-            let mut out = Collected::default();
+            let mut out = Collected { seq, ..Collected::default() };
             for (s, e, alloc) in spans {
                 let span = GuestRange::from_bounds(s, e)?;
                 if let Some((start, end, generation)) = alloc
@@ -472,7 +487,9 @@ fn merge(mut v: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<PageRun> {
     runs.into_iter().map(|(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect()
 }
 
-fn verify_from_env() -> bool {
+/// Whether `EMUHOST_VERIFY_COLLECT` asks for verify mode (set, and not `0`, `false`, `off`, `no` or
+/// empty).
+pub fn verify_from_env() -> bool {
     match std::env::var(VERIFY_SWITCH) {
         Ok(v) => !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false" | "off" | "no"),
         Err(_) => false,

@@ -9,6 +9,7 @@ mod policy;
 mod prepare;
 mod probe;
 mod replay;
+mod soak;
 mod trace;
 
 use std::process::ExitCode;

@@ -273,7 +273,13 @@ impl Tracker {
     pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
         let backend =
             backend::make(kind, space).map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
-        let t = Arc::new(Tracker { space: space.clone(), backend, verify, inner: Mutex::new(Inner::default()), started: AtomicU64::new(0) });
+        let t = Arc::new(Tracker {
+            space: space.clone(),
+            backend,
+            verify,
+            inner: Mutex::new(Inner::default()),
+            started: AtomicU64::new(0),
+        });
         let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(t.clone() as Arc<dyn Observer>));
         space.observe(weak);
         Ok(t)
@@ -357,7 +363,9 @@ impl Tracker {
         let (a, b) = (range.start().0, range.end().0);
         for (s, e, _) in inner.armed.overlapping(a, b) {
             let (s, e) = clip(a, b, s, e).expect("overlapping");
-            self.backend.prepare_host_write(self.host(s), self.host(e)).map_err(|err| self.os("prepare", range, err))?;
+            self.backend
+                .prepare_host_write(self.host(s), self.host(e))
+                .map_err(|err| self.os("prepare", range, err))?;
         }
         Ok(())
     }

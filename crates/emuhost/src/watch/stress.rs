@@ -282,6 +282,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
         populates_written,
         populates_fresh: rounds * 2,
     };
-    let space_ops = ops.commits + ops.protects + ops.releases + ops.view_splits + populates_written + ops.populates_fresh;
+    let space_ops =
+        ops.commits + ops.protects + ops.releases + ops.view_splits + populates_written + ops.populates_fresh;
     Ok(StressReport { writes, lost, collects: n as u64, space_ops, ops })
 }

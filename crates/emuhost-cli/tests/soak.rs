@@ -21,8 +21,9 @@ const TINY: &str = "emuhost-trace 1 window=0x8000000000
 end 13
 ";
 
-fn soak(args: &[&str]) -> std::process::Output {
-    let dir = std::env::temp_dir().join(format!("emuhost-soak-{}", std::process::id()));
+/// Runs the soak over the tiny trace, in a file of the test's own (`name`): tests run in parallel.
+fn soak(name: &str, args: &[&str]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("emuhost-soak-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let t = dir.join("tiny.trace");
     std::fs::write(&t, TINY).unwrap();
@@ -38,7 +39,7 @@ fn soak(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn a_short_soak_prints_every_loop_and_passes() {
-    let out = soak(&["--soak", "2s"]);
+    let out = soak("table", &["--soak", "2s"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<&str> = text.lines().collect();
@@ -65,7 +66,7 @@ fn a_short_soak_prints_every_loop_and_passes() {
 
 #[test]
 fn a_soak_reports_json_and_passes_flags_on() {
-    let out = soak(&["--soak", "1s", "--json", "--watch", "mprotect"]);
+    let out = soak("json", &["--soak", "1s", "--json", "--watch", "mprotect"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["watch_backend"], "mprotect");
@@ -85,12 +86,12 @@ fn a_soak_reports_json_and_passes_flags_on() {
 #[test]
 fn a_bad_duration_is_exit_2_naming_it() {
     for bad in ["10d", "0", "1.5m"] {
-        let out = soak(&["--soak", bad]);
+        let out = soak("bad", &["--soak", bad]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains(&format!("--soak \"{bad}\"")), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    let out = soak(&["--soak", "1s", "--csv", "x.csv"]);
+    let out = soak("bad", &["--soak", "1s", "--csv", "x.csv"]);
     assert_eq!(out.status.code(), Some(2));
 }

@@ -20,6 +20,7 @@ mod policy;
 mod prepare;
 mod probe;
 mod replay;
+mod soak;
 mod switches;
 mod trace;
 

@@ -47,6 +47,10 @@ pub struct Args {
     /// Any switch, as KEY=VALUE (repeatable): every EMUHOST_* switch of the README's table.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Loop the replay in this process for DURATION (10m, 90s, 1h; seconds alone) and check that
+    /// resident memory stays flat after the first loop and no import is left live (exit 1 if not).
+    #[arg(long, value_name = "DURATION")]
+    pub soak: Option<String>,
 }
 
 impl Args {
@@ -73,6 +77,10 @@ impl Args {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let switches = a.switches()?;
+    let soak = a.soak.as_deref().map(crate::soak::parse_duration).transpose()?;
+    if soak.is_some() && (a.csv.is_some() || a.plot.is_some()) {
+        bail!("--soak reports loops, not frames: leave out --csv and --plot");
+    }
     // Outputs are checked before the replay, not after it.
     if let Some(p) = &a.csv {
         crate::switches::check_output("--csv", p)?;
@@ -101,6 +109,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some(p) = &a.plot {
             cmd.arg("--plot").arg(p);
         }
+        if let Some(d) = &a.soak {
+            cmd.arg("--soak").arg(d);
+        }
         cmd.envs(switches);
         let status = cmd.status().context("running the replay")?;
         return match status.code() {
@@ -114,6 +125,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         };
     }
     let cfg = ReplayConfig { paced: a.paced, ..Default::default() };
+    if let Some(d) = soak {
+        return crate::soak::run(d, a.trace.as_deref(), &cfg, a.json);
+    }
     let done = Arc::new(AtomicBool::new(false));
     let spinner = progress(done.clone(), a.trace.is_some());
     let result = match &a.trace {

@@ -8,11 +8,13 @@
 //!   naming the line and what was wrong.
 //! - [`Synth`], [`default_session`]: a synthetic session shaped on the measured one.
 //! - [`Stats`]: the figures of a trace (pools, pools across a chunk's end, chunks touched, ...).
+//! - [`judge`]: the check of a soak (replays looped in one process): memory flat, nothing left live.
 
 mod error;
 mod event;
 mod reader;
 mod replay;
+mod soak;
 mod stats;
 mod synth;
 mod writer;
@@ -23,6 +25,7 @@ pub use reader::{FileReader, MAX_LINE, Reader, is_zstd, read_str};
 pub use replay::{
     FrameFigures, ReplayConfig, ReplayError, ReplayReport, SleepFigures, replay, replay_default, replay_file,
 };
+pub use soak::{DEFAULT_GROWTH_LIMIT, GrowthLimit, Memory, SoakLoop, SoakVerdict, judge, memory, status_bytes};
 pub use stats::{Stats, StatsBuilder};
 pub use synth::{
     CHUNK, DEFAULT_SEED, KOKIRI_BIND, KOKIRI_END, KOKIRI_POOL, LONE_POOL, REGION, REGION_CHUNKS, Synth, SynthConfig,

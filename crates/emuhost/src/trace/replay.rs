@@ -11,7 +11,7 @@
 //! it that ran beside the store); those that are not are lost writes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,6 +51,8 @@ pub struct ReplayConfig {
     pub import_backend: Option<BackendChoice>,
     pub import: Option<ImportConfig>,
     pub watch_backend: Option<watch::BackendKind>,
+    /// Check every collect against a region query (`EMUHOST_VERIFY_COLLECT`).
+    pub verify_collect: Option<bool>,
     /// Keep the trace's frame times, with emuhost's host sleep as the frame limiter.
     pub paced: bool,
 }
@@ -96,6 +98,13 @@ pub struct ReplayReport {
     pub import_failures: u64,
     pub live_import_bytes_end: u64,
     pub live_import_bytes_peak: u64,
+    /// Imports and their bytes the import backend still counts live after the replay released
+    /// every import (its own budget: taken at each import, given back at each release): 0 unless
+    /// an import leaked.
+    pub live_imports_after_teardown: u64,
+    pub live_import_bytes_after_teardown: u64,
+    /// Whether each collect was checked against a region query.
+    pub verify_collect: bool,
     pub collects: u64,
     pub collect_time: Duration,
     pub pages_reported: u64,
@@ -127,8 +136,6 @@ struct Shared<'a> {
     tracker: &'a Tracker,
     /// Pools by (lo, size), as the trace names them when it releases one.
     pools: Mutex<HashMap<(u64, u64), Vec<PoolId>>>,
-    /// Collect numbers: raised before each collect.
-    collect_seq: AtomicU64,
     /// Collects: number -> (range, reported pages, sorted).
     collects: Mutex<BTreeMap<u64, CollectRecord>>,
     paced_start: Instant,
@@ -216,9 +223,10 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     let (a, b) = (lo.0, lo.0 + size);
                     if sh.importer.imports().iter().any(|p| p.lo < b && a < p.hi) {
                         // Pages under a live GPU import stay mapped: zero them instead (a write
-                        // by the kernel, which armed pages must be prepared for).
-                        sh.tracker.prepare_host_write(g).map_err(|e| failed(line, &r, e))?;
-                        sh.space.zero(g).map_err(|e| failed(line, &r, e))?;
+                        // by the kernel, which armed pages must be prepared for, with no collect
+                        // on the render thread arming them again in between).
+                        let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
+                        zeroed.map_err(|e| failed(line, &r, e))?.map_err(|e| failed(line, &r, e))?;
                         f.zeroed += 1;
                     } else {
                         sh.space.decommit(g).map_err(|e| failed(line, &r, e))?;
@@ -248,9 +256,9 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                 }
                 Event::Write { addr, size } => {
                     pattern = pattern.wrapping_add(1);
-                    let e1 = sh.collect_seq.load(SeqCst);
+                    let e1 = sh.tracker.collects_started();
                     sh.space.store(addr, &vec![pattern; size as usize]).map_err(|e| failed(line, &r, e))?;
-                    let e2 = sh.collect_seq.load(SeqCst);
+                    let e2 = sh.tracker.collects_started();
                     let p = page_size();
                     for pg in addr.0 / p..(addr.0 + size).div_ceil(p) {
                         f.writes.push((pg, e1, e2));
@@ -259,8 +267,10 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                 Event::Collect { lo, size } => {
                     let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
                     let t = Instant::now();
-                    let n = sh.collect_seq.fetch_add(1, SeqCst) + 1;
+                    // Numbered by the tracker as it runs: collects on several threads are
+                    // checked in the order they read the pages.
                     let got = sh.tracker.collect(g).map_err(|e| failed(line, &r, e))?;
+                    let n = got.seq;
                     let took = t.elapsed();
                     if let Some(fr) = frame.as_mut() {
                         fr.runtime += took;
@@ -371,19 +381,26 @@ pub fn replay(
         None => ImportConfig::from_env()?,
     };
     let importer = Importer::new(space.clone(), picked.backend, icfg)?;
+    let verify = match cfg.verify_collect {
+        Some(v) => v,
+        None => watch::verify_from_env()?,
+    };
     let tracker = match cfg.watch_backend {
         Some(k) => {
             watch::self_test(k)?;
-            Tracker::with_backend(&space, k)?
+            Tracker::build(&space, k, verify)?
         }
-        None => Tracker::new(&space)?,
+        None => {
+            let choice = watch::choose()?;
+            tracing::info!(target: "emuhost::watch", "write tracking: {} ({})", choice.kind.name(), choice.why);
+            Tracker::build(&space, choice.kind, verify)?
+        }
     };
     let sh = Shared {
         space: &space,
         importer: &importer,
         tracker: &tracker,
         pools: Mutex::new(HashMap::new()),
-        collect_seq: AtomicU64::new(0),
         collects: Mutex::new(BTreeMap::new()),
         paced_start: Instant::now(),
         paced: cfg.paced,
@@ -500,6 +517,9 @@ pub fn replay(
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;
     importer.release_all();
+    let left = importer.backend().budget().get();
+    (report.live_imports_after_teardown, report.live_import_bytes_after_teardown) = (left.count, left.bytes);
+    report.verify_collect = tracker.verifying();
     Ok(report)
 }
 

@@ -28,6 +28,11 @@ pub(super) trait Backend: Send + Sync {
     fn released(&self, start: usize, end: usize) -> io::Result<bool>;
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
+    /// Whether [`Backend::prepare_host_write`] does anything (the kernel's writes would fail
+    /// without it).
+    fn needs_host_write_prepare(&self) -> bool {
+        false
+    }
 }
 
 pub(super) fn make(kind: BackendKind, space: &Space) -> io::Result<Box<dyn Backend>> {
@@ -272,6 +277,10 @@ impl Backend for MprotectBackend {
             Some(a) => Err(io::Error::other(format!("could not unprotect the page at {a:#x}"))),
             None => Ok(()),
         }
+    }
+
+    fn needs_host_write_prepare(&self) -> bool {
+        true
     }
 }
 

@@ -30,10 +30,11 @@ mod stress;
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
-pub use stress::{StressReport, stress};
+pub use stress::{StressOps, StressReport, stress};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Space, SpaceError, page_size};
@@ -131,6 +132,9 @@ pub struct Collected {
     pub runs: Vec<PageRun>,
     /// Armed spans that are not tracked any more (released behind the space's back).
     pub untracked: Vec<GuestRange>,
+    /// This collect's number: the tracker's collects are numbered 1, 2, ... in the order they
+    /// ran (see [`Tracker::collects_started`]).
+    pub seq: u64,
 }
 
 impl Collected {
@@ -257,6 +261,8 @@ pub struct Tracker {
     backend: Box<dyn Backend>,
     verify: bool,
     inner: Mutex<Inner>,
+    /// Collects started, raised under the lock as each begins.
+    started: AtomicU64,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -283,7 +289,13 @@ impl Tracker {
     pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
         let backend =
             backend::make(kind, space).map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
-        let t = Arc::new(Tracker { space: space.clone(), backend, verify, inner: Mutex::new(Inner::default()) });
+        let t = Arc::new(Tracker {
+            space: space.clone(),
+            backend,
+            verify,
+            inner: Mutex::new(Inner::default()),
+            started: AtomicU64::new(0),
+        });
         let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(t.clone() as Arc<dyn Observer>));
         space.observe(weak);
         Ok(t)
@@ -295,6 +307,14 @@ impl Tracker {
 
     pub fn verifying(&self) -> bool {
         self.verify
+    }
+
+    /// The number of the latest collect to start (0 before any). Collects run one at a time, so
+    /// a write that reads `e1` before it and `e2` after it must be reported by a collect of its
+    /// page numbered from `e1` up to the first one numbered above `e2` (which started after the
+    /// write ended), whichever threads collect.
+    pub fn collects_started(&self) -> u64 {
+        self.started.load(SeqCst)
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -347,18 +367,40 @@ impl Tracker {
     /// Makes the armed pages of `range` writable by the host (a `read(2)` into guest memory, a
     /// copy by the kernel) and reports them written at the next collect. With the mprotect backend
     /// such a write would fail with `EFAULT` otherwise; the other backends need nothing.
+    ///
+    /// A collect on another thread between this and the write arms the pages again (and the
+    /// write fails): use [`Tracker::host_write`] where collects run concurrently.
     pub fn prepare_host_write(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
+        self.space.with_layout(range, |_| self.prepare_locked(&self.inner(), range))
+    }
+
+    fn prepare_locked(&self, inner: &Inner, range: GuestRange) -> Result<(), WatchError> {
+        let (a, b) = (range.start().0, range.end().0);
+        for (s, e, _) in inner.armed.overlapping(a, b) {
+            let (s, e) = clip(a, b, s, e).expect("overlapping");
+            self.backend
+                .prepare_host_write(self.host(s), self.host(e))
+                .map_err(|err| self.os("prepare", range, err))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `write`, a write by the host through the kernel over `range` ([`Space::write`],
+    /// [`Space::populate`], [`Space::zero`]), with the armed pages there prepared for it as
+    /// [`Tracker::prepare_host_write`] does. Where the backend needs that preparation (mprotect),
+    /// no collect runs between it and the write, so none arms the pages again in between (the
+    /// write would fail with `EFAULT`); the others need nothing and take no lock. `write` must
+    /// not commit, release, protect or map (those wait for the lock held here).
+    pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
+        let range = self.space.range(range.start().0, range.len())?;
+        if !self.backend.needs_host_write_prepare() {
+            return Ok(write());
+        }
         self.space.with_layout(range, |_| {
             let inner = self.inner();
-            let (a, b) = (range.start().0, range.end().0);
-            for (s, e, _) in inner.armed.overlapping(a, b) {
-                let (s, e) = clip(a, b, s, e).expect("overlapping");
-                self.backend
-                    .prepare_host_write(self.host(s), self.host(e))
-                    .map_err(|err| self.os("prepare", range, err))?;
-            }
-            Ok(())
+            self.prepare_locked(&inner, range)?;
+            Ok(write())
         })
     }
 
@@ -370,6 +412,7 @@ impl Tracker {
         crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
         self.space.with_layout(range, |layout| {
             let mut inner = self.inner();
+            let seq = self.started.fetch_add(1, SeqCst) + 1;
             // The spans to read: allocations and views, clipped to the range and to what is armed.
             let mut spans: Vec<Span> = Vec::new();
             let armed: Vec<(u64, u64)> =
@@ -391,7 +434,7 @@ impl Tracker {
             }
             spans.sort_by_key(|s| s.0);
             let mut host_runs = Vec::new();
-            let mut out = Collected::default();
+            let mut out = Collected { seq, ..Collected::default() };
             for (s, e, alloc) in spans {
                 let span = GuestRange::from_bounds(s, e)?;
                 if let Some((start, end, generation)) = alloc
@@ -485,7 +528,9 @@ pub fn parse_verify(value: &str) -> Result<bool, WatchError> {
     }
 }
 
-fn verify_from_env() -> Result<bool, WatchError> {
+/// Whether `EMUHOST_VERIFY_COLLECT` asks for verify mode (unset: no); a value [`parse_verify`]
+/// refuses is an error.
+pub fn verify_from_env() -> Result<bool, WatchError> {
     std::env::var(VERIFY_SWITCH).map_or(Ok(false), |v| parse_verify(&v))
 }
 

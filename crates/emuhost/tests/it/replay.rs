@@ -14,6 +14,7 @@ fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
         import_backend: Some(BackendChoice::Only(ImportKind::Pin)),
         import: Some(import),
         watch_backend: Some(watch),
+        verify_collect: None,
         paced: false,
     }
 }
@@ -152,4 +153,97 @@ fn a_short_synthetic_session_imports_less_with_spans() {
     assert_eq!(on.reimports, 0);
     assert!(off.reimports > 0 && off.imports > on.imports, "spans on {} / off {} imports", on.imports, off.imports);
     assert_eq!(on.live_import_bytes_end, on.live_import_bytes_peak);
+}
+
+/// A short synthesized session with six game threads and three host threads, where the host
+/// threads take a share of the game threads' writes and of the render thread's bindings and
+/// collects: writes, bindings and collects on ten threads at once.
+fn many_threads_session() -> (emuhost::trace::Header, Vec<emuhost::trace::Record>) {
+    use emuhost::trace::{Event, Thread};
+    let synth = SynthConfig {
+        seconds: 8,
+        load_seconds: 3,
+        pools: 600,
+        game_threads: 6,
+        host_threads: 3,
+        writes_per_thread_frame: 6,
+        collects_per_frame: 6,
+        guest_sleeps_per_s: 1000,
+        ..SynthConfig::default()
+    }
+    .seed(11);
+    let s = Synth::new(synth).unwrap();
+    let header = s.header();
+    let (mut renders, mut writes) = (0usize, 0usize);
+    let records = s
+        .map(|mut r| {
+            match (r.thread, &r.event) {
+                (Thread::Render, Event::Bind { .. } | Event::Collect { .. }) => {
+                    renders += 1;
+                    if renders % 4 != 0 {
+                        r.thread = Thread::Host((renders % 4 - 1) as u16);
+                    }
+                }
+                (Thread::Game(_), Event::Write { .. }) => {
+                    writes += 1;
+                    if writes % 3 == 0 {
+                        r.thread = Thread::Host((writes / 3 % 3) as u16);
+                    }
+                }
+                _ => {}
+            }
+            r
+        })
+        .collect();
+    (header, records)
+}
+
+#[test]
+fn a_session_on_many_threads_loses_no_write_and_leaks_no_import() {
+    use emuhost::trace::{Event, Thread};
+    let (header, records) = many_threads_session();
+    // What the trace asks for, and that every kind of event runs on several threads.
+    let p = emuhost::space::page_size();
+    let mut want_writes = 0;
+    let mut want_collects = 0;
+    let mut on: std::collections::BTreeMap<&str, std::collections::BTreeSet<Thread>> = Default::default();
+    for r in &records {
+        let kind = match r.event {
+            Event::Write { addr, size } => {
+                want_writes += (addr.0 + size).div_ceil(p) - addr.0 / p;
+                "write"
+            }
+            Event::Collect { .. } => {
+                want_collects += 1;
+                "collect"
+            }
+            Event::Bind { .. } => "bind",
+            _ => continue,
+        };
+        on.entry(kind).or_default().insert(r.thread);
+    }
+    assert!(on["write"].len() >= 9 && on["write"].iter().filter(|t| matches!(t, Thread::Host(_))).count() == 3);
+    assert!(on["bind"].len() == 4 && on["collect"].len() == 4, "{on:?}");
+    for watch in [BackendKind::Uffd, BackendKind::Mprotect] {
+        let c = ReplayConfig { verify_collect: Some(true), ..cfg(watch, 64) };
+        let numbered = records.iter().cloned().enumerate().map(|(i, r)| Ok((i as u64 + 2, r)));
+        let r = replay(&header, numbered, &c).unwrap_or_else(|e| panic!("{watch:?}: {e}"));
+        eprintln!(
+            "{watch:?}: {} threads, {} writes ({} unchecked), {} collects, {} pages reported, {} imports",
+            r.threads, r.writes, r.unchecked_writes, r.collects, r.pages_reported, r.imports
+        );
+        assert!(r.verify_collect, "every collect checked against a region query");
+        assert_eq!(r.threads, 10);
+        assert_eq!((r.writes, r.collects), (want_writes, want_collects), "{watch:?}");
+        assert_eq!(r.lost_writes, 0, "{watch:?}: {} of {} writes lost", r.lost_writes, r.writes);
+        // Half the writes go into watched pools (the synthesizer's rule), and so are checked.
+        let checked = r.writes - r.unchecked_writes;
+        assert!(checked > r.writes / 3, "{watch:?}: {checked} of {} writes checked", r.writes);
+        assert!(r.imports > 0 && r.live_import_bytes_peak > 0);
+        assert_eq!(
+            (r.live_imports_after_teardown, r.live_import_bytes_after_teardown),
+            (0, 0),
+            "{watch:?}: imports left live"
+        );
+    }
 }

@@ -1,0 +1,214 @@
+//! `emuhost replay --soak DURATION`: the replay looped in one process until the duration has
+//! passed, with the process's resident memory and the imports left live after each loop, and the
+//! check that memory stayed flat after the first loop and nothing was left live (exit 1 if not).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use emuhost::trace::{
+    DEFAULT_GROWTH_LIMIT, ReplayConfig, ReplayReport, SoakLoop, SoakVerdict, judge, memory, replay_default, replay_file,
+};
+use serde_json::json;
+
+use crate::Outcome;
+
+/// Rows of the table at most: past this, every Nth loop is shown (and each that failed a check).
+const MAX_ROWS: usize = 40;
+
+/// Parses a duration: a whole number with `s`, `m` or `h` after it, or seconds alone (`10m`,
+/// `90s`, `90`).
+pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let per = match unit.trim() {
+        "s" | "sec" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        _ => bail!("--soak {text:?}: the unit must be s, m or h (e.g. 10m, 90s, or seconds alone)"),
+    };
+    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("--soak {text:?}: not a whole number of s, m or h"))?;
+    match n.checked_mul(per) {
+        Some(0) => bail!("--soak {text:?}: the duration must be more than 0"),
+        Some(s) => Ok(Duration::from_secs(s)),
+        None => bail!("--soak {text:?}: too long"),
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+/// Loops the replay until `duration` has passed (at least once) and reports.
+pub fn run(duration: Duration, trace: Option<&Path>, cfg: &ReplayConfig, as_json: bool) -> anyhow::Result<Outcome> {
+    let start = Instant::now();
+    let mut loops: Vec<SoakLoop> = Vec::new();
+    let mut first: Option<ReplayReport> = None;
+    while loops.is_empty() || start.elapsed() < duration {
+        let index = loops.len() as u64 + 1;
+        let t = Instant::now();
+        let result = match trace {
+            Some(p) => replay_file(p, cfg).with_context(|| format!("replaying {}", p.display())),
+            None => replay_default(cfg).context("replaying the built-in session"),
+        };
+        let wall = t.elapsed();
+        let mem = memory().context("reading /proc/self/status")?;
+        let mut l = SoakLoop { index, wall, memory: mem, ..Default::default() };
+        match result {
+            Ok(r) => {
+                (l.live_imports, l.live_bytes) = (r.live_imports_after_teardown, r.live_import_bytes_after_teardown);
+                (l.writes, l.lost_writes) = (r.writes, r.lost_writes);
+                first.get_or_insert(r);
+            }
+            // The first loop failing is bad input (a trace that cannot be replayed): an error.
+            Err(e) if index == 1 => return Err(e),
+            Err(e) => l.error = Some(format!("{e:#}")),
+        }
+        tracing::debug!("soak loop {index}: {:.1} s, RSS {:.1} MiB", wall.as_secs_f64(), mib(mem.rss));
+        loops.push(l);
+    }
+    let elapsed = start.elapsed();
+    let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
+    let r = first.expect("the first loop succeeded");
+    if as_json {
+        outln!("{}", report_json(&loops, &v, &r, duration, elapsed));
+    } else {
+        print_report(&loops, &v, &r, trace, elapsed);
+    }
+    Ok(if v.passed() { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+fn report_json(
+    loops: &[SoakLoop],
+    v: &SoakVerdict,
+    r: &ReplayReport,
+    asked: Duration,
+    elapsed: Duration,
+) -> serde_json::Value {
+    let rows: Vec<_> = loops
+        .iter()
+        .map(|l| {
+            json!({
+                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "rss_mib": mib(l.memory.rss),
+                "locked_mib": mib(l.memory.locked), "live_imports": l.live_imports,
+                "live_import_bytes": l.live_bytes, "writes": l.writes, "lost_writes": l.lost_writes,
+                "error": l.error,
+            })
+        })
+        .collect();
+    json!({
+        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "loops": rows,
+        "import_backend": r.import_backend, "watch_backend": r.watch_backend,
+        "rss_first_mib": mib(v.rss_first), "rss_max_after_mib": mib(v.rss_max_after),
+        "rss_max_loop": v.rss_max_loop, "rss_growth_mib": mib(v.growth), "rss_growth_pct": v.growth_percent,
+        "rss_growth_allowed_mib": mib(v.allowed_growth),
+        "live_imports_end": v.live_imports_end, "live_import_bytes_end": v.live_bytes_end,
+        "errors": v.errors, "lost_writes": v.lost_writes, "passed": v.passed(), "failures": v.failures,
+    })
+}
+
+/// The loops the table shows: all of them, or every Nth past [`MAX_ROWS`], with the first, the
+/// last and each one that failed a check.
+fn shown(loops: &[SoakLoop]) -> (Vec<&SoakLoop>, usize) {
+    let every = loops.len().div_ceil(MAX_ROWS).max(1);
+    let rows = loops
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| {
+            i % every == 0 || *i + 1 == loops.len() || l.error.is_some() || l.live_imports > 0 || l.lost_writes > 0
+        })
+        .map(|(_, l)| l)
+        .collect();
+    (rows, every)
+}
+
+fn print_report(loops: &[SoakLoop], v: &SoakVerdict, r: &ReplayReport, trace: Option<&Path>, elapsed: Duration) {
+    let what = trace.map_or("the built-in session".to_string(), |p| p.display().to_string());
+    outln!(
+        "soak: {} loops of {what} in {:.1} s (write tracking {}, imports {})",
+        loops.len(),
+        elapsed.as_secs_f64(),
+        r.watch_backend,
+        r.import_backend
+    );
+    let (rows, every) = shown(loops);
+    if every > 1 {
+        outln!("one loop in {every} shown, with the last and each that failed a check");
+    }
+    outln!(
+        "{:>6} {:>9} {:>9} {:>11} {:>13} {:>9} {:>9} {:>6}  error",
+        "loop",
+        "wall s",
+        "RSS MiB",
+        "locked MiB",
+        "live imports",
+        "live MiB",
+        "writes",
+        "lost"
+    );
+    for l in rows {
+        outln!(
+            "{:>6} {:>9.2} {:>9.1} {:>11.1} {:>13} {:>9.1} {:>9} {:>6}  {}",
+            l.index,
+            l.wall.as_secs_f64(),
+            mib(l.memory.rss),
+            mib(l.memory.locked),
+            l.live_imports,
+            mib(l.live_bytes),
+            l.writes,
+            l.lost_writes,
+            l.error.as_deref().unwrap_or("-")
+        );
+    }
+    outln!("summary");
+    outln!("  RSS after loop 1        {:.1} MiB", mib(v.rss_first));
+    outln!("  max RSS after it        {:.1} MiB (after loop {})", mib(v.rss_max_after), v.rss_max_loop);
+    outln!(
+        "  growth                  {:.1} MiB ({:.1} %); allowed {:.1} MiB (32 MiB or 10 % of loop 1, the larger)",
+        mib(v.growth),
+        v.growth_percent,
+        mib(v.allowed_growth)
+    );
+    outln!("  live imported at the end {} bytes in {} imports", v.live_bytes_end, v.live_imports_end);
+    outln!("  errors {}, lost writes {}", v.errors, v.lost_writes);
+    if v.passed() {
+        outln!("check: passed");
+    } else {
+        outln!("check: FAILED");
+        for f in &v.failures {
+            outln!("  {f}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_bad_ones_name_the_value() {
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration(" 45 ").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["", "m", "10d", "1.5m", "-3s", "0", "0m", "99999999999999999999h"] {
+            let e = parse_duration(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn many_loops_show_every_nth_and_each_failure() {
+        let mut loops: Vec<SoakLoop> = (1..=100).map(|i| SoakLoop { index: i, ..Default::default() }).collect();
+        loops[56].live_imports = 1;
+        let (rows, every) = shown(&loops);
+        assert_eq!(every, 3);
+        let idx: Vec<u64> = rows.iter().map(|l| l.index).collect();
+        assert_eq!(&idx[..3], &[1, 4, 7]);
+        assert!(idx.contains(&57) && idx.last() == Some(&100));
+        assert_eq!(shown(&loops[..10]).0.len(), 10);
+    }
+}

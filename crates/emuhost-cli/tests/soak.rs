@@ -1,0 +1,97 @@
+//! `emuhost replay --soak`: a short soak of a tiny trace, as a user runs it.
+
+use std::process::Command;
+
+/// Two chunks joined by a pool, writes on two game threads, a collect and bindings: one import
+/// per loop (pinned), released at each loop's end.
+const TINY: &str = "emuhost-trace 1 window=0x8000000000
+0 g0 commit 0x1001000000 0x2000000 rw-
+1 g0 pool 0x1001000000 0x800000
+2 g0 pool 0x1001f00000 0x200000
+3 r frame 0
+4 r bind 0x1001000100 0x100
+5 g0 write 0x1001000000 0x10
+6 g1 write 0x1002000000 0x1
+7 r frame 1
+8 r collect 0x1001000000 0x2000000
+9 r bind 0x1002000000 0x1000
+10 r frame 2
+11 r bind 0x1001ffff00 0x200
+12 r frame 3
+end 13
+";
+
+/// Runs the soak over the tiny trace, in a file of the test's own (`name`): tests run in parallel.
+fn soak(name: &str, args: &[&str]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("emuhost-soak-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = dir.join("tiny.trace");
+    std::fs::write(&t, TINY).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_emuhost"))
+        .arg("replay")
+        .arg(&t)
+        .args(args)
+        .env("EMUHOST_LOG", "warn")
+        .env("EMUHOST_IMPORT_BACKEND", "pin")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_short_soak_prints_every_loop_and_passes() {
+    let out = soak("table", &["--soak", "2s"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("soak: ") && lines[0].contains("loops of"), "{text}");
+    let header = lines.iter().position(|l| l.contains("RSS MiB") && l.contains("live imports")).expect("a table");
+    let rows: Vec<Vec<&str>> = lines[header + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with("summary"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // Many loops of a trace this small in two seconds; every Nth shown past 40.
+    assert!(rows.len() >= 2, "{text}");
+    assert_eq!(rows[0][0], "1");
+    for r in &rows {
+        // loop, wall, RSS, locked, live imports, live MiB, writes, lost, error
+        assert!(r[2].parse::<f64>().unwrap() > 0.0, "RSS: {r:?}");
+        assert_eq!((r[4], r[5], r[6], r[7], r[8]), ("0", "0.0", "2", "0", "-"), "{r:?}");
+    }
+    for want in ["RSS after loop 1", "max RSS after it", "growth", "live imported at the end 0 bytes", "check: passed"]
+    {
+        assert!(text.contains(want), "{want:?} missing:\n{text}");
+    }
+}
+
+#[test]
+fn a_soak_reports_json_and_passes_flags_on() {
+    let out = soak("json", &["--soak", "1s", "--json", "--watch", "mprotect"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["watch_backend"], "mprotect");
+    assert_eq!(
+        (v["passed"].as_bool(), v["errors"].as_u64(), v["live_import_bytes_end"].as_u64()),
+        (Some(true), Some(0), Some(0))
+    );
+    let loops = v["loops"].as_array().unwrap();
+    assert!(loops.len() >= 2 && v["elapsed_s"].as_f64().unwrap() >= 1.0, "{v}");
+    for l in loops {
+        assert_eq!((l["live_imports"].as_u64(), l["lost_writes"].as_u64()), (Some(0), Some(0)), "{l}");
+        assert!(l["rss_mib"].as_f64().unwrap() > 0.0);
+    }
+    assert!(v["rss_growth_allowed_mib"].as_f64().unwrap() >= 32.0);
+}
+
+#[test]
+fn a_bad_duration_is_exit_2_naming_it() {
+    for bad in ["10d", "0", "1.5m"] {
+        let out = soak("bad", &["--soak", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(&format!("--soak \"{bad}\"")), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let out = soak("bad", &["--soak", "1s", "--csv", "x.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+}

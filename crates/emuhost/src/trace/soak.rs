@@ -1,0 +1,234 @@
+//! Soak figures: replays looped in one process for a long time, with the figures after each
+//! loop's teardown, and the check that the process's resident memory stayed flat after the first
+//! loop and that no import was left live.
+//!
+//! Resident memory is the kernel's `VmRSS` of the process (`/proc/self/status`), locked memory its
+//! `VmLck` (what the pin import backend holds with `mlock`). Each replay builds its own space,
+//! importer and tracker and drops them at its end, so after a loop's teardown only what the
+//! process keeps for good (code, the allocator's caches, drivers' state) should stay resident.
+
+use std::io;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+/// The process's memory, as the kernel counts it now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident set (`VmRSS`), in bytes.
+    pub rss: u64,
+    /// Locked with `mlock` (`VmLck`), in bytes.
+    pub locked: u64,
+}
+
+/// Reads the process's memory from `/proc/self/status`.
+pub fn memory() -> io::Result<Memory> {
+    let status = crate::sys::procstat::self_status()?;
+    let field = |key: &str| {
+        status_bytes(&status, key)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in /proc/self/status")))
+    };
+    Ok(Memory { rss: field("VmRSS")?, locked: field("VmLck")? })
+}
+
+/// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes.
+pub fn status_bytes(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.split(':').next() == Some(key))?;
+    let mut f = line[key.len() + 1..].split_whitespace();
+    match (f.next(), f.next()) {
+        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
+        _ => None,
+    }
+}
+
+/// One loop of a soak: what the replay did and what was left after its teardown.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SoakLoop {
+    /// 1, 2, ...
+    pub index: u64,
+    pub wall: Duration,
+    /// The process's memory after the loop's teardown.
+    pub memory: Memory,
+    /// Imports the import backend still counted live after the teardown, and their bytes.
+    pub live_imports: u64,
+    pub live_bytes: u64,
+    pub writes: u64,
+    pub lost_writes: u64,
+    /// The replay's error, if it failed.
+    pub error: Option<String>,
+}
+
+/// How much resident memory may grow after the first loop: the larger of `bytes` and `percent`
+/// of the resident memory after the first loop.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GrowthLimit {
+    pub bytes: u64,
+    pub percent: f64,
+}
+
+/// The default limit: 32 MiB or 10 %, whichever is larger.
+///
+/// Why: a replay's own working set (its space's pages, its imports) is released at its teardown,
+/// but the process keeps some memory without leaking it: each loop's threads are new and glibc's
+/// malloc gives threads arenas of their own (up to eight per CPU), whose freed chunks need not go
+/// back to the kernel, and a GPU driver keeps caches. That noise is a few MiB and does not grow
+/// with the number of loops. A real leak does: one 16 MiB import chunk or one populated pool left
+/// behind per loop passes 32 MiB within three loops. The 10 % keeps a process that starts large
+/// (a driver's hundreds of MiB) from failing on noise proportional to its size.
+pub const DEFAULT_GROWTH_LIMIT: GrowthLimit = GrowthLimit { bytes: 32 * MIB, percent: 10.0 };
+
+impl GrowthLimit {
+    /// The growth allowed over `first` bytes.
+    pub fn allowed(&self, first: u64) -> u64 {
+        self.bytes.max((first as f64 * self.percent / 100.0) as u64)
+    }
+}
+
+/// What a soak's figures say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SoakVerdict {
+    pub loops: u64,
+    /// Resident memory after the first loop.
+    pub rss_first: u64,
+    /// The most resident memory after any later loop (the first's where there is none), and
+    /// the loop it was after.
+    pub rss_max_after: u64,
+    pub rss_max_loop: u64,
+    /// `rss_max_after - rss_first` (0 where it shrank), and that as a percentage of `rss_first`.
+    pub growth: u64,
+    pub growth_percent: f64,
+    pub allowed_growth: u64,
+    /// What the import backend counted live after the last loop's teardown.
+    pub live_imports_end: u64,
+    pub live_bytes_end: u64,
+    pub errors: u64,
+    pub lost_writes: u64,
+    /// Each check that failed, in words; empty when all passed.
+    pub failures: Vec<String>,
+}
+
+impl SoakVerdict {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Judges a soak's loops: it fails where resident memory after a later loop grew past `limit`
+/// over the first loop's, where imports were left live after a loop's teardown, where a loop
+/// failed, or where a write was lost.
+pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
+    let mut v = SoakVerdict { loops: loops.len() as u64, ..Default::default() };
+    let mut failures = Vec::new();
+    let Some(first) = loops.first() else {
+        v.failures.push("no loop ran".into());
+        return v;
+    };
+    v.rss_first = first.memory.rss;
+    let top = loops[1..].iter().max_by_key(|l| l.memory.rss).unwrap_or(first);
+    (v.rss_max_after, v.rss_max_loop) = (top.memory.rss, top.index);
+    v.growth = v.rss_max_after.saturating_sub(v.rss_first);
+    v.growth_percent = if v.rss_first > 0 { v.growth as f64 * 100.0 / v.rss_first as f64 } else { 0.0 };
+    v.allowed_growth = limit.allowed(v.rss_first);
+    if v.growth > v.allowed_growth {
+        failures.push(format!(
+            "resident memory grew {:.1} MiB ({:.1} %) after the first loop (to {:.1} MiB after loop {}), more than the {:.1} MiB allowed",
+            v.growth as f64 / MIB as f64,
+            v.growth_percent,
+            v.rss_max_after as f64 / MIB as f64,
+            v.rss_max_loop,
+            v.allowed_growth as f64 / MIB as f64
+        ));
+    }
+    let last = loops.last().expect("not empty");
+    (v.live_imports_end, v.live_bytes_end) = (last.live_imports, last.live_bytes);
+    let leaky: Vec<u64> = loops.iter().filter(|l| l.live_imports > 0 || l.live_bytes > 0).map(|l| l.index).collect();
+    if !leaky.is_empty() {
+        failures.push(format!(
+            "imports left live after the teardown of {} loop(s), first loop {} ({} bytes live at the end)",
+            leaky.len(),
+            leaky[0],
+            v.live_bytes_end
+        ));
+    }
+    let failed: Vec<&SoakLoop> = loops.iter().filter(|l| l.error.is_some()).collect();
+    v.errors = failed.len() as u64;
+    if let Some(l) = failed.first() {
+        failures.push(format!(
+            "{} loop(s) failed; loop {}: {}",
+            failed.len(),
+            l.index,
+            l.error.as_deref().unwrap_or_default()
+        ));
+    }
+    v.lost_writes = loops.iter().map(|l| l.lost_writes).sum();
+    if v.lost_writes > 0 {
+        failures.push(format!("{} writes lost", v.lost_writes));
+    }
+    v.failures = failures;
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(index: u64, rss_mib: u64) -> SoakLoop {
+        SoakLoop { index, memory: Memory { rss: rss_mib * MIB, locked: 0 }, ..Default::default() }
+    }
+
+    #[test]
+    fn status_fields_in_bytes() {
+        let s = "Name:\temuhost\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nVmLck:\t       0 kB\nThreads:\t1\n";
+        assert_eq!(status_bytes(s, "VmRSS"), Some(100 * MIB));
+        assert_eq!(status_bytes(s, "VmLck"), Some(0));
+        assert_eq!(status_bytes(s, "VmRS"), None, "a field's whole name only");
+        assert_eq!(status_bytes(s, "Threads"), None, "not in kB");
+        let m = memory().unwrap();
+        assert!(m.rss > 0, "{m:?}");
+    }
+
+    #[test]
+    fn flat_memory_passes() {
+        // Noise up and down after the first loop, within 32 MiB of 100 MiB.
+        let loops: Vec<SoakLoop> = [100, 120, 96, 131, 110].iter().zip(1..).map(|(&m, i)| at(i, m)).collect();
+        let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
+        assert!(v.passed(), "{:?}", v.failures);
+        assert_eq!((v.rss_first, v.rss_max_after, v.rss_max_loop), (100 * MIB, 131 * MIB, 4));
+        assert_eq!(v.growth, 31 * MIB);
+        assert!((v.growth_percent - 31.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memory_that_grows_fails() {
+        // 6 MiB a loop: 36 MiB over the first after seven loops.
+        let loops: Vec<SoakLoop> = (1..=7).map(|i| at(i, 100 + 6 * (i - 1))).collect();
+        let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
+        assert!(!v.passed());
+        assert_eq!((v.growth, v.rss_max_loop), (36 * MIB, 7));
+        assert!(v.failures[0].contains("grew 36.0 MiB (36.0 %)"), "{:?}", v.failures);
+        // Under 10 % of a large process is noise; past it is not.
+        let big = |i: u64, mib: u64| at(i, mib);
+        assert!(judge(&[big(1, 1000), big(2, 1090)], DEFAULT_GROWTH_LIMIT).passed());
+        assert!(!judge(&[big(1, 1000), big(2, 1110)], DEFAULT_GROWTH_LIMIT).passed());
+        // The first loop's own growth (warming up) is not counted: only what comes after it.
+        assert!(judge(&[big(1, 500), big(2, 500)], DEFAULT_GROWTH_LIMIT).passed());
+    }
+
+    #[test]
+    fn live_imports_errors_and_lost_writes_fail() {
+        let mut loops: Vec<SoakLoop> = (1..=3).map(|i| at(i, 100)).collect();
+        assert!(judge(&loops, DEFAULT_GROWTH_LIMIT).passed());
+        loops[2].live_imports = 1;
+        loops[2].live_bytes = 16 * MIB;
+        let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
+        assert_eq!((v.live_imports_end, v.live_bytes_end), (1, 16 * MIB));
+        assert!(v.failures[0].contains("first loop 3"), "{:?}", v.failures);
+        let mut loops: Vec<SoakLoop> = (1..=3).map(|i| at(i, 100)).collect();
+        loops[1].error = Some("line 9: collect failed".into());
+        loops[2].lost_writes = 2;
+        let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
+        assert_eq!((v.errors, v.lost_writes), (1, 2));
+        assert_eq!(v.failures.len(), 2, "{:?}", v.failures);
+        assert!(!judge(&[], DEFAULT_GROWTH_LIMIT).passed(), "no loop is no pass");
+    }
+}

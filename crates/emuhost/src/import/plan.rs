@@ -72,13 +72,20 @@ impl std::fmt::Display for Planned {
     }
 }
 
-/// `lo..hi` rounded out to whole chunks; `None` where the end would pass `u64::MAX`.
+/// `lo..hi` rounded out to whole chunks; `None` where the end would pass `u64::MAX` or the chunk is
+/// not a power of two.
 pub(crate) fn cover(lo: u64, hi: u64, chunk: u64) -> Option<(u64, u64)> {
+    if !chunk.is_power_of_two() {
+        return None;
+    }
     Some((lo & !(chunk - 1), hi.checked_next_multiple_of(chunk)?))
 }
 
-/// The chunk-aligned cover of the binding `addr..addr + size`.
+/// The chunk-aligned cover of the binding `addr..addr + size`. The chunk must be a power of two.
 pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, ImportError> {
+    if !chunk.is_power_of_two() {
+        return Err(ImportError::BadChunk { chunk, align: 1 });
+    }
     if size == 0 {
         return Err(ImportError::EmptyBinding { addr });
     }
@@ -315,6 +322,23 @@ mod tests {
         // Pools a registry refuses are errors of the model, not panics.
         assert!(matches!(reference(&[(u64::MAX, 1)], cfg(64), 0, 1, true), Err(ImportError::BadPool { .. })));
         assert!(matches!(reference(&[(5, 0)], cfg(64), 0, 1, false), Err(ImportError::BadPool { .. })));
+    }
+
+    #[test]
+    fn a_chunk_that_is_not_a_power_of_two_is_refused_not_a_panic() {
+        // Found by fuzz/import_plan: a chunk of 0 overflowed `chunk - 1` in `cover`.
+        let list = [(0x1000, 0x10_0000)];
+        let p = pools(&list);
+        for chunk in [0, 3, 0x3000, u64::MAX] {
+            let c = PlanConfig { chunk, span_cap: 64 * MIB };
+            let e = plan(&p, c, 0x2000, 0x10, true).unwrap_err();
+            assert!(matches!(e, ImportError::BadChunk { chunk: c, align: 1 } if c == chunk), "{e}");
+            assert_eq!(e.to_string(), reference(&list, c, 0x2000, 0x10, true).unwrap_err().to_string());
+            assert!(binding_cover(0x2000, 0x10, chunk).is_err());
+            // `grow` on its own leaves the range as it is.
+            let r = Planned { lo: 0, hi: 0x8000 };
+            assert_eq!(grow(&p, c, r), r);
+        }
     }
 
     #[test]

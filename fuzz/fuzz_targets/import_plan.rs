@@ -8,12 +8,14 @@ use arbitrary::Arbitrary;
 use emuhost::import::{PlanConfig, PoolId, Pools, binding_cover, plan, reference};
 use libfuzzer_sys::fuzz_target;
 
-/// Where addresses fall: most near a few chunk ends low in the space (where pools meet), some
-/// anywhere, some at the very top (where covers wrap).
+/// Where addresses fall: most in the lowest 256 MiB (a few small chunks, where pools meet and
+/// spans chain), some in 16 GiB, anywhere, or at the very top (where covers wrap).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Addr {
-    /// `page * 4 KiB + byte`, within 16 GiB of the bottom.
-    Near { page: u32, byte: u16 },
+    /// `page * 4 KiB + byte`, within 256 MiB of the bottom.
+    Near { page: u16, byte: u16 },
+    /// The same within 16 GiB.
+    Far { page: u32, byte: u16 },
     /// So many bytes below `u64::MAX`.
     Top(u32),
     Raw(u64),
@@ -22,7 +24,8 @@ enum Addr {
 impl Addr {
     fn get(self) -> u64 {
         match self {
-            Addr::Near { page, byte } => u64::from(page % (1 << 22)) * 4096 + u64::from(byte % 4096),
+            Addr::Near { page, byte } => u64::from(page) * 4096 + u64::from(byte % 4096),
+            Addr::Far { page, byte } => u64::from(page % (1 << 22)) * 4096 + u64::from(byte % 4096),
             Addr::Top(back) => u64::MAX - u64::from(back),
             Addr::Raw(a) => a,
         }
@@ -50,7 +53,9 @@ impl Size {
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Chunk {
-    /// 4 KiB << n (up to 2^63).
+    /// 4 KiB << (n % 16): 4 KiB to 128 MiB.
+    Small(u8),
+    /// 4 KiB << (n % 52): up to 2^63.
     Shift(u8),
     /// Any value: the planner must refuse one that is not a power of two.
     Raw(u64),
@@ -59,6 +64,7 @@ enum Chunk {
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Cap {
     Off,
+    /// A few chunks: the cap a chain of pools reaches exactly.
     Chunks(u8),
     Mib(u16),
     Raw(u64),
@@ -99,12 +105,13 @@ fuzz_target!(|ops: Vec<Op>| {
             }
             Op::Plan { addr, size, chunk, cap, span } => {
                 let chunk = match chunk {
+                    Chunk::Small(n) => 4096u64 << (n % 16),
                     Chunk::Shift(n) => 4096u64 << (n % 52),
                     Chunk::Raw(c) => c,
                 };
                 let span_cap = match cap {
                     Cap::Off => 0,
-                    Cap::Chunks(n) => chunk.saturating_mul(u64::from(n)),
+                    Cap::Chunks(n) => chunk.saturating_mul(u64::from(n % 16)),
                     Cap::Mib(m) => u64::from(m) << 20,
                     Cap::Raw(c) => c,
                 };

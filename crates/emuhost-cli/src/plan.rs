@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
-use emuhost::import::{ImportConfig, Pools, plan};
+use anyhow::Context;
+use emuhost::import::{ImportConfig, Pools, plan, pools_file};
 
 use crate::Outcome;
 
@@ -26,12 +26,7 @@ pub struct Args {
 
 /// A number in hex (`0x`) or decimal.
 pub fn parse_num(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => t.parse(),
-    };
-    r.map_err(|e| format!("{t:?} is not a number (hex with 0x, or decimal): {e}"))
+    pools_file::parse_num(s).map_err(|e| e.to_string())
 }
 
 fn parse_binding(s: &str) -> Result<(u64, u64), String> {
@@ -46,29 +41,10 @@ fn parse_binding(s: &str) -> Result<(u64, u64), String> {
     Ok((addr, size))
 }
 
-/// Reads a pools file: `LO SIZE` a line.
+/// Reads a pools file (`LO SIZE` a line); a bad line is named `path:line`.
 pub fn read_pools(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let at = || format!("{}:{}", path.display(), i + 1);
-        let body = line.split('#').next().unwrap_or("").trim();
-        if body.is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = body.split_whitespace().collect();
-        let [lo, size] = fields[..] else { bail!("{}: expected `LO SIZE`, got {body:?}", at()) };
-        let lo = parse_num(lo).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        let size = parse_num(size).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-        if size == 0 {
-            bail!("{}: the pool at {lo:#x} has zero size", at());
-        }
-        if lo.checked_add(size).is_none() {
-            bail!("{}: the pool {lo:#x}+{size:#x} runs past the end of the address space", at());
-        }
-        out.push((lo, size));
-    }
-    Ok(out)
+    pools_file::parse(&text).map_err(|e| anyhow::anyhow!("{}:{}: {}", path.display(), e.line, e.what))
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {

@@ -8,7 +8,13 @@ pub const LOG: &str = "EMUHOST_LOG";
 
 /// Other `EMUHOST_*` names that are not switches of a run: set by emuhost itself for a child
 /// process, or read by the test suite.
-const NOT_SWITCHES: &[&str] = &["EMUHOST_REPLAY_CHILD", "EMUHOST_REQUIRE_VULKAN", "EMUHOST_REQUIRE_CUDA"];
+const NOT_SWITCHES: &[&str] = &[
+    "EMUHOST_REPLAY_CHILD",
+    "EMUHOST_REQUIRE_VULKAN",
+    "EMUHOST_REQUIRE_CUDA",
+    "EMUHOST_FUZZ_SECONDS",
+    "EMUHOST_TEST_FAULT_CHILD",
+];
 
 /// Every switch a replay honours, in the README's order.
 pub fn names() -> Vec<&'static str> {

@@ -22,6 +22,7 @@ mod importer;
 mod pin;
 mod plan;
 mod pools;
+pub mod pools_file;
 pub(crate) mod vulkan;
 
 pub use backend::{
@@ -32,7 +33,7 @@ pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
 pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, PopulateAhead, Stats};
 pub use pin::{Pin, Pinned};
-pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan};
+pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan, reference};
 pub use pools::{Pool, PoolId, Pools};
 pub use vulkan::{Vulkan, VulkanImport};
 

@@ -7,7 +7,7 @@
 //! the cap. A pool whose cover would take the range past the cap is left out; a pool that only
 //! touches an end is not across it.
 //!
-//! The rule, exactly (the property test's reference model states it the slow way): each pass takes
+//! The rule, exactly ([`reference`] states it the slow way): each pass takes
 //! the pools across the ends of the range as it stood when the pass began, in `(lo, id)` order;
 //! each of them that still runs across an end of the range as it stands now, and whose union with
 //! it is within the cap, grows the range at once.
@@ -72,13 +72,20 @@ impl std::fmt::Display for Planned {
     }
 }
 
-/// `lo..hi` rounded out to whole chunks; `None` where the end would pass `u64::MAX`.
+/// `lo..hi` rounded out to whole chunks; `None` where the end would pass `u64::MAX` or the chunk is
+/// not a power of two.
 pub(crate) fn cover(lo: u64, hi: u64, chunk: u64) -> Option<(u64, u64)> {
+    if !chunk.is_power_of_two() {
+        return None;
+    }
     Some((lo & !(chunk - 1), hi.checked_next_multiple_of(chunk)?))
 }
 
-/// The chunk-aligned cover of the binding `addr..addr + size`.
+/// The chunk-aligned cover of the binding `addr..addr + size`. The chunk must be a power of two.
 pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, ImportError> {
+    if !chunk.is_power_of_two() {
+        return Err(ImportError::BadChunk { chunk, align: 1 });
+    }
     if size == 0 {
         return Err(ImportError::EmptyBinding { addr });
     }
@@ -119,6 +126,66 @@ pub fn grow(pools: &Pools, cfg: PlanConfig, mut r: Planned) -> Planned {
         }
         if !grew {
             return r;
+        }
+    }
+}
+
+/// The planner's rule stated the slow way, for tests and fuzzing to check [`plan`] against: every
+/// pass looks at every pool, with no index.
+///
+/// `pools` are `(lo, size)` in the order they were registered (a [`Pools`] registry holding the
+/// same pools, added in this order, gives the same plans). It gives the same result as [`plan`]
+/// over those pools, errors included, and never panics: a chunk that is not a power of two is
+/// [`ImportError::BadChunk`], a binding that is empty or whose cover would end past `u64::MAX` is
+/// [`ImportError::EmptyBinding`] or [`ImportError::BindingWraps`]; a pool whose cover would end past
+/// `u64::MAX` never grows a range. A pool that a registry refuses (empty, or wrapping) is
+/// [`ImportError::BadPool`] here.
+pub fn reference(
+    pools: &[(u64, u64)],
+    cfg: PlanConfig,
+    addr: u64,
+    size: u64,
+    span: bool,
+) -> Result<Planned, ImportError> {
+    let ch = cfg.chunk;
+    if !ch.is_power_of_two() {
+        return Err(ImportError::BadChunk { chunk: ch, align: 1 });
+    }
+    if size == 0 {
+        return Err(ImportError::EmptyBinding { addr });
+    }
+    let wraps = || ImportError::BindingWraps { addr, size };
+    let up = |x: u64| x.div_ceil(ch).checked_mul(ch);
+    let (mut lo, mut hi) = (addr / ch * ch, up(addr.checked_add(size).ok_or_else(wraps)?).ok_or_else(wraps)?);
+    let mut sorted = Vec::with_capacity(pools.len());
+    for (i, &(l, s)) in pools.iter().enumerate() {
+        match l.checked_add(s) {
+            Some(h) if s > 0 => sorted.push((i, l, h)),
+            _ => return Err(ImportError::BadPool { lo: l, size: s }),
+        }
+    }
+    if !span || cfg.span_cap == 0 {
+        return Ok(Planned { lo, hi });
+    }
+    // Sorted by (lo, registration order), as a registry orders pools (by lo, then id).
+    sorted.sort_by_key(|&(i, l, _)| (l, i));
+    let crosses = |l: u64, h: u64, a: u64, b: u64| (l < a && a < h) || (l < b && b < h);
+    loop {
+        let (lo0, hi0) = (lo, hi);
+        let mut grew = false;
+        for &(_, l, h) in sorted.iter().filter(|&&(_, l, h)| crosses(l, h, lo0, hi0)) {
+            if !crosses(l, h, lo, hi) {
+                continue;
+            }
+            let Some(ph) = up(h) else { continue };
+            let (nl, nh) = (lo.min(l / ch * ch), hi.max(ph));
+            if nh - nl <= cfg.span_cap {
+                (lo, hi) = (nl, nh);
+                grew = true;
+            }
+        }
+        if !grew {
+            return Ok(Planned { lo, hi });
         }
     }
 }
@@ -236,33 +303,41 @@ mod tests {
         assert!(PlanConfig { chunk: 2048, span_cap: 0 }.check(4096).is_err());
     }
 
-    /// The rule stated the slow way: every pass looks at every pool.
-    fn model(pools: &[(u64, u64)], c: PlanConfig, addr: u64, size: u64) -> (u64, u64) {
-        let ch = c.chunk;
-        let (mut lo, mut hi) = (addr / ch * ch, (addr + size).div_ceil(ch) * ch);
-        if c.span_cap == 0 {
-            return (lo, hi);
+    #[test]
+    fn the_reference_model_agrees_at_the_top_of_the_address_space() {
+        // Pools whose cover ends past u64::MAX never grow a range; a binding whose cover would is
+        // refused by both.
+        let top = u64::MAX - CHUNK + 1;
+        let list = [(top - 0x1000, 0x2000), (top + 0x1000, CHUNK - 0x2000), (top - CHUNK, 0x1000)];
+        let p = pools(&list);
+        for (addr, size) in [(top - 0x800, 0x100), (top - CHUNK + 0x10, 0x10), (top, 0x10), (u64::MAX, 1), (0, 0)] {
+            for c in [cfg(0), cfg(64), PlanConfig { chunk: 4096, span_cap: 1 << 40 }] {
+                let got = plan(&p, c, addr, size, true).map_err(|e| e.to_string());
+                let want = reference(&list, c, addr, size, true).map_err(|e| e.to_string());
+                assert_eq!(got, want, "{addr:#x}+{size:#x} {c:?}");
+            }
         }
-        // Sorted by (lo, id): ids are the insertion order.
-        let mut sorted: Vec<(usize, u64, u64)> = pools.iter().enumerate().map(|(i, &(l, s))| (i, l, l + s)).collect();
-        sorted.sort_by_key(|&(i, l, _)| (l, i));
-        loop {
-            let (lo0, hi0) = (lo, hi);
-            let crosses = |l: u64, h: u64, a: u64, b: u64| (l < a && a < h) || (l < b && b < h);
-            let mut grew = false;
-            for &(_, l, h) in sorted.iter().filter(|&&(_, l, h)| crosses(l, h, lo0, hi0)) {
-                if !crosses(l, h, lo, hi) {
-                    continue;
-                }
-                let (nl, nh) = (lo.min(l / ch * ch), hi.max(h.div_ceil(ch) * ch));
-                if nh - nl <= c.span_cap {
-                    (lo, hi) = (nl, nh);
-                    grew = true;
-                }
-            }
-            if !grew {
-                return (lo, hi);
-            }
+        assert!(matches!(plan(&p, cfg(64), top, 0x10, true), Err(ImportError::BindingWraps { .. })));
+        assert_eq!(plan(&p, cfg(64), top - 0x800, 0x100, true).unwrap(), Planned { lo: top - CHUNK, hi: top });
+        // Pools a registry refuses are errors of the model, not panics.
+        assert!(matches!(reference(&[(u64::MAX, 1)], cfg(64), 0, 1, true), Err(ImportError::BadPool { .. })));
+        assert!(matches!(reference(&[(5, 0)], cfg(64), 0, 1, false), Err(ImportError::BadPool { .. })));
+    }
+
+    #[test]
+    fn a_chunk_that_is_not_a_power_of_two_is_refused_not_a_panic() {
+        // Found by fuzz/import_plan: a chunk of 0 overflowed `chunk - 1` in `cover`.
+        let list = [(0x1000, 0x10_0000)];
+        let p = pools(&list);
+        for chunk in [0, 3, 0x3000, u64::MAX] {
+            let c = PlanConfig { chunk, span_cap: 64 * MIB };
+            let e = plan(&p, c, 0x2000, 0x10, true).unwrap_err();
+            assert!(matches!(e, ImportError::BadChunk { chunk: c, align: 1 } if c == chunk), "{e}");
+            assert_eq!(e.to_string(), reference(&list, c, 0x2000, 0x10, true).unwrap_err().to_string());
+            assert!(binding_cover(0x2000, 0x10, chunk).is_err());
+            // `grow` on its own leaves the range as it is.
+            let r = Planned { lo: 0, hi: 0x8000 };
+            assert_eq!(grow(&p, c, r), r);
         }
     }
 
@@ -297,8 +372,8 @@ mod tests {
                 let addr = next() % window;
                 let size = 1 + next() % (2 * MIB);
                 let got = plan(&p, c, addr, size, true).unwrap();
-                let want = model(&list, c, addr, size);
-                assert_eq!((got.lo, got.hi), want, "case {case}: {list:x?} cfg {c:?} bind {addr:#x}+{size:#x}");
+                let want = reference(&list, c, addr, size, true).unwrap();
+                assert_eq!(got, want, "case {case}: {list:x?} cfg {c:?} bind {addr:#x}+{size:#x}");
                 if got.len() > binding_cover(addr, size, c.chunk).unwrap().len() {
                     grew += 1;
                 }

@@ -23,6 +23,7 @@ mod pin;
 mod plan;
 mod pools;
 pub mod pools_file;
+pub(crate) mod vk_instance;
 pub(crate) mod vulkan;
 
 pub use backend::{

@@ -1,7 +1,8 @@
 //! Vulkan: guest pages imported as device memory with `VK_EXT_external_memory_host`.
 //!
 //! The loader (`libvulkan.so.1`) is found at run time (`ash::Entry::load`), so nothing Vulkan is
-//! needed to build. The device is the best one offering the extension (discrete GPU, then
+//! needed to build; its instance is the process's one ([`super::vk_instance`]), made once and
+//! kept, and each backend makes and destroys only its device. The device is the best one offering the extension (discrete GPU, then
 //! integrated, virtual, CPU: Mesa's lavapipe on a machine without a GPU). An import asks
 //! `vkGetMemoryHostPointerPropertiesEXT` which memory types can hold the pointer, makes a transfer
 //! buffer over the range (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type
@@ -13,7 +14,7 @@
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. The handles
 //! it passes were made by the same instance and device, which outlive them (`Drop` waits for the
-//! device to go idle and then destroys the device and the instance last); the command pool and the
+//! device to go idle and then destroys the device; the instance is the process's and outlives it); the command pool and the
 //! queue, which Vulkan requires to be externally synchronized, are used only under one lock; and
 //! a host pointer given to the driver lies in a mapping that stays mapped until the memory made of
 //! it is freed (the [`HostSpan`] contract). Every `unsafe` block carries a `// SAFETY:` line.
@@ -26,6 +27,7 @@ use ash::vk;
 
 use super::ImportError;
 use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
+use super::vk_instance::InstanceError;
 
 const HOST: vk::ExternalMemoryHandleTypeFlags = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
 
@@ -44,9 +46,6 @@ struct Queue {
 
 /// The Vulkan backend: one instance, one device, one queue.
 pub struct Vulkan {
-    // Kept for the loader's lifetime: the instance's function pointers live in the library.
-    _entry: ash::Entry,
-    instance: ash::Instance,
     device: ash::Device,
     host_ptr: ash::ext::external_memory_host::Device,
     queue: Mutex<Queue>,
@@ -95,24 +94,15 @@ struct Chosen {
 }
 
 impl Vulkan {
-    /// Loads the loader, makes an instance and a device with `VK_EXT_external_memory_host`.
+    /// Makes a device with `VK_EXT_external_memory_host` from the process's instance (made on
+    /// the first call: [`super::vk_instance`]).
     pub fn open() -> Result<Vulkan, ImportError> {
-        // SAFETY: loading the system's Vulkan loader runs its initialisers, which is what a
-        // Vulkan program does; the library stays loaded as long as `entry` lives (in `Vulkan`).
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| unavailable(format!("no Vulkan loader: {e}")))?;
-        let app = vk::ApplicationInfo::default().application_name(c"emuhost").api_version(vk::API_VERSION_1_1);
-        let info = vk::InstanceCreateInfo::default().application_info(&app);
-        // SAFETY: `info` and what it points to live across the call.
-        let instance = unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
-        match Self::with_instance(&instance) {
-            Ok(parts) => Ok(Self::assemble(entry, instance, parts)),
-            Err(e) => {
-                // SAFETY: nothing was made from the instance that still lives (with_instance
-                // destroys the device it made on its own failure paths).
-                unsafe { instance.destroy_instance(None) };
-                Err(e)
-            }
-        }
+        let shared = super::vk_instance::shared().map_err(|e| match e {
+            InstanceError::Loader(e) => unavailable(format!("no Vulkan loader: {e}")),
+            InstanceError::Vulkan { op, code } => ImportError::Vulkan { op, code },
+        })?;
+        let parts = Self::with_instance(&shared.instance)?;
+        Ok(Self::assemble(parts))
     }
 
     fn choose(instance: &ash::Instance) -> Result<Chosen, ImportError> {
@@ -227,11 +217,9 @@ impl Vulkan {
         Ok(Parts { device, host_ptr, queue: Queue { queue, pool }, align, memory, budget, name: c.name, driver })
     }
 
-    fn assemble(entry: ash::Entry, instance: ash::Instance, p: Parts) -> Vulkan {
+    fn assemble(p: Parts) -> Vulkan {
         let heaps = p.memory.memory_heap_count as usize;
         Vulkan {
-            _entry: entry,
-            instance,
             device: p.device,
             host_ptr: p.host_ptr,
             queue: Mutex::new(p.queue),
@@ -478,12 +466,12 @@ impl Drop for Vulkan {
     fn drop(&mut self) {
         let q = self.queue.get_mut().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `&mut self`: no other thread uses the device; after the wait no command is
-        // pending, so the pool, the device and then the instance can go, in that order.
+        // pending, so the pool and then the device can go, in that order. The instance stays
+        // (the process's, [`super::vk_instance`]).
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_command_pool(q.pool, None);
             self.device.destroy_device(None);
-            self.instance.destroy_instance(None);
         }
     }
 }

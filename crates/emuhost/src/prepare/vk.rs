@@ -50,9 +50,6 @@ pub struct CreateOutcome {
 
 /// A device, its compute queue and the pipeline cache.
 pub struct Driver {
-    // Kept alive: the instance's function pointers come from the loader it holds.
-    _entry: ash::Entry,
-    instance: ash::Instance,
     device: ash::Device,
     cache: vk::PipelineCache,
     _queue: vk::Queue,
@@ -68,32 +65,15 @@ impl Driver {
     /// (discrete GPU, integrated, virtual, CPU) where `None`. Make the cache next
     /// ([`Driver::make_cache`]), once its file was checked against [`Driver::info`].
     pub fn open(index: Option<usize>) -> Result<Driver, PrepareError> {
-        // SAFETY: loading the loader runs its initializers; libvulkan is a well-behaved system
-        // library and nothing else in this process unloads it.
-        let entry = unsafe { ash::Entry::load() }.map_err(PrepareError::Loader)?;
-        // SAFETY: a global command with no handles.
-        let loader_version = unsafe { entry.try_enumerate_instance_version() }
-            .map_err(vkerr("vkEnumerateInstanceVersion"))?
-            .unwrap_or(vk::API_VERSION_1_0);
-        let api = loader_version.min(vk::API_VERSION_1_3);
-        let app = vk::ApplicationInfo::default()
-            .application_name(c"emuhost prepare")
-            .engine_name(c"emuhost")
-            .api_version(api);
-        let ici = vk::InstanceCreateInfo::default().application_info(&app);
-        // SAFETY: `ici` and `app` live across the call; no layers or extensions asked for.
-        let instance = unsafe { entry.create_instance(&ici, None) }.map_err(vkerr("vkCreateInstance"))?;
-        match Self::open_device(entry, instance.clone(), index) {
-            Ok(d) => Ok(d),
-            Err(e) => {
-                // SAFETY: the instance has no children left (open_device destroys what it made).
-                unsafe { instance.destroy_instance(None) };
-                Err(e)
-            }
-        }
+        use crate::import::vk_instance::{InstanceError, shared};
+        let shared = shared().map_err(|e| match e {
+            InstanceError::Loader(e) => PrepareError::Loader(e),
+            InstanceError::Vulkan { op, code } => PrepareError::Vulkan { what: op, result: code },
+        })?;
+        Self::open_device(&shared.instance, index)
     }
 
-    fn open_device(entry: ash::Entry, instance: ash::Instance, index: Option<usize>) -> Result<Driver, PrepareError> {
+    fn open_device(instance: &'static ash::Instance, index: Option<usize>) -> Result<Driver, PrepareError> {
         // SAFETY: `instance` is live.
         let pdevs = unsafe { instance.enumerate_physical_devices() }.map_err(vkerr("vkEnumeratePhysicalDevices"))?;
         let compute_family = |pd: vk::PhysicalDevice| {
@@ -145,7 +125,7 @@ impl Driver {
             max_workgroup_size: p.limits.max_compute_work_group_size,
             creation_feedback: core_feedback || has_ext,
         };
-        Ok(Driver { _entry: entry, instance, device, cache: vk::PipelineCache::null(), _queue: queue, info })
+        Ok(Driver { device, cache: vk::PipelineCache::null(), _queue: queue, info })
     }
 
     /// Makes the pipeline cache from `initial` (empty: a cold cache). The caller has checked
@@ -288,7 +268,6 @@ impl Drop for Driver {
         unsafe {
             self.device.destroy_pipeline_cache(self.cache, None);
             self.device.destroy_device(None);
-            self.instance.destroy_instance(None);
         }
     }
 }

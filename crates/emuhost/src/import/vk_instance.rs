@@ -1,0 +1,100 @@
+//! One Vulkan loader and one instance for the whole process, made on first use and kept until
+//! the process exits; the import backend and the shader preparation make their devices from it.
+//!
+//! Why not an instance per backend: destroying an instance makes the loader unload every driver
+//! (ICD) it loaded, and the next instance loads them all again. On a machine with Mesa that is
+//! some 70 libraries loaded and run per replay (`LD_DEBUG=files`), and on the H200 (NVIDIA
+//! 580.159.04) the 31st instance made in one process failed with `VK_ERROR_INCOMPATIBLE_DRIVER`:
+//! a soak's replays 31 and on found no Vulkan, and the automatic choice of import backend fell
+//! back to CUDA without a word in the figures. A Vulkan program keeps one instance for its life;
+//! so does emuhost. It is never destroyed: the OS takes it back at exit, after the last device
+//! made from it is gone (a destructor at exit could run while another thread still uses it).
+//!
+//! # Safety
+//! This module opts out of the crate's `deny(unsafe_code)` for the loader's FFI; each `unsafe`
+//! block carries a `// SAFETY:` line.
+#![allow(unsafe_code)]
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use ash::vk;
+
+/// The process's loader and instance.
+pub(crate) struct Shared {
+    /// Kept for the process's life: the instance's function pointers live in the loader.
+    _entry: ash::Entry,
+    pub instance: ash::Instance,
+}
+
+/// Why the instance could not be made (nothing is kept then: the next call tries again).
+#[derive(Debug)]
+pub(crate) enum InstanceError {
+    Loader(ash::LoadingError),
+    Vulkan { op: &'static str, code: vk::Result },
+}
+
+static SHARED: Mutex<Option<&'static Shared>> = Mutex::new(None);
+static MADE: AtomicU64 = AtomicU64::new(0);
+
+/// The process's instance, made on the first call.
+pub(crate) fn shared() -> Result<&'static Shared, InstanceError> {
+    let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = *slot {
+        return Ok(s);
+    }
+    // SAFETY: loading the system's Vulkan loader runs its initialisers, which is what a Vulkan
+    // program does; the library stays loaded for the process's life (the entry is never dropped).
+    let entry = unsafe { ash::Entry::load() }.map_err(InstanceError::Loader)?;
+    // SAFETY: a global command with no handles.
+    let loader = unsafe { entry.try_enumerate_instance_version() }
+        .map_err(|code| InstanceError::Vulkan { op: "vkEnumerateInstanceVersion", code })?
+        .unwrap_or(vk::API_VERSION_1_0);
+    // The loader's version, at least 1.1 (what the import needs), at most 1.3 (what preparation
+    // can use).
+    let api_version = loader.clamp(vk::API_VERSION_1_1, vk::API_VERSION_1_3);
+    let app =
+        vk::ApplicationInfo::default().application_name(c"emuhost").engine_name(c"emuhost").api_version(api_version);
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `info` and what it points to live across the call; no layer or extension is asked for.
+    let instance = unsafe { entry.create_instance(&info, None) }
+        .map_err(|code| InstanceError::Vulkan { op: "vkCreateInstance", code })?;
+    MADE.fetch_add(1, Relaxed);
+    let s: &'static Shared = Box::leak(Box::new(Shared { _entry: entry, instance }));
+    *slot = Some(s);
+    Ok(s)
+}
+
+/// How many instances this process has made: 1 once Vulkan was used, whatever the number of
+/// backends and preparations since.
+#[cfg(test)]
+pub(crate) fn instances_made() -> u64 {
+    MADE.load(Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::vulkan::Vulkan;
+
+    /// Backends made and dropped one after another (and beside the other tests' ones) share one
+    /// instance: with an instance each, the loader unloads and reloads every driver per backend,
+    /// and NVIDIA's refused the 31st. Forty in a row pass that count.
+    #[test]
+    fn backends_share_one_instance_for_the_process() {
+        for i in 0..40 {
+            match Vulkan::open() {
+                Ok(v) => drop(v),
+                Err(e) if i == 0 && std::env::var("EMUHOST_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1") => {
+                    panic!("EMUHOST_REQUIRE_VULKAN=1 but Vulkan is not usable: {e}")
+                }
+                Err(e) if i == 0 => return eprintln!("skipped: Vulkan: {e}"),
+                Err(e) => panic!("backend {} of 40 failed: {e}", i + 1),
+            }
+        }
+        assert_eq!(instances_made(), 1);
+        let a: *const Shared = shared().unwrap();
+        let b: *const Shared = shared().unwrap();
+        assert_eq!(a, b);
+    }
+}

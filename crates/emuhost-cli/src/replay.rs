@@ -51,6 +51,10 @@ pub struct Args {
     /// resident memory stays flat after the first loop and no import is left live (exit 1 if not).
     #[arg(long, value_name = "DURATION")]
     pub soak: Option<String>,
+    /// With --soak: leave what the C allocator holds free after each loop with it, rather than
+    /// giving it back to the kernel (malloc_trim), to see how much it keeps.
+    #[arg(long, requires = "soak")]
+    pub no_trim: bool,
 }
 
 impl Args {
@@ -98,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some(t) = &a.trace {
             cmd.arg(t);
         }
-        for (flag, on) in [("--paced", a.paced), ("--json", a.json)] {
+        for (flag, on) in [("--paced", a.paced), ("--json", a.json), ("--no-trim", a.no_trim)] {
             if on {
                 cmd.arg(flag);
             }
@@ -126,7 +130,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let cfg = ReplayConfig { paced: a.paced, ..Default::default() };
     if let Some(d) = soak {
-        return crate::soak::run(d, a.trace.as_deref(), &cfg, a.json);
+        return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }
     let done = Arc::new(AtomicBool::new(false));
     let spinner = progress(done.clone(), a.trace.is_some());

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use emuhost::trace::{
-    DEFAULT_GROWTH_LIMIT, ReplayConfig, ReplayReport, SoakLoop, SoakVerdict, judge, memory, replay_default, replay_file,
+    DEFAULT_GROWTH_LIMIT, ReplayConfig, ReplayReport, SoakLoop, SoakVerdict, judge, memory, replay_default,
+    replay_file, trim_heap,
 };
 use serde_json::json;
 
@@ -42,8 +43,16 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
-/// Loops the replay until `duration` has passed (at least once) and reports.
-pub fn run(duration: Duration, trace: Option<&Path>, cfg: &ReplayConfig, as_json: bool) -> anyhow::Result<Outcome> {
+/// Loops the replay until `duration` has passed (at least once) and reports; with `trim`, what
+/// the C allocator holds free is given back to the kernel after each loop's teardown, before the
+/// memory is read (the resident memory before it is reported too).
+pub fn run(
+    duration: Duration,
+    trace: Option<&Path>,
+    cfg: &ReplayConfig,
+    trim: bool,
+    as_json: bool,
+) -> anyhow::Result<Outcome> {
     let start = Instant::now();
     let mut loops: Vec<SoakLoop> = Vec::new();
     let mut first: Option<ReplayReport> = None;
@@ -55,12 +64,19 @@ pub fn run(duration: Duration, trace: Option<&Path>, cfg: &ReplayConfig, as_json
             None => replay_default(cfg).context("replaying the built-in session"),
         };
         let wall = t.elapsed();
-        let mem = memory().context("reading /proc/self/status")?;
-        let mut l = SoakLoop { index, wall, memory: mem, ..Default::default() };
+        let untrimmed = memory().context("reading /proc/self/status")?;
+        let mem = if trim {
+            trim_heap();
+            memory().context("reading /proc/self/status")?
+        } else {
+            untrimmed
+        };
+        let mut l = SoakLoop { index, wall, memory: mem, rss_untrimmed: untrimmed.rss, ..Default::default() };
         match result {
             Ok(r) => {
                 (l.live_imports, l.live_bytes) = (r.live_imports_after_teardown, r.live_import_bytes_after_teardown);
                 (l.writes, l.lost_writes) = (r.writes, r.lost_writes);
+                (l.import_backend, l.watch_backend) = (r.import_backend.clone(), r.watch_backend.clone());
                 first.get_or_insert(r);
             }
             // The first loop failing is bad input (a trace that cannot be replayed): an error.
@@ -74,9 +90,9 @@ pub fn run(duration: Duration, trace: Option<&Path>, cfg: &ReplayConfig, as_json
     let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
     let r = first.expect("the first loop succeeded");
     if as_json {
-        outln!("{}", report_json(&loops, &v, &r, duration, elapsed));
+        outln!("{}", report_json(&loops, &v, &r, duration, elapsed, trim));
     } else {
-        print_report(&loops, &v, &r, trace, elapsed);
+        print_report(&loops, &v, &r, trace, elapsed, trim);
     }
     Ok(if v.passed() { Outcome::Ok } else { Outcome::CheckFailed })
 }
@@ -87,24 +103,28 @@ fn report_json(
     r: &ReplayReport,
     asked: Duration,
     elapsed: Duration,
+    trim: bool,
 ) -> serde_json::Value {
     let rows: Vec<_> = loops
         .iter()
         .map(|l| {
             json!({
-                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "rss_mib": mib(l.memory.rss),
+                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "rss_mib": mib(l.memory.rss), "rss_untrimmed_mib": mib(l.rss_untrimmed),
+                "heap_in_use_mib": mib(l.memory.heap_in_use), "heap_free_mib": mib(l.memory.heap_free),
                 "locked_mib": mib(l.memory.locked), "live_imports": l.live_imports,
                 "live_import_bytes": l.live_bytes, "writes": l.writes, "lost_writes": l.lost_writes,
-                "error": l.error,
+                "import_backend": l.import_backend, "watch_backend": l.watch_backend, "error": l.error,
             })
         })
         .collect();
     json!({
-        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "loops": rows,
+        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "trim": trim, "loops": rows,
         "import_backend": r.import_backend, "watch_backend": r.watch_backend,
         "rss_first_mib": mib(v.rss_first), "rss_max_after_mib": mib(v.rss_max_after),
         "rss_max_loop": v.rss_max_loop, "rss_growth_mib": mib(v.growth), "rss_growth_pct": v.growth_percent,
         "rss_growth_allowed_mib": mib(v.allowed_growth),
+        "heap_in_use_first_mib": mib(v.heap_first), "heap_in_use_max_after_mib": mib(v.heap_max_after),
+        "heap_in_use_growth_mib": mib(v.heap_growth),
         "live_imports_end": v.live_imports_end, "live_import_bytes_end": v.live_bytes_end,
         "errors": v.errors, "lost_writes": v.lost_writes, "passed": v.passed(), "failures": v.failures,
     })
@@ -125,7 +145,14 @@ fn shown(loops: &[SoakLoop]) -> (Vec<&SoakLoop>, usize) {
     (rows, every)
 }
 
-fn print_report(loops: &[SoakLoop], v: &SoakVerdict, r: &ReplayReport, trace: Option<&Path>, elapsed: Duration) {
+fn print_report(
+    loops: &[SoakLoop],
+    v: &SoakVerdict,
+    r: &ReplayReport,
+    trace: Option<&Path>,
+    elapsed: Duration,
+    trim: bool,
+) {
     let what = trace.map_or("the built-in session".to_string(), |p| p.display().to_string());
     outln!(
         "soak: {} loops of {what} in {:.1} s (write tracking {}, imports {})",
@@ -138,11 +165,21 @@ fn print_report(loops: &[SoakLoop], v: &SoakVerdict, r: &ReplayReport, trace: Op
     if every > 1 {
         outln!("one loop in {every} shown, with the last and each that failed a check");
     }
+    if trim {
+        outln!(
+            "after each loop's teardown the allocator's free memory is given back (malloc_trim): RSS after it, untrimmed before it"
+        );
+    } else {
+        outln!("--no-trim: the allocator keeps the memory it holds free");
+    }
     outln!(
-        "{:>6} {:>9} {:>9} {:>11} {:>13} {:>9} {:>9} {:>6}  error",
+        "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11} {:>13} {:>9} {:>9} {:>6}  error",
         "loop",
         "wall s",
         "RSS MiB",
+        "untrimmed",
+        "heap MiB",
+        "free MiB",
         "locked MiB",
         "live imports",
         "live MiB",
@@ -151,10 +188,13 @@ fn print_report(loops: &[SoakLoop], v: &SoakVerdict, r: &ReplayReport, trace: Op
     );
     for l in rows {
         outln!(
-            "{:>6} {:>9.2} {:>9.1} {:>11.1} {:>13} {:>9.1} {:>9} {:>6}  {}",
+            "{:>6} {:>9.2} {:>9.1} {:>10.1} {:>9.1} {:>9.1} {:>11.1} {:>13} {:>9.1} {:>9} {:>6}  {}",
             l.index,
             l.wall.as_secs_f64(),
             mib(l.memory.rss),
+            mib(l.rss_untrimmed),
+            mib(l.memory.heap_in_use),
+            mib(l.memory.heap_free),
             mib(l.memory.locked),
             l.live_imports,
             mib(l.live_bytes),
@@ -171,6 +211,12 @@ fn print_report(loops: &[SoakLoop], v: &SoakVerdict, r: &ReplayReport, trace: Op
         mib(v.growth),
         v.growth_percent,
         mib(v.allowed_growth)
+    );
+    outln!(
+        "  allocator in use        {:.1} MiB after loop 1, at most {:.1} MiB after it (growth {:.1} MiB)",
+        mib(v.heap_first),
+        mib(v.heap_max_after),
+        mib(v.heap_growth)
     );
     outln!("  live imported at the end {} bytes in {} imports", v.live_bytes_end, v.live_imports_end);
     outln!("  errors {}, lost writes {}", v.errors, v.lost_writes);

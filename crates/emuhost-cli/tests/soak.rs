@@ -44,6 +44,7 @@ fn a_short_soak_prints_every_loop_and_passes() {
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("soak: ") && lines[0].contains("loops of"), "{text}");
+    assert!(text.contains("(malloc_trim)"), "{text}");
     let header = lines.iter().position(|l| l.contains("RSS MiB") && l.contains("live imports")).expect("a table");
     let rows: Vec<Vec<&str>> = lines[header + 1..]
         .iter()
@@ -54,12 +55,20 @@ fn a_short_soak_prints_every_loop_and_passes() {
     assert!(rows.len() >= 2, "{text}");
     assert_eq!(rows[0][0], "1");
     for r in &rows {
-        // loop, wall, RSS, locked, live imports, live MiB, writes, lost, error
-        assert!(r[2].parse::<f64>().unwrap() > 0.0, "RSS: {r:?}");
-        assert_eq!((r[4], r[5], r[6], r[7], r[8]), ("0", "0.0", "2", "0", "-"), "{r:?}");
+        // loop, wall, RSS, untrimmed, heap, free, locked, live imports, live MiB, writes, lost, error
+        let mib = |i: usize| r[i].parse::<f64>().unwrap();
+        assert!(mib(2) > 0.0 && mib(3) >= mib(2), "RSS, untrimmed: {r:?}");
+        assert!(mib(4) > 0.0, "the allocator has something in use: {r:?}");
+        assert_eq!((r[7], r[8], r[9], r[10], r[11]), ("0", "0.0", "2", "0", "-"), "{r:?}");
     }
-    for want in ["RSS after loop 1", "max RSS after it", "growth", "live imported at the end 0 bytes", "check: passed"]
-    {
+    for want in [
+        "RSS after loop 1",
+        "max RSS after it",
+        "growth",
+        "allocator in use",
+        "live imported at the end 0 bytes",
+        "check: passed",
+    ] {
         assert!(text.contains(want), "{want:?} missing:\n{text}");
     }
 }
@@ -79,8 +88,35 @@ fn a_soak_reports_json_and_passes_flags_on() {
     for l in loops {
         assert_eq!((l["live_imports"].as_u64(), l["lost_writes"].as_u64()), (Some(0), Some(0)), "{l}");
         assert!(l["rss_mib"].as_f64().unwrap() > 0.0);
+        assert!(l["heap_in_use_mib"].as_f64().unwrap() > 0.0, "{l}");
     }
     assert!(v["rss_growth_allowed_mib"].as_f64().unwrap() >= 32.0);
+    assert!(v["heap_in_use_growth_mib"].as_f64().unwrap() < 32.0, "{v}");
+}
+
+/// RSS before and after the allocator's free memory is given back: with the trim (the default)
+/// most loops give some back (the replay's threads leave freed chunks in their arenas), with
+/// `--no-trim` none do.
+#[test]
+fn a_soak_trims_after_each_loop_unless_told_not_to() {
+    let given_back = |l: &serde_json::Value| l["rss_untrimmed_mib"].as_f64().unwrap() - l["rss_mib"].as_f64().unwrap();
+    let out = soak("trim", &["--soak", "1s", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["trim"], true);
+    let loops = v["loops"].as_array().unwrap();
+    assert!(loops.iter().all(|l| given_back(l) >= 0.0), "{v}");
+    let trimmed = loops.iter().filter(|l| given_back(l) > 0.0).count();
+    assert!(trimmed * 2 >= loops.len(), "{trimmed} of {} loops gave memory back: {v}", loops.len());
+
+    let out = soak("notrim", &["--soak", "1s", "--json", "--no-trim"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["trim"], false);
+    assert!(v["loops"].as_array().unwrap().iter().all(|l| given_back(l) == 0.0), "{v}");
+    // --no-trim is a soak's flag alone.
+    let out = soak("notrim", &["--no-trim"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

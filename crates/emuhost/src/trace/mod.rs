@@ -25,7 +25,9 @@ pub use reader::{FileReader, MAX_LINE, Reader, is_zstd, read_str};
 pub use replay::{
     FrameFigures, ReplayConfig, ReplayError, ReplayReport, SleepFigures, replay, replay_default, replay_file,
 };
-pub use soak::{DEFAULT_GROWTH_LIMIT, GrowthLimit, Memory, SoakLoop, SoakVerdict, judge, memory, status_bytes};
+pub use soak::{
+    DEFAULT_GROWTH_LIMIT, GrowthLimit, Memory, SoakLoop, SoakVerdict, judge, memory, status_bytes, trim_heap,
+};
 pub use stats::{Stats, StatsBuilder};
 pub use synth::{
     CHUNK, DEFAULT_SEED, KOKIRI_BIND, KOKIRI_END, KOKIRI_POOL, LONE_POOL, REGION, REGION_CHUNKS, Synth, SynthConfig,

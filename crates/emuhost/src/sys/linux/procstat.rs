@@ -7,3 +7,43 @@ use std::io;
 pub fn self_status() -> io::Result<String> {
     std::fs::read_to_string("/proc/self/status")
 }
+
+/// What the C allocator holds, in bytes (glibc's `mallinfo2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heap {
+    /// Handed out and not yet freed: small chunks in the arenas plus the chunks mapped on their own.
+    pub in_use: u64,
+    /// Freed but kept by the allocator in its arenas (resident where it was touched).
+    pub free_held: u64,
+}
+
+/// What glibc's allocator holds now, over all its arenas; `None` where the C library is not glibc.
+pub fn heap() -> Option<Heap> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 takes no arguments and only reads the allocator's own counters under
+        // its arena locks; it returns a plain struct by value.
+        let m = unsafe { libc::mallinfo2() };
+        Some(Heap { in_use: (m.uordblks + m.hblkhd) as u64, free_held: m.fordblks as u64 })
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        None
+    }
+}
+
+/// Gives the memory the C allocator holds free back to the kernel, in every arena (glibc's
+/// `malloc_trim(0)`, which also releases whole free pages in the middle of an arena); returns
+/// whether any was given back. A no-op where the C library is not glibc.
+pub fn trim_heap() -> bool {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim(0) only walks the allocator's arenas under their locks and
+        // madvise/sbrk-shrinks their free memory; no chunk handed out is touched.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        false
+    }
+}

@@ -118,7 +118,8 @@ fn report_json(
         })
         .collect();
     json!({
-        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "trim": trim, "loops": rows,
+        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "trim": trim, "rust_allocator": if cfg!(feature = "mimalloc") { "mimalloc" } else { "system" },
+        "loops": rows,
         "import_backend": r.import_backend, "watch_backend": r.watch_backend,
         "rss_first_mib": mib(v.rss_first), "rss_max_after_mib": mib(v.rss_max_after),
         "rss_max_loop": v.rss_max_loop, "rss_growth_mib": mib(v.growth), "rss_growth_pct": v.growth_percent,

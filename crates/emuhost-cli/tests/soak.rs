@@ -58,7 +58,8 @@ fn a_short_soak_prints_every_loop_and_passes() {
         // loop, wall, RSS, untrimmed, heap, free, locked, live imports, live MiB, writes, lost, error
         let mib = |i: usize| r[i].parse::<f64>().unwrap();
         assert!(mib(2) > 0.0 && mib(3) >= mib(2), "RSS, untrimmed: {r:?}");
-        assert!(mib(4) > 0.0, "the allocator has something in use: {r:?}");
+        // With mimalloc (--features mimalloc) Rust's allocations are not glibc's to count.
+        assert!(cfg!(feature = "mimalloc") || mib(4) > 0.0, "the allocator has something in use: {r:?}");
         assert_eq!((r[7], r[8], r[9], r[10], r[11]), ("0", "0.0", "2", "0", "-"), "{r:?}");
     }
     for want in [
@@ -88,7 +89,7 @@ fn a_soak_reports_json_and_passes_flags_on() {
     for l in loops {
         assert_eq!((l["live_imports"].as_u64(), l["lost_writes"].as_u64()), (Some(0), Some(0)), "{l}");
         assert!(l["rss_mib"].as_f64().unwrap() > 0.0);
-        assert!(l["heap_in_use_mib"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(cfg!(feature = "mimalloc") || l["heap_in_use_mib"].as_f64().unwrap() > 0.0, "{l}");
     }
     assert!(v["rss_growth_allowed_mib"].as_f64().unwrap() >= 32.0);
     assert!(v["heap_in_use_growth_mib"].as_f64().unwrap() < 32.0, "{v}");
@@ -96,7 +97,9 @@ fn a_soak_reports_json_and_passes_flags_on() {
 
 /// RSS before and after the allocator's free memory is given back: with the trim (the default)
 /// most loops give some back (the replay's threads leave freed chunks in their arenas), with
-/// `--no-trim` none do.
+/// `--no-trim` none do. In a build with mimalloc, glibc's malloc holds next to nothing of the
+/// replay's, so only the flag is checked there (`tests/heap.rs` of the library checks the trim
+/// itself).
 #[test]
 fn a_soak_trims_after_each_loop_unless_told_not_to() {
     let given_back = |l: &serde_json::Value| l["rss_untrimmed_mib"].as_f64().unwrap() - l["rss_mib"].as_f64().unwrap();
@@ -107,7 +110,13 @@ fn a_soak_trims_after_each_loop_unless_told_not_to() {
     let loops = v["loops"].as_array().unwrap();
     assert!(loops.iter().all(|l| given_back(l) >= 0.0), "{v}");
     let trimmed = loops.iter().filter(|l| given_back(l) > 0.0).count();
-    assert!(trimmed * 2 >= loops.len(), "{trimmed} of {} loops gave memory back: {v}", loops.len());
+    assert!(
+        cfg!(feature = "mimalloc") || trimmed * 2 >= loops.len(),
+        "{trimmed} of {} loops gave memory back: {v}",
+        loops.len()
+    );
+    let allocator = if cfg!(feature = "mimalloc") { "mimalloc" } else { "system" };
+    assert_eq!(v["rust_allocator"], allocator);
 
     let out = soak("notrim", &["--soak", "1s", "--json", "--no-trim"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

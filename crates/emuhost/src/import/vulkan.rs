@@ -1,9 +1,10 @@
 //! Vulkan: guest pages imported as device memory with `VK_EXT_external_memory_host`.
 //!
 //! The loader (`libvulkan.so.1`) is found at run time (`ash::Entry::load`), so nothing Vulkan is
-//! needed to build; its instance is the process's one ([`super::vk_instance`]), made once and
-//! kept, and each backend makes and destroys only its device. The device is the best one offering the extension (discrete GPU, then
-//! integrated, virtual, CPU: Mesa's lavapipe on a machine without a GPU). An import asks
+//! needed to build; the instance is the process's one ([`super::vk_instance`]), made once and
+//! kept, and each backend makes and destroys only its device. The device is the best one
+//! offering the extension (discrete GPU, then integrated, virtual, CPU: Mesa's lavapipe on a
+//! machine without a GPU). An import asks
 //! `vkGetMemoryHostPointerPropertiesEXT` which memory types can hold the pointer, makes a transfer
 //! buffer over the range (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type
 //! both allow with `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for
@@ -14,8 +15,8 @@
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. The handles
 //! it passes were made by the same instance and device, which outlive them (`Drop` waits for the
-//! device to go idle and then destroys the device; the instance is the process's and outlives it); the command pool and the
-//! queue, which Vulkan requires to be externally synchronized, are used only under one lock; and
+//! device to go idle and then destroys the device; the instance is the process's and is never
+//! destroyed); the command pool and the queue, which Vulkan requires to be externally synchronized, are used only under one lock; and
 //! a host pointer given to the driver lies in a mapping that stays mapped until the memory made of
 //! it is freed (the [`HostSpan`] contract). Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
@@ -44,7 +45,7 @@ struct Queue {
     pool: vk::CommandPool,
 }
 
-/// The Vulkan backend: one instance, one device, one queue.
+/// The Vulkan backend: one device (of the process's instance) and one queue.
 pub struct Vulkan {
     device: ash::Device,
     host_ptr: ash::ext::external_memory_host::Device,
@@ -95,7 +96,7 @@ struct Chosen {
 
 impl Vulkan {
     /// Makes a device with `VK_EXT_external_memory_host` from the process's instance (made on
-    /// the first call: [`super::vk_instance`]).
+    /// the first call: `import::vk_instance`).
     pub fn open() -> Result<Vulkan, ImportError> {
         let shared = super::vk_instance::shared().map_err(|e| match e {
             InstanceError::Loader(e) => unavailable(format!("no Vulkan loader: {e}")),

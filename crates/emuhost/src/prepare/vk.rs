@@ -14,7 +14,8 @@
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. Each
 //! `unsafe` block carries a `// SAFETY:` line. What they share: every handle passed was made by
-//! this `Driver`'s instance or device and is destroyed only in `Drop` (or, for the objects of one
+//! the process's instance (never destroyed: `import::vk_instance`) or this `Driver`'s
+//! device and is destroyed only in `Drop` (or, for the objects of one
 //! pipeline creation, at the end of `create_compute`, after their last use); every create-info
 //! structure and the slices it points to live on the stack until the call returns.
 #![allow(unsafe_code)]
@@ -73,7 +74,7 @@ impl Driver {
         Self::open_device(&shared.instance, index)
     }
 
-    fn open_device(instance: &'static ash::Instance, index: Option<usize>) -> Result<Driver, PrepareError> {
+    fn open_device(instance: &ash::Instance, index: Option<usize>) -> Result<Driver, PrepareError> {
         // SAFETY: `instance` is live.
         let pdevs = unsafe { instance.enumerate_physical_devices() }.map_err(vkerr("vkEnumeratePhysicalDevices"))?;
         let compute_family = |pd: vk::PhysicalDevice| {

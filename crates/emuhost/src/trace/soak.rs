@@ -141,9 +141,10 @@ impl SoakVerdict {
     }
 }
 
-/// Judges a soak's loops: it fails where resident memory after a later loop grew past `limit`
-/// over the first loop's, where imports were left live after a loop's teardown, where a loop
-/// failed, or where a write was lost.
+/// Judges a soak's loops: it fails where resident memory or the C allocator's memory in use
+/// after a later loop grew past `limit` over the first loop's, where imports were left live after
+/// a loop's teardown, where a loop picked other backends than the first, where a loop failed, or
+/// where a write was lost.
 pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
     let mut v = SoakVerdict { loops: loops.len() as u64, ..Default::default() };
     let mut failures = Vec::new();

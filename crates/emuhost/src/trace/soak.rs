@@ -141,6 +141,14 @@ impl SoakVerdict {
     }
 }
 
+/// A figure after the first loop, the most of it after any later loop (the first's where there
+/// is none), and the loop that was. `loops` is not empty.
+fn most_after_first(loops: &[SoakLoop], figure: impl Fn(&SoakLoop) -> u64) -> (u64, u64, u64) {
+    let first = &loops[0];
+    let top = loops[1..].iter().max_by_key(|l| figure(l)).unwrap_or(first);
+    (figure(first), figure(top), top.index)
+}
+
 /// Judges a soak's loops: it fails where resident memory or the C allocator's memory in use
 /// after a later loop grew past `limit` over the first loop's, where imports were left live after
 /// a loop's teardown, where a loop picked other backends than the first, where a loop failed, or
@@ -152,9 +160,7 @@ pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
         v.failures.push("no loop ran".into());
         return v;
     };
-    v.rss_first = first.memory.rss;
-    let top = loops[1..].iter().max_by_key(|l| l.memory.rss).unwrap_or(first);
-    (v.rss_max_after, v.rss_max_loop) = (top.memory.rss, top.index);
+    (v.rss_first, v.rss_max_after, v.rss_max_loop) = most_after_first(loops, |l| l.memory.rss);
     v.growth = v.rss_max_after.saturating_sub(v.rss_first);
     v.growth_percent = if v.rss_first > 0 { v.growth as f64 * 100.0 / v.rss_first as f64 } else { 0.0 };
     v.allowed_growth = limit.allowed(v.rss_first);
@@ -168,8 +174,7 @@ pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
             v.allowed_growth as f64 / MIB as f64
         ));
     }
-    v.heap_first = first.memory.heap_in_use;
-    v.heap_max_after = loops[1..].iter().map(|l| l.memory.heap_in_use).max().unwrap_or(v.heap_first);
+    (v.heap_first, v.heap_max_after, _) = most_after_first(loops, |l| l.memory.heap_in_use);
     v.heap_growth = v.heap_max_after.saturating_sub(v.heap_first);
     if v.heap_growth > limit.allowed(v.heap_first) {
         failures.push(format!(

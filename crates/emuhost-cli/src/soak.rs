@@ -76,7 +76,7 @@ pub fn run(
             Ok(r) => {
                 (l.live_imports, l.live_bytes) = (r.live_imports_after_teardown, r.live_import_bytes_after_teardown);
                 (l.writes, l.lost_writes) = (r.writes, r.lost_writes);
-                (l.import_backend, l.watch_backend) = (r.import_backend.clone(), r.watch_backend.clone());
+                l.name_backends(&r.import_backend, &r.watch_backend, loops.last());
                 first.get_or_insert(r);
             }
             // The first loop failing is bad input (a trace that cannot be replayed): an error.
@@ -113,7 +113,7 @@ fn report_json(
                 "heap_in_use_mib": mib(l.memory.heap_in_use), "heap_free_mib": mib(l.memory.heap_free),
                 "locked_mib": mib(l.memory.locked), "live_imports": l.live_imports,
                 "live_import_bytes": l.live_bytes, "writes": l.writes, "lost_writes": l.lost_writes,
-                "import_backend": l.import_backend, "watch_backend": l.watch_backend, "error": l.error,
+                "import_backend": &*l.import_backend, "watch_backend": &*l.watch_backend, "error": l.error,
             })
         })
         .collect();

@@ -8,6 +8,7 @@
 //! process keeps for good (code, the allocator's caches, drivers' state) should stay resident.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -75,10 +76,26 @@ pub struct SoakLoop {
     pub writes: u64,
     pub lost_writes: u64,
     /// The import and write-tracking backends the loop's replay picked (empty where it failed).
-    pub import_backend: String,
-    pub watch_backend: String,
+    /// Shared text: a soak keeps one copy while they stay the same (see [`SoakLoop::name_backends`]).
+    pub import_backend: Arc<str>,
+    pub watch_backend: Arc<str>,
     /// The replay's error, if it failed.
     pub error: Option<String>,
+}
+
+impl SoakLoop {
+    /// Records the backends the loop's replay picked, sharing the previous loop's text where it is
+    /// the same: a soak of a short trace runs thousands of loops, and a copy of the backends'
+    /// descriptions per loop (a few hundred bytes for a Vulkan device) would be growth of the
+    /// soak's own that the allocator check then sees.
+    pub fn name_backends(&mut self, import: &str, watch: &str, prev: Option<&SoakLoop>) {
+        let share = |name: &str, prev: Option<&Arc<str>>| match prev {
+            Some(p) if **p == *name => Arc::clone(p),
+            _ => Arc::from(name),
+        };
+        self.import_backend = share(import, prev.map(|p| &p.import_backend));
+        self.watch_backend = share(watch, prev.map(|p| &p.watch_backend));
+    }
 }
 
 /// How much resident memory may grow after the first loop: the larger of `bytes` and `percent`
@@ -197,10 +214,10 @@ pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
     }
     // A backend that changes between loops is a failure of its own: the first found no Vulkan
     // after 30 instances on the H200 and the automatic choice moved to CUDA without an error.
-    let changed = loops.iter().filter(|l| l.error.is_none()).find(|l| {
-        (l.import_backend.as_str(), l.watch_backend.as_str())
-            != (first.import_backend.as_str(), first.watch_backend.as_str())
-    });
+    let changed = loops
+        .iter()
+        .filter(|l| l.error.is_none())
+        .find(|l| (&*l.import_backend, &*l.watch_backend) != (&*first.import_backend, &*first.watch_backend));
     if let Some(l) = changed {
         failures.push(format!(
             "the backends changed at loop {}: imports {:?}, write tracking {:?} (loop 1: {:?}, {:?})",
@@ -289,13 +306,28 @@ mod tests {
         }
         assert!(judge(&loops, DEFAULT_GROWTH_LIMIT).passed());
         // A failed loop has no backend: its error is the failure, not a change.
-        loops[1].import_backend.clear();
+        loops[1].import_backend = "".into();
         loops[1].error = Some("vkCreateInstance failed".into());
         let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
         assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
         loops[3].import_backend = "cuda".into();
         let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
         assert!(v.failures[0].contains("changed at loop 4"), "{:?}", v.failures);
+    }
+
+    #[test]
+    fn loops_share_the_backend_names_while_they_stay_the_same() {
+        let mut first = at(1, 100);
+        first.name_backends("NVIDIA H200", "uffd", None);
+        let mut second = at(2, 100);
+        second.name_backends("NVIDIA H200", "uffd", Some(&first));
+        assert!(Arc::ptr_eq(&first.import_backend, &second.import_backend));
+        assert!(Arc::ptr_eq(&first.watch_backend, &second.watch_backend));
+        let mut third = at(3, 100);
+        third.name_backends("cuda", "uffd", Some(&second));
+        assert_eq!((&*third.import_backend, &*third.watch_backend), ("cuda", "uffd"));
+        assert!(!Arc::ptr_eq(&first.import_backend, &third.import_backend));
+        assert!(Arc::ptr_eq(&first.watch_backend, &third.watch_backend));
     }
 
     #[test]

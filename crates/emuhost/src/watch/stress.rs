@@ -127,8 +127,8 @@ fn xorshift(x: &mut u64) -> u64 {
 }
 
 /// Runs the stress with at least `writes_per_writer` CPU stores on each of two writer threads (more
-/// until every kind of operation has run [`MIN_STEPS`] times); the host writer, the populator and
-/// the mutator run until the writers are done.
+/// until every kind of operation has run its minimum, `MIN_STEPS` and `MIN_COLLECTS` in this
+/// module); the host writer, the populator and the mutator run until the writers are done.
 ///
 /// Each writer reads the collect epoch before (`e1`) and after (`e2`) each write and logs both.
 /// Collect `n` starts by raising the epoch to `n`, so collect `e2 + 1` started after the write

@@ -4,21 +4,22 @@
 //! needed to build; the instance is the process's one ([`super::vk_instance`]), made once and
 //! kept, and each backend makes and destroys only its device. The device is the best one
 //! offering the extension (discrete GPU, then integrated, virtual, CPU: Mesa's lavapipe on a
-//! machine without a GPU). An import asks
-//! `vkGetMemoryHostPointerPropertiesEXT` which memory types can hold the pointer, makes a transfer
-//! buffer over the range (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type
-//! both allow with `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for
-//! the GPU. Pointer and size must be multiples of `minImportedHostPointerAlignment`. The device's
-//! limits are kept in a budget: `maxMemoryAllocationCount` live allocations, each heap's size, and
+//! machine without a GPU). An import asks `vkGetMemoryHostPointerPropertiesEXT` which memory
+//! types can hold the pointer, makes a transfer buffer over the range
+//! (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type both allow with
+//! `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for the GPU.
+//! Pointer and size must be multiples of `minImportedHostPointerAlignment`. The device's limits
+//! are kept in a budget: `maxMemoryAllocationCount` live allocations, each heap's size, and
 //! `maxMemoryAllocationSize` for one.
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. The handles
 //! it passes were made by the same instance and device, which outlive them (`Drop` waits for the
 //! device to go idle and then destroys the device; the instance is the process's and is never
-//! destroyed); the command pool and the queue, which Vulkan requires to be externally synchronized, are used only under one lock; and
-//! a host pointer given to the driver lies in a mapping that stays mapped until the memory made of
-//! it is freed (the [`HostSpan`] contract). Every `unsafe` block carries a `// SAFETY:` line.
+//! destroyed); the command pool and the queue, which Vulkan requires to be externally
+//! synchronized, are used only under one lock; and a host pointer given to the driver lies in a
+//! mapping that stays mapped until the memory made of it is freed (the [`HostSpan`] contract).
+//! Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;

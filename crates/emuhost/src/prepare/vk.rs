@@ -14,10 +14,10 @@
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. Each
 //! `unsafe` block carries a `// SAFETY:` line. What they share: every handle passed was made by
-//! the process's instance (never destroyed: `import::vk_instance`) or this `Driver`'s
-//! device and is destroyed only in `Drop` (or, for the objects of one
-//! pipeline creation, at the end of `create_compute`, after their last use); every create-info
-//! structure and the slices it points to live on the stack until the call returns.
+//! the process's instance (never destroyed: `import::vk_instance`) or this `Driver`'s device and
+//! is destroyed only in `Drop` (or, for the objects of one pipeline creation, at the end of
+//! `create_compute`, after their last use); every create-info structure and the slices it points
+//! to live on the stack until the call returns.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;

@@ -193,12 +193,13 @@ pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
     }
     (v.heap_first, v.heap_max_after, _) = most_after_first(loops, |l| l.memory.heap_in_use);
     v.heap_growth = v.heap_max_after.saturating_sub(v.heap_first);
-    if v.heap_growth > limit.allowed(v.heap_first) {
+    let heap_allowed = limit.allowed(v.heap_first);
+    if v.heap_growth > heap_allowed {
         failures.push(format!(
             "the C allocator's memory in use grew {:.1} MiB after the first loop (from {:.1} MiB), more than the {:.1} MiB allowed",
             v.heap_growth as f64 / MIB as f64,
             v.heap_first as f64 / MIB as f64,
-            limit.allowed(v.heap_first) as f64 / MIB as f64
+            heap_allowed as f64 / MIB as f64
         ));
     }
     let last = loops.last().expect("not empty");

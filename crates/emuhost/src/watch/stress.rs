@@ -82,6 +82,10 @@ pub struct StressReport {
     pub lost_by_start_epochs: u64,
     /// The report the test hook dropped ([`StressConfig::drop_one_report`]): page, collect.
     pub dropped: Option<(u64, u64)>,
+    /// At the map limit ([`StressConfig::map_pressure`]): reports of pages of the 2 MiB blocks
+    /// that no write of their window explains, which only a fault that unprotected its whole
+    /// block (the kernel refused to split a mapping) makes; 0 otherwise.
+    pub block_reports_unwritten: u64,
     pub collects: u64,
     /// Commits, protections, releases, view splits, populates, arms and disarms made while the
     /// writers ran.
@@ -101,12 +105,18 @@ pub struct StressConfig {
     /// too), as a tracker that lost the write would, to show that the check catches it.
     #[doc(hidden)]
     pub drop_one_report: bool,
+    /// The process is brought to a few mappings below `vm.max_map_count` first, and the writers
+    /// also write two 2 MiB blocks of their own: their faults split mappings until the kernel
+    /// refuses (`ENOMEM`), and the mprotect backend's handler then unprotects the page's whole
+    /// block. The mutator and the armer rest (the kernel would refuse their commits too). The
+    /// limit is the process's: run it in a process of its own.
+    pub map_pressure: bool,
 }
 
 impl StressConfig {
     /// Every race on: `writes_per_writer` CPU stores (at least) on each writer.
     pub fn new(writes_per_writer: u64) -> Self {
-        Self { writes_per_writer, arm_races: true, drop_one_report: false }
+        Self { writes_per_writer, arm_races: true, drop_one_report: false, map_pressure: false }
     }
 }
 
@@ -144,12 +154,17 @@ const VOLATILE: [u64; 2] = [512 + 16, 512 + 48];
 /// kind of operation runs beside the others however the threads are scheduled.
 const MIN_STEPS: [u64; 4] = [1000, 500, 100, 60];
 const MIN_COLLECTS: u64 = 200;
+/// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
+/// starts (stacks, allocator arenas) and a few splits.
+const MAP_HEADROOM: u64 = 96;
 /// The longest a collector waits after a collect for every writer to write before the next.
 const GAP_WAIT: Duration = Duration::from_millis(2);
 
 /// What the threads of a run share to pace themselves.
 #[derive(Default)]
 struct Pace {
+    /// Everything is set up: the threads start.
+    go: AtomicBool,
     /// The collect epoch: collect `n` raises it to `n` first.
     epoch: AtomicU64,
     /// Collects ended: collect `n` sets it to `n` after its report is in.
@@ -176,6 +191,12 @@ struct Before {
 }
 
 impl Pace {
+    fn wait_to_go(&self) {
+        while !self.go.load(SeqCst) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
     fn before(&self, page: u64) -> Before {
         let done = self.done.load(SeqCst);
         let e1 = self.epoch.load(SeqCst);
@@ -206,6 +227,7 @@ fn background(
 ) -> JoinHandle<Result<u64, WatchError>> {
     let pace = pace.clone();
     std::thread::spawn(move || {
+        pace.wait_to_go();
         let (mut i, mut seen, mut now) = (0, u64::MAX, 0);
         loop {
             let e = pace.epoch.load(SeqCst);
@@ -268,10 +290,16 @@ fn writer(
     s: Arc<Space>,
 ) -> JoinHandle<Result<Vec<Write>, WatchError>> {
     std::thread::spawn(move || {
-        let mut log = Vec::with_capacity(cfg.writes_per_writer as usize);
+        // At the map limit the log must not grow (a larger allocation needs a new mapping): twice
+        // the count, and no more.
+        let cap = if cfg.map_pressure { 2 * cfg.writes_per_writer } else { cfg.writes_per_writer };
+        let mut log = Vec::with_capacity(cap as usize);
         let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
         let (mut i, mut last_gap) = (0u64, 0u64);
-        while i < cfg.writes_per_writer || !pace.enough.load(SeqCst) {
+        pace.wait_to_go();
+        while i < cfg.writes_per_writer
+            || (!pace.enough.load(SeqCst) && (!cfg.map_pressure || log.len() < log.capacity()))
+        {
             i += 1;
             let random = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
             let (d, e) = (pace.done.load(SeqCst), pace.epoch.load(SeqCst));
@@ -349,6 +377,53 @@ fn drop_one(reported: &mut [Vec<u32>], writes: &[Write]) -> Option<(u64, u64)> {
     Some((HOT, k as u64))
 }
 
+/// The two 2 MiB blocks the writers write under map pressure, committed and armed: their first
+/// and end page.
+fn blocks(s: &Space, t: &Tracker) -> Result<(u64, u64), WatchError> {
+    let (p, block) = (page_size(), 2 << 20);
+    let start = (PAGES * p).next_multiple_of(block);
+    let r = s.range(start, 2 * block)?;
+    s.commit(r, Prot::READ_WRITE)?;
+    t.arm(r)?;
+    Ok((start / p, (start + 2 * block) / p))
+}
+
+/// A space of its own whose pages alternate in protection (each change splits a mapping), as many
+/// as bring the process to [`MAP_HEADROOM`] mappings below `vm.max_map_count`. Dropped, it gives
+/// them back.
+fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
+    let os = |op, source| WatchError::Os { op, range: whole, backend: kind.name(), source };
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .map_err(|e| os("read /proc/sys/vm/max_map_count", e))?
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| os("read /proc/sys/vm/max_map_count", std::io::Error::other(e)))?;
+    let now = std::fs::read_to_string("/proc/self/maps").map_err(|e| os("read /proc/self/maps", e))?.lines().count();
+    let splits = max.saturating_sub(now as u64 + MAP_HEADROOM) / 2;
+    let p = page_size();
+    let filler = Space::with_window((2 * splits + 2) * p)?;
+    filler.commit(filler.range(0, (2 * splits + 2) * p)?, Prot::READ_WRITE)?;
+    for j in 0..splits {
+        filler.protect(filler.range((2 * j + 1) * p, p)?, Prot::READ)?;
+    }
+    Ok(filler)
+}
+
+/// Reports of block pages (`b0..b1`) that no write of their window explains.
+fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u64), collects: usize) -> u64 {
+    let mut explained = vec![vec![false; collects + 2]; (b1 - b0) as usize];
+    for w in writes.iter().filter(|w| (b0..b1).contains(&(w.page as u64))) {
+        for n in w.lo..=w.hi {
+            explained[(w.page as u64 - b0) as usize][n as usize] = true;
+        }
+    }
+    let mut count = 0;
+    for pg in b0..b1 {
+        count += reported[pg as usize].iter().filter(|&&n| !explained[(pg - b0) as usize][n as usize]).count() as u64;
+    }
+    count
+}
+
 /// Runs the stress with at least `cfg.writes_per_writer` CPU stores on each of two writer
 /// threads (more until every kind of operation has run its minimum, `MIN_STEPS` and
 /// `MIN_COLLECTS` in this module); the other threads run until the writers are done.
@@ -365,16 +440,22 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let whole = s.range(0, PAGES * p)?;
     let zone = s.range(ZONE.start * p, (ZONE.end - ZONE.start) * p)?;
     let skip = |pg: &u64| !VOLATILE.contains(pg) && !RELEASED.contains(pg);
-    let targets: Arc<Vec<u64>> = Arc::new((0..256).chain(512..PAGES).filter(skip).collect());
+    let block = if cfg.map_pressure { Some(blocks(&s, &t)?) } else { None };
+    let (b0, b1) = block.unwrap_or((PAGES, PAGES));
+    let targets: Arc<Vec<u64>> = Arc::new((0..256).chain(512..PAGES).filter(skip).chain(b0..b1).collect());
     let pace = Arc::new(Pace::default());
     pace.zone_armed.store(true, SeqCst);
     let writers: Vec<_> = (0..2u64).map(|w| writer(w, cfg, pace.clone(), targets.clone(), s.clone())).collect();
-    let host_log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let host_log = Arc::new(std::sync::Mutex::new(Vec::with_capacity(1 << 16)));
     let host_writer = {
         let (pc, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
         let mut x = 0x2545_f491_4f6c_dd1du64;
         background(&pace, 0, 8, move |i| {
             let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
+            if host_log.lock().unwrap_or_else(|p| p.into_inner()).len() == 1 << 16 {
+                // The log is full (and must not grow at the map limit).
+                return Ok(());
+            }
             let b = pc.before(pg);
             t.host_write(s.range(pg * page_size(), page_size())?, || {
                 s.write(GuestAddr(pg * page_size() + 16), &i.to_le_bytes())
@@ -403,18 +484,26 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     };
     let mutator = {
         let (s, t) = (s.clone(), t.clone());
-        background(&pace, 2, 1, move |i| mutate(&s, &t, sec, i))
+        background(&pace, 2, 1, move |i| if cfg.map_pressure { Ok(()) } else { mutate(&s, &t, sec, i) })
     };
     let armer = {
         let (t, pc) = (t.clone(), pace.clone());
-        background(&pace, 3, 1, move |i| if cfg.arm_races { arm_step(&t, &pc, zone, i) } else { Ok(()) })
+        let races = cfg.arm_races && !cfg.map_pressure;
+        background(&pace, 3, 1, move |i| if races { arm_step(&t, &pc, zone, i) } else { Ok(()) })
     };
-    let mut reported: Vec<Vec<u32>> = vec![Vec::new(); PAGES as usize];
+    let ranges: Vec<GuestRange> =
+        std::iter::once(Ok(whole)).chain(block.map(|_| s.range(b0 * p, (b1 - b0) * p))).collect::<Result<_, _>>()?;
+    let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
     // Per collect: arms and disarms begun by the time it ended.
-    let mut arms_at: Vec<u32> = vec![0];
+    let mut arms_at: Vec<u32> = Vec::with_capacity(1 << 16);
+    arms_at.push(0);
+    let filler = if cfg.map_pressure { Some(fill_maps(whole, kind)?) } else { None };
+    pace.go.store(true, SeqCst);
     let mut collect = |n: u32| -> Result<(), WatchError> {
-        for a in t.collect(whole)?.page_addrs() {
-            reported[(a.0 / page_size()) as usize].push(n);
+        for r in &ranges {
+            for a in t.collect(*r)?.page_addrs() {
+                reported[(a.0 / page_size()) as usize].push(n);
+            }
         }
         pace.done.store(n as u64, SeqCst);
         arms_at.push(pace.arms_started.load(SeqCst) as u32);
@@ -429,7 +518,8 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
             result = Err(e);
             break;
         }
-        if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(MIN_STEPS).all(|(s, min)| s.load(SeqCst) >= min) {
+        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0] } else { MIN_STEPS };
+        if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(mins).all(|(s, min)| s.load(SeqCst) >= min) {
             pace.enough.store(true, SeqCst);
         }
         // A gap before the next collect, until each writer has written in it.
@@ -444,8 +534,10 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let populates = populator.join().expect("populator panicked");
     let rounds = mutator.join().expect("mutator panicked");
     let arm_steps = armer.join().expect("armer panicked");
+    drop(filler);
     result?;
     let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
+    let rounds = if cfg.map_pressure { 0 } else { rounds };
     // A collect after every thread is done: it checks the last writes.
     let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
     collect(n)?;
@@ -456,6 +548,10 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     }
     let cpu_stores = all[1..].iter().map(|l| l.len() as u64).sum();
     let dropped = if cfg.drop_one_report { drop_one(&mut reported, &all[1..].concat()) } else { None };
+    let block_reports_unwritten = match block {
+        Some(b) => unwritten_reports(&reported, &all.concat(), b, n as usize),
+        None => 0,
+    };
     let mut r = StressReport {
         writes: 0,
         unchecked: 0,
@@ -463,6 +559,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         lost: 0,
         lost_by_start_epochs: 0,
         dropped,
+        block_reports_unwritten,
         collects: n as u64,
         space_ops: 0,
         ops: StressOps::default(),
@@ -478,7 +575,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         r.lost += !reported_in(pages, w.lo, w.hi) as u64;
         r.lost_by_start_epochs += !reported_in(pages, w.e1, w.hi) as u64;
     }
-    let (arms, disarms) = if cfg.arm_races {
+    let (arms, disarms) = if cfg.arm_races && !cfg.map_pressure {
         let ops = arm_steps.div_ceil(2);
         (ops - (ops + 1) / 3, (ops + 1) / 3)
     } else {

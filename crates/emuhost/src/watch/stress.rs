@@ -322,6 +322,23 @@ fn writer(
     })
 }
 
+/// The populator: faults runs of eight pages the writers write in, across an allocation's end
+/// now and then (never over a page the mutator may have released).
+fn populator(pace: &Arc<Pace>, s: Arc<Space>, t: Arc<Tracker>) -> JoinHandle<Result<u64, WatchError>> {
+    let mut x = 0x1234_5678_9abc_def1u64;
+    background(pace, 1, 4, move |_| {
+        let first = loop {
+            let f = xorshift(&mut x) % (256 - 8);
+            if !RELEASED.iter().any(|r| (f..f + 8).contains(r)) {
+                break f;
+            }
+        };
+        let r = s.range(first * page_size(), 8 * page_size())?;
+        t.host_write(r, || s.populate(r))??;
+        Ok(())
+    })
+}
+
 /// The mutator's step `i`: a commit over written pages, a protection, a view split, releases
 /// beside written pages and of a page of its own, and populates of the pages just mapped.
 fn mutate(s: &Space, t: &Tracker, sec: crate::space::SectionId, i: u64) -> Result<(), WatchError> {
@@ -424,6 +441,37 @@ fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u6
     count
 }
 
+/// Checks each write against the reports: `reported` holds each page's collects (ascending),
+/// `arms_at` the arms and disarms begun by the end of each collect.
+fn judge<'a>(writes: impl Iterator<Item = &'a Write>, reported: &[Vec<u32>], arms_at: &[u32]) -> StressReport {
+    let mut r = StressReport {
+        writes: 0,
+        unchecked: 0,
+        exact: 0,
+        lost: 0,
+        lost_by_start_epochs: 0,
+        dropped: None,
+        block_reports_unwritten: 0,
+        collects: 0,
+        space_ops: 0,
+        ops: StressOps::default(),
+    };
+    for w in writes {
+        r.writes += 1;
+        let pages = &reported[w.page as usize];
+        // An arm forgets what was written before it, a disarm stops tracking: a write in the
+        // zone is owed a report only if no arm or disarm ran from before it to its last collect.
+        if ZONE.contains(&(w.page as u64)) && (w.arms == NOT_OWED || arms_at[w.hi as usize] != w.arms) {
+            r.unchecked += 1;
+            continue;
+        }
+        r.exact += (w.lo == w.hi) as u64;
+        r.lost += !reported_in(pages, w.lo, w.hi) as u64;
+        r.lost_by_start_epochs += !reported_in(pages, w.e1, w.hi) as u64;
+    }
+    r
+}
+
 /// Runs the stress with at least `cfg.writes_per_writer` CPU stores on each of two writer
 /// threads (more until every kind of operation has run its minimum, `MIN_STEPS` and
 /// `MIN_COLLECTS` in this module); the other threads run until the writers are done.
@@ -465,23 +513,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
             Ok(())
         })
     };
-    let populator = {
-        let (s, t) = (s.clone(), t.clone());
-        let mut x = 0x1234_5678_9abc_def1u64;
-        background(&pace, 1, 4, move |_| {
-            // Eight pages the writers write, across an allocation's end now and then (never over
-            // a page the mutator may have released).
-            let first = loop {
-                let f = xorshift(&mut x) % (256 - 8);
-                if !RELEASED.iter().any(|r| (f..f + 8).contains(r)) {
-                    break f;
-                }
-            };
-            let r = s.range(first * page_size(), 8 * page_size())?;
-            t.host_write(r, || s.populate(r))??;
-            Ok(())
-        })
-    };
+    let populator = populator(&pace, s.clone(), t.clone());
     let mutator = {
         let (s, t) = (s.clone(), t.clone());
         background(&pace, 2, 1, move |i| if cfg.map_pressure { Ok(()) } else { mutate(&s, &t, sec, i) })
@@ -552,29 +584,8 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         Some(b) => unwritten_reports(&reported, &all.concat(), b, n as usize),
         None => 0,
     };
-    let mut r = StressReport {
-        writes: 0,
-        unchecked: 0,
-        exact: 0,
-        lost: 0,
-        lost_by_start_epochs: 0,
-        dropped,
-        block_reports_unwritten,
-        collects: n as u64,
-        space_ops: 0,
-        ops: StressOps::default(),
-    };
-    for w in all.iter().flatten() {
-        r.writes += 1;
-        let pages = &reported[w.page as usize];
-        if ZONE.contains(&(w.page as u64)) && (w.arms == NOT_OWED || arms_at[w.hi as usize] != w.arms) {
-            r.unchecked += 1;
-            continue;
-        }
-        r.exact += (w.lo == w.hi) as u64;
-        r.lost += !reported_in(pages, w.lo, w.hi) as u64;
-        r.lost_by_start_epochs += !reported_in(pages, w.e1, w.hi) as u64;
-    }
+    let mut r = judge(all.iter().flatten(), &reported, &arms_at);
+    (r.dropped, r.block_reports_unwritten, r.collects) = (dropped, block_reports_unwritten, n as u64);
     let (arms, disarms) = if cfg.arm_races && !cfg.map_pressure {
         let ops = arm_steps.div_ceil(2);
         (ops - (ops + 1) / 3, (ops + 1) / 3)

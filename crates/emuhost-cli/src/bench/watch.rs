@@ -1,11 +1,14 @@
-//! `emuhost bench watch`: the cost of collecting written pages, per backend, in one run.
+//! `emuhost bench watch`: the cost of collecting written pages, per backend, in one run, and the
+//! no-lost-writes stress (arms, disarms and releases racing the writers) of each. It measures the
+//! backends this kernel offers (each passes its self-test), or only the one `EMUHOST_WATCH`
+//! names, and says which it left out and why; exit 1 when a write was lost.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use emuhost::space::{GuestAddr, Prot, Space, page_size};
-use emuhost::watch::{self, BackendKind, Tracker};
+use emuhost::watch::{self, BackendKind, StressReport, Tracker};
 use serde_json::json;
 
 use super::median;
@@ -13,7 +16,7 @@ use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Rounds (each measures both backends).
+    /// Rounds (each measures every backend measured).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
     /// Memory collected over, in MiB.
@@ -27,10 +30,11 @@ pub struct Args {
     json: bool,
 }
 
-const BACKENDS: [BackendKind; 2] = [BackendKind::Uffd, BackendKind::Mprotect];
 const DIRTY_PERCENT: [u64; 3] = [1, 50, 100];
 
 type Samples = BTreeMap<String, Vec<f64>>;
+/// Backends not measured, and why.
+type LeftOut = Vec<(BackendKind, String)>;
 
 fn ns_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e9
@@ -100,94 +104,200 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The backends to measure, and those left out with why: the one `EMUHOST_WATCH` names when it
+/// is set (it must pass its self-test), else each of [`BackendKind::AUTO`] whose self-test passes
+/// on this kernel (by what it offers, not by its version).
+fn backends(switch: Option<&str>) -> anyhow::Result<(Vec<BackendKind>, LeftOut)> {
+    let all = [BackendKind::Uffd, BackendKind::Mprotect, BackendKind::SoftDirty];
+    let (mut keep, mut left) = (Vec::new(), Vec::new());
+    if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
+        let kind = BackendKind::parse(v)?;
+        watch::self_test(kind).map_err(|e| anyhow::Error::from(e).context(format!("{}={v}", watch::WATCH_SWITCH)))?;
+        keep.push(kind);
+        for other in all.into_iter().filter(|o| *o != kind) {
+            left.push((other, format!("{}={v} measures {} only", watch::WATCH_SWITCH, kind.name())));
+        }
+        return Ok((keep, left));
+    }
+    for kind in BackendKind::AUTO {
+        match watch::self_test(kind) {
+            Ok(()) => keep.push(kind),
+            Err(e) => left.push((kind, format!("{:#}", anyhow::Error::from(e)))),
+        }
+    }
+    left.push((BackendKind::SoftDirty, format!("opt-in only ({}=softdirty)", watch::WATCH_SWITCH)));
+    anyhow::ensure!(
+        !keep.is_empty(),
+        "no write-tracking backend passed its self-test ({})",
+        left.iter().map(|(k, why)| format!("{}: {why}", k.name())).collect::<Vec<_>>().join("; ")
+    );
+    Ok((keep, left))
+}
+
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if cfg!(debug_assertions) {
         eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
     }
+    let (kinds, left_out) = backends(std::env::var(watch::WATCH_SWITCH).ok().as_deref())?;
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();
     for _ in 0..a.rounds {
-        for kind in BACKENDS {
-            watch::self_test(kind)?;
+        for &kind in &kinds {
             round(kind, size, samples.entry(kind).or_default())?;
         }
     }
     let mut stress = BTreeMap::new();
-    for kind in BACKENDS {
+    for &kind in &kinds {
         stress.insert(kind, watch::stress(kind, a.stress_writes)?);
     }
-    let med = |kind: BackendKind, key: &str| -> Option<f64> {
-        let mut v = samples.get(&kind)?.get(key)?.clone();
-        Some(median(&mut v))
-    };
-    let (u, m) = (BackendKind::Uffd, BackendKind::Mprotect);
-    let first_ratio = med(m, "first_write_ns").zip(med(u, "first_write_ns")).map(|(m, u)| m / u);
-    let clean = med(u, "clean_ns_per_page");
-    let dirty_max =
-        DIRTY_PERCENT.iter().filter_map(|p| med(u, &format!("dirty_{p}pct_ns_per_dirty_page"))).fold(0.0, f64::max);
-    let calls = med(u, "calls_per_allocation");
     let lost: u64 = stress.values().map(|r| r.lost).sum();
-    let targets = json!({
-        "uffd_clean_ns_per_page_max": 1.5, "uffd_clean_met": clean.map(|c| c <= 1.5),
-        "uffd_dirty_ns_per_page_max": 40.0, "uffd_dirty_met": dirty_max <= 40.0,
-        "uffd_calls_per_allocation": 1.0, "uffd_calls_met": calls.map(|c| c <= 1.0),
-        "first_write_ratio_min": 5.0, "first_write_met": first_ratio.map(|r| r >= 5.0),
-        "lost_writes_max": 0, "lost_writes_met": lost == 0,
-    });
-    let per_backend = |kind: BackendKind| {
-        let r = stress[&kind];
+    let report = Report { a: &a, kinds: &kinds, left_out: &left_out, samples: &samples, stress: &stress };
+    if a.json {
+        outln!("{}", report.json());
+    } else {
+        report.print();
+    }
+    Ok(if lost == 0 { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+/// What a run measured, to print.
+struct Report<'a> {
+    a: &'a Args,
+    kinds: &'a [BackendKind],
+    left_out: &'a [(BackendKind, String)],
+    samples: &'a BTreeMap<BackendKind, Samples>,
+    stress: &'a BTreeMap<BackendKind, StressReport>,
+}
+
+impl Report<'_> {
+    fn med(&self, kind: BackendKind, key: &str) -> Option<f64> {
+        let mut v = self.samples.get(&kind)?.get(key)?.clone();
+        Some(median(&mut v))
+    }
+
+    fn lost(&self) -> u64 {
+        self.stress.values().map(|r| r.lost).sum()
+    }
+
+    /// The targets: those of uffd are `None` (n/a) where uffd was left out.
+    fn targets(&self) -> Targets {
+        let (u, m) = (BackendKind::Uffd, BackendKind::Mprotect);
+        let dirty: Vec<f64> =
+            DIRTY_PERCENT.iter().filter_map(|p| self.med(u, &format!("dirty_{p}pct_ns_per_dirty_page"))).collect();
+        Targets {
+            clean: self.med(u, "clean_ns_per_page"),
+            dirty_max: (!dirty.is_empty()).then(|| dirty.iter().copied().fold(0.0, f64::max)),
+            calls: self.med(u, "calls_per_allocation"),
+            first_ratio: self.med(m, "first_write_ns").zip(self.med(u, "first_write_ns")).map(|(m, u)| m / u),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let t = self.targets();
+        let lost = self.lost();
+        let targets = json!({
+            "uffd_clean_ns_per_page_max": 1.5, "uffd_clean_met": t.clean.map(|c| c <= 1.5),
+            "uffd_dirty_ns_per_page_max": 40.0, "uffd_dirty_met": t.dirty_max.map(|d| d <= 40.0),
+            "uffd_calls_per_allocation": 1.0, "uffd_calls_met": t.calls.map(|c| c <= 1.0),
+            "first_write_ratio_min": 5.0, "first_write_met": t.first_ratio.map(|r| r >= 5.0),
+            "lost_writes_max": 0, "lost_writes_met": lost == 0,
+        });
         let mut o = serde_json::Map::new();
-        for key in samples.get(&kind).map(|s| s.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
-            o.insert(key.clone(), json!(med(kind, &key)));
+        o.insert("bench".into(), json!("watch"));
+        o.insert("rounds".into(), json!(self.a.rounds));
+        o.insert("size_mib".into(), json!(self.a.size_mib));
+        o.insert("backends".into(), json!(self.kinds.iter().map(|k| k.name()).collect::<Vec<_>>()));
+        let left: Vec<_> = self.left_out.iter().map(|(k, why)| json!({"backend": k.name(), "why": why})).collect();
+        o.insert("left_out".into(), json!(left));
+        for &kind in self.kinds {
+            o.insert(kind.name().into(), self.per_backend(kind));
+        }
+        o.insert("lost_writes".into(), json!(lost));
+        o.insert("first_write_ratio_mprotect_over_uffd".into(), json!(t.first_ratio));
+        o.insert("targets".into(), targets);
+        serde_json::Value::Object(o)
+    }
+
+    fn per_backend(&self, kind: BackendKind) -> serde_json::Value {
+        let r = &self.stress[&kind];
+        let mut o = serde_json::Map::new();
+        for key in self.samples.get(&kind).map(|s| s.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
+            o.insert(key.clone(), json!(self.med(kind, &key)));
         }
         o.insert("stress_writes".into(), json!(r.writes));
+        o.insert("stress_writes_checked".into(), json!(r.writes - r.unchecked));
+        o.insert("stress_writes_between_collects".into(), json!(r.exact));
         o.insert("stress_lost_writes".into(), json!(r.lost));
         o.insert("stress_collects".into(), json!(r.collects));
         o.insert("stress_space_ops".into(), json!(r.space_ops));
+        let ops: serde_json::Map<_, _> = r.ops.kinds().iter().map(|(k, n)| (k.replace(' ', "_"), json!(n))).collect();
+        o.insert("stress_ops".into(), serde_json::Value::Object(ops));
         serde_json::Value::Object(o)
-    };
-    if a.json {
-        outln!(
-            "{}",
-            json!({
-                "bench": "watch", "rounds": a.rounds, "size_mib": a.size_mib,
-                "uffd": per_backend(u), "mprotect": per_backend(m),
-                "first_write_ratio_mprotect_over_uffd": first_ratio,
-                "targets": targets,
-            })
-        );
-        return Ok(Outcome::Ok);
     }
-    outln!("collect over {} MiB ({} rounds; medians)", a.size_mib, a.rounds);
-    outln!("  {:<36} {:>12} {:>12} {:>8}", "", "uffd", "mprotect", "ratio");
-    let keys: Vec<String> = samples.get(&u).map(|s| s.keys().cloned().collect()).unwrap_or_default();
-    for key in keys {
-        let (x, y) = (med(u, &key), med(m, &key));
+
+    // Over 80 lines: the text report is one table, the stress lines and the targets, in order.
+    fn print(&self) {
+        let a = self.a;
+        outln!("collect over {} MiB ({} rounds; medians)", a.size_mib, a.rounds);
+        for (kind, why) in self.left_out {
+            outln!("  left out: {} ({why})", kind.name());
+        }
+        let both = self.kinds.contains(&BackendKind::Uffd) && self.kinds.contains(&BackendKind::Mprotect);
+        let mut head = format!("  {:<36}", "");
+        for k in self.kinds {
+            head.push_str(&format!(" {:>12}", k.name()));
+        }
+        if both {
+            head.push_str(&format!(" {:>8}", "ratio"));
+        }
+        outln!("{}", head.trim_end());
+        let keys: Vec<String> = self.samples.values().next().map(|s| s.keys().cloned().collect()).unwrap_or_default();
         let f = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
-        let ratio = x.zip(y).map_or("".into(), |(x, y)| format!("{:.1}x", y / x));
-        outln!("  {key:<36} {:>12} {:>12} {:>8}", f(x), f(y), ratio);
+        for key in keys {
+            let mut line = format!("  {key:<36}");
+            for &k in self.kinds {
+                line.push_str(&format!(" {:>12}", f(self.med(k, &key))));
+            }
+            if both {
+                let (x, y) = (self.med(BackendKind::Uffd, &key), self.med(BackendKind::Mprotect, &key));
+                line.push_str(&format!(" {:>8}", x.zip(y).map_or("".into(), |(x, y)| format!("{:.1}x", y / x))));
+            }
+            outln!("{}", line.trim_end());
+        }
+        for &kind in self.kinds {
+            let r = &self.stress[&kind];
+            outln!(
+                "  stress {:<9} {} writes ({} checked, {} of them between two collects), {} lost writes",
+                kind.name(),
+                r.writes,
+                r.writes - r.unchecked,
+                r.exact,
+                r.lost
+            );
+            let ops: Vec<String> = r.ops.kinds()[2..].iter().map(|(k, n)| format!("{n} {k}")).collect();
+            outln!("    beside the writers: {}", ops.join(", "));
+        }
+        let t = self.targets();
+        let met = |b: Option<bool>| match b {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "n/a",
+        };
+        let lost = self.lost();
+        outln!("targets:");
+        outln!("  uffd clean page <= 1.5 ns: {}", met(t.clean.map(|c| c <= 1.5)));
+        let worst = t.dirty_max.map_or("n/a".into(), |d| format!("{d:.1} ns"));
+        outln!("  uffd dirty page <= 40 ns (worst of 1/50/100 %: {worst}): {}", met(t.dirty_max.map(|d| d <= 40.0)));
+        outln!("  uffd one system call per allocation: {}", met(t.calls.map(|c| c <= 1.0)));
+        outln!("  first write >= 5x cheaper with uffd: {}", met(t.first_ratio.map(|r| r >= 5.0)));
+        outln!("  0 lost writes ({lost} lost): {}", met(Some(lost == 0)));
     }
-    for kind in BACKENDS {
-        let r = stress[&kind];
-        outln!(
-            "  stress {:<9} {} writes, {} lost writes ({} collects, {} space operations beside them)",
-            kind.name(),
-            r.writes,
-            r.lost,
-            r.collects,
-            r.space_ops
-        );
-    }
-    let met = |b: Option<bool>| match b {
-        Some(true) => "met",
-        Some(false) => "NOT met",
-        None => "n/a",
-    };
-    outln!("targets:");
-    outln!("  uffd clean page <= 1.5 ns: {}", met(clean.map(|c| c <= 1.5)));
-    outln!("  uffd dirty page <= 40 ns (worst of 1/50/100 %: {dirty_max:.1} ns): {}", met(Some(dirty_max <= 40.0)));
-    outln!("  uffd one system call per allocation: {}", met(calls.map(|c| c <= 1.0)));
-    outln!("  first write >= 5x cheaper with uffd: {}", met(first_ratio.map(|r| r >= 5.0)));
-    outln!("  0 lost writes: {}", met(Some(lost == 0)));
-    Ok(Outcome::Ok)
+}
+
+/// The figures the targets judge (`None`: not measured, as where uffd was left out).
+struct Targets {
+    clean: Option<f64>,
+    dirty_max: Option<f64>,
+    calls: Option<f64>,
+    first_ratio: Option<f64>,
 }

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
-pub use stress::{StressOps, StressReport, stress};
+pub use stress::{StressConfig, StressOps, StressReport, stress, stress_with};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Space, SpaceError, page_size};

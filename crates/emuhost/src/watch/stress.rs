@@ -2,14 +2,22 @@
 //! a shadow record. Two writer threads store with the CPU; a host writer copies through the kernel
 //! (`Space::write`); a populator faults runs of the written pages in (`Space::populate`); a
 //! mutator commits, protects, releases, splits views and populates pages it has just remapped or
-//! recommitted; the calling thread collects. Used by the tests and by `emuhost bench watch`.
+//! recommitted; an armer arms, disarms and re-arms a zone the writers write; the calling thread
+//! collects. Used by the tests and by `emuhost bench watch`.
+//!
+//! Each write has its own identity (writer, sequence, page) and its own window of collects, one
+//! of which must report its page: from the first collect that had not ended when the write began
+//! to the first that began after it ended. A write made between two collects has a window of
+//! exactly one collect, so an earlier write to the same page cannot hide it; the collector leaves
+//! a gap after each collect until every writer has made such a write.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::{BackendKind, Tracker, WatchError};
-use crate::space::{GuestAddr, Prot, Space, page_size};
+use crate::space::{GuestAddr, GuestRange, Prot, Space, page_size};
 
 /// How many operations of each kind a stress run made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,6 +30,8 @@ pub struct StressOps {
     /// Commits over written pages, and recommits of pages just released.
     pub commits: u64,
     pub protects: u64,
+    /// Releases: of a page inside an allocation the writers write, of a section view beside
+    /// written views, and of a page of an allocation of its own.
     pub releases: u64,
     /// Section pages mapped inside a run of views (each splits the run).
     pub view_splits: u64,
@@ -29,11 +39,15 @@ pub struct StressOps {
     pub populates_written: u64,
     /// Populates of pages just remapped or recommitted.
     pub populates_fresh: u64,
+    /// Arms of the zone the writers write (while it is armed, or after a disarm).
+    pub arms: u64,
+    /// Disarms of that zone.
+    pub disarms: u64,
 }
 
 impl StressOps {
     /// Each kind's name and count.
-    pub fn kinds(&self) -> [(&'static str, u64); 9] {
+    pub fn kinds(&self) -> [(&'static str, u64); 11] {
         [
             ("cpu stores", self.cpu_stores),
             ("host writes", self.host_writes),
@@ -44,6 +58,8 @@ impl StressOps {
             ("view splits", self.view_splits),
             ("populates of written pages", self.populates_written),
             ("populates of fresh pages", self.populates_fresh),
+            ("arms", self.arms),
+            ("disarms", self.disarms),
         ]
     }
 }
@@ -51,35 +67,153 @@ impl StressOps {
 /// What a stress run found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StressReport {
-    /// Writes checked: CPU stores and host writes.
+    /// Writes made: CPU stores and host writes.
     pub writes: u64,
-    /// Writes that the first collect reading their page after them did not report.
+    /// Writes no collect owed a report: made to the arm zone while it was disarmed, or while an
+    /// arm or disarm of it ran (an arm forgets what was written before it).
+    pub unchecked: u64,
+    /// Checked writes whose window is one collect (made between two collects).
+    pub exact: u64,
+    /// Checked writes whose page no collect of their window reported.
     pub lost: u64,
+    /// Lost writes by the weaker rule this check used before (a report of the page by any collect
+    /// from the one running when the write began): an earlier write to the page can hide a lost
+    /// one from it. Kept to show what the identity of each write catches.
+    pub lost_by_start_epochs: u64,
+    /// The report the test hook dropped ([`StressConfig::drop_one_report`]): page, collect.
+    pub dropped: Option<(u64, u64)>,
+    /// At the map limit ([`StressConfig::map_pressure`]): reports of pages of the 2 MiB blocks
+    /// that no write of their window explains, which only a fault that unprotected its whole
+    /// block (the kernel refused to split a mapping) makes; 0 otherwise.
+    pub block_reports_unwritten: u64,
     pub collects: u64,
-    /// Commits, protections, releases, view splits and populates made while the writers ran.
+    /// Commits, protections, releases, view splits, populates, arms and disarms made while the
+    /// writers ran.
     pub space_ops: u64,
     pub ops: StressOps,
 }
 
-/// A write's page and the collect epochs read before and after it.
-type Logged = (u32, u32, u32);
+/// How a stress run is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StressConfig {
+    /// The fewest CPU stores of each of the two writers.
+    pub writes_per_writer: u64,
+    /// An armer thread arms, disarms and re-arms pages 0..32, which the writers write.
+    pub arm_races: bool,
+    /// Test hook: drop one report of a page from one collect (one whose write between two
+    /// collects only that collect may report, and which the collects before and after reported
+    /// too), as a tracker that lost the write would, to show that the check catches it.
+    #[doc(hidden)]
+    pub drop_one_report: bool,
+    /// The process is brought to a few mappings below `vm.max_map_count` first, and the writers
+    /// also write two 2 MiB blocks of their own: their faults split mappings until the kernel
+    /// refuses (`ENOMEM`), and the mprotect backend's handler then unprotects the page's whole
+    /// block. The mutator and the armer rest (the kernel would refuse their commits too). The
+    /// limit is the process's: run it in a process of its own.
+    pub map_pressure: bool,
+}
 
-/// The fewest steps of the host writer, the populator and the mutator, and the fewest collects,
-/// a run makes: the CPU writers go on past their count until all are reached, so every kind of
-/// operation runs beside the others however the threads are scheduled.
-const MIN_STEPS: [u64; 3] = [1000, 500, 100];
+impl StressConfig {
+    /// Every race on: `writes_per_writer` CPU stores (at least) on each writer.
+    pub fn new(writes_per_writer: u64) -> Self {
+        Self { writes_per_writer, arm_races: true, drop_one_report: false, map_pressure: false }
+    }
+}
+
+/// One write: its page, and the collects that bound it.
+#[derive(Clone, Copy, Debug)]
+struct Write {
+    page: u32,
+    /// The collect epoch read before the write (the weaker rule's first collect).
+    e1: u32,
+    /// The first collect that had not ended when the write began.
+    lo: u32,
+    /// The first collect that began after the write ended.
+    hi: u32,
+    /// In the arm zone: arms and disarms begun before the write, if none was running and the zone
+    /// was armed (else `NOT_OWED`).
+    arms: u32,
+}
+
+const NOT_OWED: u32 = u32::MAX;
+
+/// Pages the stress uses: 0..256 four allocations the writers write, 256..320 one the mutator
+/// releases page by page, 512..576 a run of section views.
+const PAGES: u64 = 576;
+/// The zone the armer arms, disarms and re-arms.
+const ZONE: std::ops::Range<u64> = 0..32;
+/// The page a writer writes when it finds itself between two collects.
+const HOT: u64 = 100;
+/// Pages inside the writers' allocations the mutator releases, one per allocation.
+const RELEASED: [u64; 4] = [40, 104, 168, 232];
+/// View pages the mutator releases and maps again.
+const VOLATILE: [u64; 2] = [512 + 16, 512 + 48];
+
+/// The fewest steps of the host writer, the populator, the mutator and the armer, and the fewest
+/// collects, a run makes: the CPU writers go on past their count until all are reached, so every
+/// kind of operation runs beside the others however the threads are scheduled.
+const MIN_STEPS: [u64; 4] = [1000, 500, 100, 60];
 const MIN_COLLECTS: u64 = 200;
+/// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
+/// starts (stacks, allocator arenas) and a few splits.
+const MAP_HEADROOM: u64 = 96;
+/// The longest a collector waits after a collect for every writer to write before the next.
+const GAP_WAIT: Duration = Duration::from_millis(2);
 
 /// What the threads of a run share to pace themselves.
+#[derive(Default)]
 struct Pace {
+    /// Everything is set up: the threads start.
+    go: AtomicBool,
     /// The collect epoch: collect `n` raises it to `n` first.
     epoch: AtomicU64,
-    /// Steps made by the host writer, the populator and the mutator.
-    steps: [AtomicU64; 3],
+    /// Collects ended: collect `n` sets it to `n` after its report is in.
+    done: AtomicU64,
+    /// Per writer: the latest collect after which it wrote before the next began.
+    gap: [AtomicU64; 2],
+    /// Steps made by the host writer, the populator, the mutator and the armer.
+    steps: [AtomicU64; 4],
+    /// Arms and disarms of the zone begun, and ended; whether the zone is armed.
+    arms_started: AtomicU64,
+    arms_done: AtomicU64,
+    zone_armed: AtomicBool,
     /// Every minimum reached (or a thread failed): the CPU writers may stop.
     enough: AtomicBool,
     /// The CPU writers are done: the background threads stop.
     stop: AtomicBool,
+}
+
+/// What a writer reads before a write.
+struct Before {
+    e1: u64,
+    done: u64,
+    arms: u32,
+}
+
+impl Pace {
+    fn wait_to_go(&self) {
+        while !self.go.load(SeqCst) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn before(&self, page: u64) -> Before {
+        let done = self.done.load(SeqCst);
+        let e1 = self.epoch.load(SeqCst);
+        let arms = if ZONE.contains(&page) {
+            let s = self.arms_started.load(SeqCst);
+            let armed = self.zone_armed.load(SeqCst);
+            if armed && self.arms_done.load(SeqCst) == s { s as u32 } else { NOT_OWED }
+        } else {
+            0
+        };
+        Before { e1, done, arms }
+    }
+
+    fn after(&self, b: Before, page: u64) -> Write {
+        let e2 = self.epoch.load(SeqCst);
+        Write { page: page as u32, e1: b.e1 as u32, lo: b.done as u32 + 1, hi: e2 as u32 + 1, arms: b.arms }
+    }
 }
 
 /// Background thread `k` of the stress: runs `step` until told to stop, at least once, and at most
@@ -93,6 +227,7 @@ fn background(
 ) -> JoinHandle<Result<u64, WatchError>> {
     let pace = pace.clone();
     std::thread::spawn(move || {
+        pace.wait_to_go();
         let (mut i, mut seen, mut now) = (0, u64::MAX, 0);
         loop {
             let e = pace.epoch.load(SeqCst);
@@ -113,7 +248,7 @@ fn background(
             if now >= per_collect {
                 // A sleep, not a yield: the kernel's scheduler (EEVDF) pushes a yielding thread's
                 // deadline back at each yield, so a thread spinning on yields starves itself.
-                std::thread::sleep(std::time::Duration::from_micros(20));
+                std::thread::sleep(Duration::from_micros(20));
             }
         }
     })
@@ -126,19 +261,13 @@ fn xorshift(x: &mut u64) -> u64 {
     *x
 }
 
-/// Runs the stress with at least `writes_per_writer` CPU stores on each of two writer threads (more
-/// until every kind of operation has run its minimum, `MIN_STEPS` and `MIN_COLLECTS` in this
-/// module); the host writer, the populator and the mutator run until the writers are done.
-///
-/// Each writer reads the collect epoch before (`e1`) and after (`e2`) each write and logs both.
-/// Collect `n` starts by raising the epoch to `n`, so collect `e2 + 1` started after the write
-/// ended: the write must be reported by one of collects `e1 ..= e2 + 1`, or it is lost.
-///
-/// Pages: 0..256 are four private allocations that the writers write, 256..320 one whose pages
-/// the mutator releases and recommits, 512..576 a run of section views whose pages 528 and 560
-/// the mutator releases and maps again. Host writes and populates go through
-/// [`Tracker::host_write`] (the mprotect backend must make armed pages writable for them).
+/// [`stress_with`] with every race on.
 pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport, WatchError> {
+    stress_with(kind, StressConfig::new(writes_per_writer))
+}
+
+/// The space of a run: pages as [`PAGES`] says, all armed.
+fn layout(kind: BackendKind) -> Result<(Arc<Space>, Arc<Tracker>, crate::space::SectionId), WatchError> {
     let p = page_size();
     let s = Arc::new(Space::with_window(1 << 30)?);
     let t = Tracker::with_backend(&s, kind)?;
@@ -147,105 +276,288 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     }
     let sec = s.create_section(64 * p)?;
     s.map_pages(GuestAddr(512 * p), sec, &(0..64).collect::<Vec<_>>(), Prot::READ_WRITE)?;
-    let whole = s.range(0, 576 * p)?;
-    t.arm(whole)?;
-    // Pages the mutator releases and remaps; the writers keep off them.
-    let volatile = [512 + 16, 512 + 48];
-    let targets: Arc<Vec<u64>> = Arc::new((0..256).chain(512..576).filter(|pg| !volatile.contains(pg)).collect());
-    let pace = Arc::new(Pace {
-        epoch: AtomicU64::new(0),
-        steps: Default::default(),
-        enough: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-    });
-    let writers: Vec<_> = (0..2u64)
-        .map(|w| {
-            let (pace, targets, s) = (pace.clone(), targets.clone(), s.clone());
-            std::thread::spawn(move || -> Result<Vec<Logged>, WatchError> {
-                let epoch = &pace.epoch;
-                let mut log = Vec::with_capacity(writes_per_writer as usize);
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
-                let mut i = 0u64;
-                while i < writes_per_writer || !pace.enough.load(SeqCst) {
-                    i += 1;
-                    let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
-                    let e1 = epoch.load(SeqCst);
-                    // The target pages stay committed (or mapped) read-write throughout: the mutator
-                    // re-commits and re-protects them read-write and releases only other pages.
-                    if let Err(e) = s.store(GuestAddr(pg * page_size() + w * 8), &i.to_le_bytes()) {
-                        pace.enough.store(true, SeqCst);
-                        return Err(e.into());
-                    }
-                    log.push((pg as u32, e1 as u32, epoch.load(SeqCst) as u32));
-                }
-                Ok(log)
-            })
-        })
-        .collect();
-    let host_log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    t.arm(s.range(0, PAGES * p)?)?;
+    Ok((s, t, sec))
+}
+
+/// A CPU writer: stores its sequence number into random target pages, and into [`HOT`] when it
+/// finds itself between two collects without a write there yet.
+fn writer(
+    w: u64,
+    cfg: StressConfig,
+    pace: Arc<Pace>,
+    targets: Arc<Vec<u64>>,
+    s: Arc<Space>,
+) -> JoinHandle<Result<Vec<Write>, WatchError>> {
+    std::thread::spawn(move || {
+        // At the map limit the log must not grow (a larger allocation needs a new mapping): twice
+        // the count, and no more.
+        let cap = if cfg.map_pressure { 2 * cfg.writes_per_writer } else { cfg.writes_per_writer };
+        let mut log = Vec::with_capacity(cap as usize);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
+        let (mut i, mut last_gap) = (0u64, 0u64);
+        pace.wait_to_go();
+        while i < cfg.writes_per_writer
+            || (!pace.enough.load(SeqCst) && (!cfg.map_pressure || log.len() < log.capacity()))
+        {
+            i += 1;
+            let random = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
+            let (d, e) = (pace.done.load(SeqCst), pace.epoch.load(SeqCst));
+            let pg = if d == e && last_gap < d { HOT } else { random };
+            let b = pace.before(pg);
+            // The target pages stay committed (or mapped) read-write throughout: the mutator
+            // re-commits and re-protects them read-write and releases only other pages.
+            if let Err(e) = s.store(GuestAddr(pg * page_size() + w * 8), &i.to_le_bytes()) {
+                pace.enough.store(true, SeqCst);
+                return Err(e.into());
+            }
+            let done = pace.after(b, pg);
+            if done.lo == done.hi {
+                last_gap = done.lo as u64 - 1;
+                pace.gap[w as usize].store(last_gap, SeqCst);
+            }
+            log.push(done);
+        }
+        Ok(log)
+    })
+}
+
+/// The populator: faults runs of eight pages the writers write in, across an allocation's end
+/// now and then (never over a page the mutator may have released).
+fn populator(pace: &Arc<Pace>, s: Arc<Space>, t: Arc<Tracker>) -> JoinHandle<Result<u64, WatchError>> {
+    let mut x = 0x1234_5678_9abc_def1u64;
+    background(pace, 1, 4, move |_| {
+        let first = loop {
+            let f = xorshift(&mut x) % (256 - 8);
+            if !RELEASED.iter().any(|r| (f..f + 8).contains(r)) {
+                break f;
+            }
+        };
+        let r = s.range(first * page_size(), 8 * page_size())?;
+        t.host_write(r, || s.populate(r))??;
+        Ok(())
+    })
+}
+
+/// The mutator's step `i`: a commit over written pages, a protection, a view split, releases
+/// beside written pages and of a page of its own, and populates of the pages just mapped.
+fn mutate(s: &Space, t: &Tracker, sec: crate::space::SectionId, i: u64) -> Result<(), WatchError> {
+    let p = page_size();
+    let a = i % 4;
+    // The commit also brings back the page of this allocation released four steps ago.
+    s.commit(s.range(a * 64 * p, 64 * p)?, Prot::READ_WRITE)?;
+    s.protect(s.range((a * 64 + 8) * p, 8 * p)?, Prot::READ_WRITE)?;
+    // A view split, and a populate of the page just mapped.
+    let v = s.range(VOLATILE[(i % 2) as usize] * p, p)?;
+    s.decommit(v)?;
+    s.map_section(v, sec, v.start().0 - 512 * p, Prot::READ_WRITE)?;
+    t.host_write(v, || s.populate(v))??;
+    // A private page released, recommitted and populated.
+    let q = s.range((256 + i % 64) * p, p)?;
+    s.decommit(q)?;
+    s.commit(q, Prot::READ_WRITE)?;
+    t.host_write(q, || s.populate(q))??;
+    // A page inside an allocation the writers write, released until its next commit.
+    s.decommit(s.range(RELEASED[a as usize] * p, p)?)?;
+    Ok(())
+}
+
+/// The armer's step `i`: every other step, an arm of the armed zone, a disarm, or an arm again.
+fn arm_step(t: &Tracker, pace: &Pace, zone: GuestRange, i: u64) -> Result<(), WatchError> {
+    if i % 2 == 1 {
+        return Ok(());
+    }
+    let arm = (i / 2) % 3 != 1;
+    pace.arms_started.fetch_add(1, SeqCst);
+    let r = if arm { t.arm(zone) } else { t.disarm(zone) };
+    pace.zone_armed.store(arm, SeqCst);
+    pace.arms_done.fetch_add(1, SeqCst);
+    r
+}
+
+/// Whether the page list `reported` (collect numbers, ascending) has one in `lo..=hi`.
+fn reported_in(reported: &[u32], lo: u32, hi: u32) -> bool {
+    let i = reported.partition_point(|&r| r < lo);
+    reported.get(i).is_some_and(|&r| r <= hi)
+}
+
+/// The test hook: drops the report by collect `k` of [`HOT`], where a write made between
+/// collects `k - 1` and `k` is owed it and collects `k - 1` and `k + 1` reported the page too.
+fn drop_one(reported: &mut [Vec<u32>], writes: &[Write]) -> Option<(u64, u64)> {
+    let hot = &mut reported[HOT as usize];
+    let k = writes.iter().find_map(|w| {
+        let k = w.lo;
+        (w.page as u64 == HOT && w.lo == w.hi && k > 1 && [k - 1, k, k + 1].iter().all(|c| hot.contains(c)))
+            .then_some(k)
+    })?;
+    hot.retain(|&c| c != k);
+    Some((HOT, k as u64))
+}
+
+/// The two 2 MiB blocks the writers write under map pressure, committed and armed: their first
+/// and end page.
+fn blocks(s: &Space, t: &Tracker) -> Result<(u64, u64), WatchError> {
+    let (p, block) = (page_size(), 2 << 20);
+    let start = (PAGES * p).next_multiple_of(block);
+    let r = s.range(start, 2 * block)?;
+    s.commit(r, Prot::READ_WRITE)?;
+    t.arm(r)?;
+    Ok((start / p, (start + 2 * block) / p))
+}
+
+/// A space of its own whose pages alternate in protection (each change splits a mapping), as many
+/// as bring the process to [`MAP_HEADROOM`] mappings below `vm.max_map_count`. Dropped, it gives
+/// them back.
+fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
+    let os = |op, source| WatchError::Os { op, range: whole, backend: kind.name(), source };
+    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .map_err(|e| os("read /proc/sys/vm/max_map_count", e))?
+        .trim()
+        .parse::<u64>()
+        .map_err(|e| os("read /proc/sys/vm/max_map_count", std::io::Error::other(e)))?;
+    let now = std::fs::read_to_string("/proc/self/maps").map_err(|e| os("read /proc/self/maps", e))?.lines().count();
+    let splits = max.saturating_sub(now as u64 + MAP_HEADROOM) / 2;
+    let p = page_size();
+    let filler = Space::with_window((2 * splits + 2) * p)?;
+    filler.commit(filler.range(0, (2 * splits + 2) * p)?, Prot::READ_WRITE)?;
+    for j in 0..splits {
+        filler.protect(filler.range((2 * j + 1) * p, p)?, Prot::READ)?;
+    }
+    Ok(filler)
+}
+
+/// Reports of block pages (`b0..b1`) that no write of their window explains.
+fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u64), collects: usize) -> u64 {
+    let mut explained = vec![vec![false; collects + 2]; (b1 - b0) as usize];
+    for w in writes.iter().filter(|w| (b0..b1).contains(&(w.page as u64))) {
+        for n in w.lo..=w.hi {
+            explained[(w.page as u64 - b0) as usize][n as usize] = true;
+        }
+    }
+    let mut count = 0;
+    for pg in b0..b1 {
+        count += reported[pg as usize].iter().filter(|&&n| !explained[(pg - b0) as usize][n as usize]).count() as u64;
+    }
+    count
+}
+
+/// Checks each write against the reports: `reported` holds each page's collects (ascending),
+/// `arms_at` the arms and disarms begun by the end of each collect.
+fn judge<'a>(writes: impl Iterator<Item = &'a Write>, reported: &[Vec<u32>], arms_at: &[u32]) -> StressReport {
+    let mut r = StressReport {
+        writes: 0,
+        unchecked: 0,
+        exact: 0,
+        lost: 0,
+        lost_by_start_epochs: 0,
+        dropped: None,
+        block_reports_unwritten: 0,
+        collects: 0,
+        space_ops: 0,
+        ops: StressOps::default(),
+    };
+    for w in writes {
+        r.writes += 1;
+        let pages = &reported[w.page as usize];
+        // An arm forgets what was written before it, a disarm stops tracking: a write in the
+        // zone is owed a report only if no arm or disarm ran from before it to its last collect.
+        if ZONE.contains(&(w.page as u64)) && (w.arms == NOT_OWED || arms_at[w.hi as usize] != w.arms) {
+            r.unchecked += 1;
+            continue;
+        }
+        r.exact += (w.lo == w.hi) as u64;
+        r.lost += !reported_in(pages, w.lo, w.hi) as u64;
+        r.lost_by_start_epochs += !reported_in(pages, w.e1, w.hi) as u64;
+    }
+    r
+}
+
+/// Runs the stress with at least `cfg.writes_per_writer` CPU stores on each of two writer
+/// threads (more until every kind of operation has run its minimum, `MIN_STEPS` and
+/// `MIN_COLLECTS` in this module); the other threads run until the writers are done.
+///
+/// Pages: 0..256 are four private allocations that the writers write (but for one page of each,
+/// which the mutator releases), 256..320 one whose pages the mutator releases and recommits,
+/// 512..576 a run of section views whose pages 528 and 560 the mutator releases and maps again.
+/// Host writes and populates go through [`Tracker::host_write`] (the mprotect backend must make
+/// armed pages writable for them).
+// Over 80 lines: the threads are set up and joined in one place, so their sharing is visible.
+pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport, WatchError> {
+    let p = page_size();
+    let (s, t, sec) = layout(kind)?;
+    let whole = s.range(0, PAGES * p)?;
+    let zone = s.range(ZONE.start * p, (ZONE.end - ZONE.start) * p)?;
+    let skip = |pg: &u64| !VOLATILE.contains(pg) && !RELEASED.contains(pg);
+    let block = if cfg.map_pressure { Some(blocks(&s, &t)?) } else { None };
+    let (b0, b1) = block.unwrap_or((PAGES, PAGES));
+    let targets: Arc<Vec<u64>> = Arc::new((0..256).chain(512..PAGES).filter(skip).chain(b0..b1).collect());
+    let pace = Arc::new(Pace::default());
+    pace.zone_armed.store(true, SeqCst);
+    let writers: Vec<_> = (0..2u64).map(|w| writer(w, cfg, pace.clone(), targets.clone(), s.clone())).collect();
+    let host_log = Arc::new(std::sync::Mutex::new(Vec::with_capacity(1 << 16)));
     let host_writer = {
-        let (e, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
-        let e = move || e.epoch.load(SeqCst);
+        let (pc, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
         let mut x = 0x2545_f491_4f6c_dd1du64;
         background(&pace, 0, 8, move |i| {
             let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
-            let e1 = e();
+            if host_log.lock().unwrap_or_else(|p| p.into_inner()).len() == 1 << 16 {
+                // The log is full (and must not grow at the map limit).
+                return Ok(());
+            }
+            let b = pc.before(pg);
             t.host_write(s.range(pg * page_size(), page_size())?, || {
                 s.write(GuestAddr(pg * page_size() + 16), &i.to_le_bytes())
             })??;
-            let e2 = e();
-            host_log.lock().unwrap_or_else(|p| p.into_inner()).push((pg as u32, e1 as u32, e2 as u32));
+            let w = pc.after(b, pg);
+            host_log.lock().unwrap_or_else(|p| p.into_inner()).push(w);
             Ok(())
         })
     };
-    let populator = {
-        let (s, t) = (s.clone(), t.clone());
-        let mut x = 0x1234_5678_9abc_def1u64;
-        background(&pace, 1, 4, move |_| {
-            // Eight pages the writers write, across an allocation's end now and then.
-            let first = xorshift(&mut x) % (256 - 8);
-            let r = s.range(first * page_size(), 8 * page_size())?;
-            t.host_write(r, || s.populate(r))??;
-            Ok(())
-        })
-    };
+    let populator = populator(&pace, s.clone(), t.clone());
     let mutator = {
         let (s, t) = (s.clone(), t.clone());
-        background(&pace, 2, 1, move |i| {
-            let p = page_size();
-            let a = i % 4;
-            s.commit(s.range(a * 64 * p, 64 * p)?, Prot::READ_WRITE)?;
-            s.protect(s.range((a * 64 + 8) * p, 8 * p)?, Prot::READ_WRITE)?;
-            // A view split, and a populate of the page just mapped.
-            let v = s.range(volatile[(i % 2) as usize] * p, p)?;
-            s.decommit(v)?;
-            s.map_section(v, sec, v.start().0 - 512 * p, Prot::READ_WRITE)?;
-            t.host_write(v, || s.populate(v))??;
-            // A private page released, recommitted and populated.
-            let q = s.range((256 + i % 64) * p, p)?;
-            s.decommit(q)?;
-            s.commit(q, Prot::READ_WRITE)?;
-            t.host_write(q, || s.populate(q))??;
-            Ok(())
-        })
+        background(&pace, 2, 1, move |i| if cfg.map_pressure { Ok(()) } else { mutate(&s, &t, sec, i) })
     };
-    let mut reported: Vec<Vec<u32>> = vec![Vec::new(); 576];
+    let armer = {
+        let (t, pc) = (t.clone(), pace.clone());
+        let races = cfg.arm_races && !cfg.map_pressure;
+        background(&pace, 3, 1, move |i| if races { arm_step(&t, &pc, zone, i) } else { Ok(()) })
+    };
+    let ranges: Vec<GuestRange> =
+        std::iter::once(Ok(whole)).chain(block.map(|_| s.range(b0 * p, (b1 - b0) * p))).collect::<Result<_, _>>()?;
+    let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
+    // Per collect: arms and disarms begun by the time it ended.
+    let mut arms_at: Vec<u32> = Vec::with_capacity(1 << 16);
+    arms_at.push(0);
+    let filler = if cfg.map_pressure { Some(fill_maps(whole, kind)?) } else { None };
+    pace.go.store(true, SeqCst);
     let mut collect = |n: u32| -> Result<(), WatchError> {
-        for a in t.collect(whole)?.page_addrs() {
-            reported[(a.0 / page_size()) as usize].push(n);
+        for r in &ranges {
+            for a in t.collect(*r)?.page_addrs() {
+                reported[(a.0 / page_size()) as usize].push(n);
+            }
         }
+        pace.done.store(n as u64, SeqCst);
+        arms_at.push(pace.arms_started.load(SeqCst) as u32);
         Ok(())
     };
+    let writing = || !writers.iter().all(|w| w.is_finished());
     let mut result = Ok(());
-    while !writers.iter().all(|w| w.is_finished()) {
+    while writing() {
         let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
         if let Err(e) = collect(n) {
             pace.enough.store(true, SeqCst);
             result = Err(e);
             break;
         }
-        if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(MIN_STEPS).all(|(s, min)| s.load(SeqCst) >= min) {
+        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0] } else { MIN_STEPS };
+        if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(mins).all(|(s, min)| s.load(SeqCst) >= min) {
             pace.enough.store(true, SeqCst);
+        }
+        // A gap before the next collect, until each writer has written in it.
+        let since = Instant::now();
+        while pace.gap.iter().any(|g| g.load(SeqCst) < n as u64) && since.elapsed() < GAP_WAIT && writing() {
+            std::thread::sleep(Duration::from_micros(10));
         }
     }
     pace.stop.store(true, SeqCst);
@@ -253,8 +565,11 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
     let host_writes = host_writer.join().expect("host writer panicked");
     let populates = populator.join().expect("populator panicked");
     let rounds = mutator.join().expect("mutator panicked");
+    let arm_steps = armer.join().expect("armer panicked");
+    drop(filler);
     result?;
-    let (host_writes, populates_written, rounds) = (host_writes?, populates?, rounds?);
+    let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
+    let rounds = if cfg.map_pressure { 0 } else { rounds };
     // A collect after every thread is done: it checks the last writes.
     let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
     collect(n)?;
@@ -264,25 +579,32 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
         all.push(log?);
     }
     let cpu_stores = all[1..].iter().map(|l| l.len() as u64).sum();
-    let (mut writes, mut lost) = (0, 0);
-    for (pg, e1, e2) in all.into_iter().flatten() {
-        writes += 1;
-        if !reported[pg as usize].iter().any(|r| *r >= e1 && *r <= e2 + 1) {
-            lost += 1;
-        }
-    }
-    let ops = StressOps {
+    let dropped = if cfg.drop_one_report { drop_one(&mut reported, &all[1..].concat()) } else { None };
+    let block_reports_unwritten = match block {
+        Some(b) => unwritten_reports(&reported, &all.concat(), b, n as usize),
+        None => 0,
+    };
+    let mut r = judge(all.iter().flatten(), &reported, &arms_at);
+    (r.dropped, r.block_reports_unwritten, r.collects) = (dropped, block_reports_unwritten, n as u64);
+    let (arms, disarms) = if cfg.arm_races && !cfg.map_pressure {
+        let ops = arm_steps.div_ceil(2);
+        (ops - (ops + 1) / 3, (ops + 1) / 3)
+    } else {
+        (0, 0)
+    };
+    r.ops = StressOps {
         cpu_stores,
         host_writes,
         collects: n as u64,
         commits: rounds * 2,
         protects: rounds,
-        releases: rounds * 2,
+        releases: rounds * 3,
         view_splits: rounds,
         populates_written,
         populates_fresh: rounds * 2,
+        arms,
+        disarms,
     };
-    let space_ops =
-        ops.commits + ops.protects + ops.releases + ops.view_splits + populates_written + ops.populates_fresh;
-    Ok(StressReport { writes, lost, collects: n as u64, space_ops, ops })
+    r.space_ops = r.ops.kinds().iter().skip(3).map(|(_, c)| c).sum();
+    Ok(r)
 }

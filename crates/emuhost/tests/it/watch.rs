@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use emuhost::counters;
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
-use emuhost::watch::{self, BackendKind, Collected, PageRun, Tracker, WatchError};
+use emuhost::watch::{self, BackendKind, Collected, PageRun, StressConfig, Tracker, WatchError};
 
 fn p() -> u64 {
     page_size()
@@ -323,37 +323,85 @@ fn host_writes_after_prepare(kind: BackendKind) {
     assert_eq!(&b, b"hello");
 }
 
-fn stress(kind: BackendKind, writes_per_writer: u64) -> (u64, u64) {
+fn stress(kind: BackendKind, cfg: StressConfig) -> (u64, u64) {
     if setup(kind).is_none() {
         return (0, 0);
     }
-    let r = watch::stress(kind, writes_per_writer).unwrap();
+    let r = watch::stress_with(kind, cfg).unwrap();
     eprintln!("{}: {r:?}", kind.name());
     // Every kind of operation ran beside the others: one dropped from the stress fails here.
     for (name, count) in r.ops.kinds() {
-        assert!(count > 0, "{}: no {name} in the stress: {:?}", kind.name(), r.ops);
+        let armer = name == "arms" || name == "disarms";
+        assert!(count > 0 || (armer && !cfg.arm_races), "{}: no {name} in the stress: {:?}", kind.name(), r.ops);
     }
     assert_eq!(r.writes, r.ops.cpu_stores + r.ops.host_writes);
-    assert!(r.ops.cpu_stores >= 2 * writes_per_writer);
-    (r.writes, r.lost)
+    assert!(r.ops.cpu_stores >= 2 * cfg.writes_per_writer);
+    // Most writes are owed a report (only those the armer raced are not), and some are owed it
+    // by exactly one collect (made between two).
+    assert!(r.unchecked * 4 < r.writes && r.exact > 0, "{r:?}");
+    assert_eq!(r.dropped, None);
+    (r.writes - r.unchecked, r.lost)
 }
 
 /// CPU stores, host writes, populates (of written pages and of pages just remapped or recommitted),
-/// commits, protections, releases and view splits at once, with a collector: no write lost.
+/// commits, protections, releases beside written pages and view splits at once, with a
+/// collector: no write lost.
 fn no_lost_writes(kind: BackendKind) {
-    let (writes, lost) = stress(kind, 200_000);
-    eprintln!("{}: {writes} writes, {lost} lost", kind.name());
+    let (writes, lost) = stress(kind, StressConfig { arm_races: false, ..StressConfig::new(100_000) });
+    eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
     assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
+}
+
+/// The same with a thread arming, disarming and arming again pages the writers write: no write
+/// made entirely after an arm returned (and before the next arm or disarm began) is lost, and
+/// nothing crashes.
+fn no_lost_writes_with_arms_racing(kind: BackendKind) {
+    let (writes, lost) = stress(kind, StressConfig::new(100_000));
+    eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
+    assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
+}
+
+#[test]
+fn uffd_no_lost_writes_with_arms_racing() {
+    no_lost_writes_with_arms_racing(BackendKind::Uffd)
+}
+
+#[test]
+#[ignore = "fails until the fix of issue 14 item 10 (mprotect arm/disarm racing writers) is merged"]
+fn mprotect_no_lost_writes_with_arms_racing() {
+    // On the branch without the fix: an arm racing a handler loses a write now and then, and a
+    // disarm racing a store kills the process (the page is disarmed before its protection is
+    // given back, so the fault is not the tracker's and goes to the default action).
+    no_lost_writes_with_arms_racing(BackendKind::Mprotect)
 }
 
 #[test]
 #[ignore = "long: 10^7 writes per backend (cargo test -- --ignored)"]
 fn no_lost_writes_long() {
     for kind in [BackendKind::Uffd, BackendKind::Mprotect] {
-        let (writes, lost) = stress(kind, 5_000_000);
-        eprintln!("{}: {writes} writes, {lost} lost", kind.name());
-        assert!(writes >= 10_000_000 && lost == 0, "{}: {lost} of {writes} lost", kind.name());
+        let (writes, lost) = stress(kind, StressConfig::new(5_000_000));
+        eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
+        assert!(writes >= 9_000_000 && lost == 0, "{}: {lost} of {writes} lost", kind.name());
     }
+}
+
+/// The stress check itself: a collect that leaves out one page it owed (the test hook drops one
+/// report of a page written between two collects, which the collects before and after reported
+/// too) is caught by each write's own window, and passes the old rule (a report by any collect
+/// from the one running when the write began), which an earlier write to the page satisfies.
+#[test]
+fn the_stress_check_catches_a_report_that_an_earlier_write_would_hide() {
+    let kind = BackendKind::Uffd;
+    if let Err(e) = watch::self_test(kind) {
+        eprintln!("skipped: {} is not usable here: {e}", kind.name());
+        return;
+    }
+    let cfg = StressConfig { arm_races: false, drop_one_report: true, ..StressConfig::new(20_000) };
+    let r = watch::stress_with(kind, cfg).unwrap();
+    eprintln!("{r:?}");
+    assert!(r.dropped.is_some(), "the hook found no report to drop: {r:?}");
+    assert_eq!(r.lost_by_start_epochs, 0, "the old rule misses the dropped report: {r:?}");
+    assert!(r.lost >= 1, "the dropped report is caught: {r:?}");
 }
 
 #[test]
@@ -381,4 +429,61 @@ fn bad_input_is_an_error_naming_it() {
     assert!(t.collect(outside).is_err());
     assert!(GuestRange::new(GuestAddr(0), 0).is_err());
     assert!(GuestRange::new(GuestAddr(3), p()).is_err());
+}
+
+/// The environment switch that marks a child process running one stress test alone.
+const CHILD: &str = "EMUHOST_TEST_WATCH_CHILD";
+
+/// Runs this module's test `name` alone in a child process of this test binary (the map limit is
+/// the process's: tests beside it would be refused their mappings); panics unless it ran and
+/// passed.
+fn in_child(name: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([&format!("watch::{name}"), "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD, name)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("test result: ok. 1 passed"),
+        "child {name}: {:?}\n{text}",
+        out.status
+    );
+    eprintln!("{text}");
+}
+
+/// Writes, host writes and populates racing collects with the process a few mappings below
+/// `vm.max_map_count`: the writers' faults split mappings until the kernel refuses, and the
+/// mprotect backend's handler then unprotects the page's whole 2 MiB block. No write is lost,
+/// nothing crashes, and (mprotect) collects report pages of a block no write explains, which
+/// only that path makes.
+fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
+    if std::env::var_os(CHILD).is_none() {
+        return in_child(name);
+    }
+    if let Err(e) = watch::self_test(kind) {
+        eprintln!("skipped: {} is not usable here: {e}", kind.name());
+        return;
+    }
+    let cfg = StressConfig { map_pressure: true, arm_races: false, ..StressConfig::new(50_000) };
+    let r = watch::stress_with(kind, cfg).unwrap();
+    eprintln!("{}: {r:?}", kind.name());
+    assert!(r.ops.collects > 0 && r.ops.host_writes > 0 && r.ops.populates_written > 0, "{r:?}");
+    assert_eq!(r.lost, 0, "{r:?}");
+    if kind == BackendKind::Mprotect {
+        assert!(r.block_reports_unwritten > 0, "the block path never ran: {r:?}");
+    }
+}
+
+#[test]
+#[ignore = "fails until the mprotect backend copes with the map limit: under concurrency a collect's re-protect \
+            fails with ENOMEM (an error), and now and then the handler's block unprotect needs a split too and \
+            the store dies of SIGSEGV"]
+fn mprotect_no_lost_writes_at_the_map_limit() {
+    no_lost_writes_at_the_map_limit(BackendKind::Mprotect, "mprotect_no_lost_writes_at_the_map_limit")
+}
+
+#[test]
+fn uffd_no_lost_writes_at_the_map_limit() {
+    no_lost_writes_at_the_map_limit(BackendKind::Uffd, "uffd_no_lost_writes_at_the_map_limit")
 }

@@ -55,7 +55,48 @@ fn switches(s: &str) -> anyhow::Result<Vec<(String, String)>> {
     s.split_whitespace().map(crate::switches::parse).collect()
 }
 
-fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
+/// How a child process ended, in words: `exit status 2`, `killed by signal 11 (SIGSEGV)`.
+fn ended(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => {
+            let core = if status.core_dumped() { ", core dumped" } else { "" };
+            format!("killed by signal {sig} ({}){core}", signal_name(sig))
+        }
+        (None, None) => format!("{status}"),
+    }
+}
+
+/// The name of a signal by its number on Linux (x86 and arm share these numbers).
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+/// One replay of arm `name` (`A` or `B`, whose switches are `text`).
+fn one(name: &str, text: &str, arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
+    let which = format!("arm {name} ({})", text.trim());
     let exe = std::env::current_exe().context("finding this program")?;
     let mut cmd = Command::new(exe);
     cmd.arg("replay").arg("--json");
@@ -67,20 +108,22 @@ fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
     }
     cmd.env("EMUHOST_LOG", std::env::var("EMUHOST_LOG").unwrap_or_else(|_| "warn".into()));
     cmd.envs(arm.iter().cloned());
-    let out = cmd.output().context("running a replay")?;
+    let out = cmd.output().with_context(|| format!("{which}: running a replay"))?;
     if !out.status.success() && out.status.code() != Some(1) {
-        bail!("a replay with {arm:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = if stderr.trim().is_empty() { String::new() } else { format!(": {}", stderr.trim()) };
+        bail!("{which}: the replay failed, {}{said}", ended(out.status));
     }
-    serde_json::from_slice(&out.stdout).with_context(|| format!("reading a replay's JSON ({arm:?})"))
+    serde_json::from_slice(&out.stdout).with_context(|| format!("{which}: reading the replay's JSON"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let (sa, sb) = (switches(&a.a).context("--a")?, switches(&a.b).context("--b")?);
     let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
     for round in 0..a.rounds {
-        for (i, arm) in [&sa, &sb].into_iter().enumerate() {
-            eprintln!("round {}/{}: {}", round + 1, a.rounds, if i == 0 { &a.a } else { &a.b });
-            runs[i].push(one(arm, &a)?);
+        for (i, (name, text, arm)) in [("A", &a.a, &sa), ("B", &a.b, &sb)].into_iter().enumerate() {
+            eprintln!("round {}/{}: {text}", round + 1, a.rounds);
+            runs[i].push(one(name, text, arm, &a)?);
         }
     }
     let figure = |run: &Value, k: &str| run.get(k).and_then(Value::as_f64);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::cache::{journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
+use super::cache::{check_ours, journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
 use super::corpus::{Corpus, Program, Variant};
 use super::error::CacheRejected;
 use super::translate::{self, Spirv};
@@ -252,6 +252,10 @@ pub fn prepare(
     if opts.workers == 0 {
         return Err(PrepareError::NoWorkers);
     }
+    // Before the device is opened: files that are not emuhost's are refused on any machine.
+    if let Some(path) = &opts.cache {
+        check_ours(path)?;
+    }
     let mut driver = Driver::open(opts.device)?;
     let dev = driver.info.clone();
     tracing::info!(
@@ -338,7 +342,8 @@ pub fn prepare(
         (Some(_), _) => {
             let io = |source| PrepareError::Io { path: journal_path.clone(), source };
             let mut f = File::create(&journal_path).map_err(io)?;
-            writeln!(f, "{}", journal_header(&dev)).map_err(io)?;
+            // One write: the header is whole or the file is empty (both known to be ours).
+            f.write_all(format!("{}\n", journal_header(&dev)).as_bytes()).map_err(io)?;
             Some(f)
         }
     };

@@ -244,6 +244,8 @@ fn read_cache(path: &Path, dev: &DeviceInfo) -> Result<(CacheStart, Vec<u8>), Pr
 
 /// Prepares `corpus`: see the module's docs. `progress(phase, done, total)` is called after
 /// each job, from the worker that did it.
+// Long, in the order a run goes (files, device, journal, translate, compile, save): the two
+// phases' closures borrow the driver, the journal and the failures from this one frame.
 pub fn prepare(
     corpus: &Corpus,
     opts: &Options,

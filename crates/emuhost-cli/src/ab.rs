@@ -55,43 +55,13 @@ fn switches(s: &str) -> anyhow::Result<Vec<(String, String)>> {
     s.split_whitespace().map(crate::switches::parse).collect()
 }
 
-/// How a child process ended, in words: `exit status 2`, `killed by signal 11 (SIGSEGV)`.
+/// How a child process ended, in words: `exit status 2`, `killed by signal: 11 (SIGSEGV)` (std
+/// names the signal, and says where it dumped core).
 fn ended(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt as _;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit status {code}"),
-        (None, Some(sig)) => {
-            let core = if status.core_dumped() { ", core dumped" } else { "" };
-            format!("killed by signal {sig} ({}){core}", signal_name(sig))
-        }
-        (None, None) => format!("{status}"),
+    match status.code() {
+        Some(code) => format!("exit status {code}"),
+        None => format!("killed by {status}"),
     }
-}
-
-/// The name of a signal by its number on Linux (x86 and arm share these numbers).
-fn signal_name(sig: i32) -> String {
-    let name = match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        5 => "SIGTRAP",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        11 => "SIGSEGV",
-        12 => "SIGUSR2",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        24 => "SIGXCPU",
-        25 => "SIGXFSZ",
-        31 => "SIGSYS",
-        _ => return format!("signal {sig}"),
-    };
-    name.to_string()
 }
 
 /// One replay of arm `name` (`A` or `B`, whose switches are `text`).

@@ -90,7 +90,7 @@ fn ab_names_the_arm_and_the_signal_a_replay_died_on() {
     let (out, stderr) = run(c);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("arm A (EMUHOST_SHORT_SLEEP_TIMER=0): the replay failed, killed by signal 24 (SIGXCPU)"),
+        stderr.contains("arm A (EMUHOST_SHORT_SLEEP_TIMER=0): the replay failed, killed by signal: 24 (SIGXCPU)"),
         "{stderr}"
     );
     assert!(!stderr.contains("[(\""), "no Rust debug list: {stderr}");

@@ -55,7 +55,18 @@ fn switches(s: &str) -> anyhow::Result<Vec<(String, String)>> {
     s.split_whitespace().map(crate::switches::parse).collect()
 }
 
-fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
+/// How a child process ended, in words: `exit status 2`, `killed by signal: 11 (SIGSEGV)` (std
+/// names the signal, and says where it dumped core).
+fn ended(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(code) => format!("exit status {code}"),
+        None => format!("killed by {status}"),
+    }
+}
+
+/// One replay of arm `name` (`A` or `B`, whose switches are `text`).
+fn one(name: &str, text: &str, arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
+    let which = format!("arm {name} ({})", text.trim());
     let exe = std::env::current_exe().context("finding this program")?;
     let mut cmd = Command::new(exe);
     cmd.arg("replay").arg("--json");
@@ -67,20 +78,22 @@ fn one(arm: &[(String, String)], a: &Args) -> anyhow::Result<Value> {
     }
     cmd.env("EMUHOST_LOG", std::env::var("EMUHOST_LOG").unwrap_or_else(|_| "warn".into()));
     cmd.envs(arm.iter().cloned());
-    let out = cmd.output().context("running a replay")?;
+    let out = cmd.output().with_context(|| format!("{which}: running a replay"))?;
     if !out.status.success() && out.status.code() != Some(1) {
-        bail!("a replay with {arm:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = if stderr.trim().is_empty() { String::new() } else { format!(": {}", stderr.trim()) };
+        bail!("{which}: the replay failed, {}{said}", ended(out.status));
     }
-    serde_json::from_slice(&out.stdout).with_context(|| format!("reading a replay's JSON ({arm:?})"))
+    serde_json::from_slice(&out.stdout).with_context(|| format!("{which}: reading the replay's JSON"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let (sa, sb) = (switches(&a.a).context("--a")?, switches(&a.b).context("--b")?);
     let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
     for round in 0..a.rounds {
-        for (i, arm) in [&sa, &sb].into_iter().enumerate() {
-            eprintln!("round {}/{}: {}", round + 1, a.rounds, if i == 0 { &a.a } else { &a.b });
-            runs[i].push(one(arm, &a)?);
+        for (i, (name, text, arm)) in [("A", &a.a, &sa), ("B", &a.b, &sb)].into_iter().enumerate() {
+            eprintln!("round {}/{}: {text}", round + 1, a.rounds);
+            runs[i].push(one(name, text, arm, &a)?);
         }
     }
     let figure = |run: &Value, k: &str| run.get(k).and_then(Value::as_f64);

@@ -93,6 +93,12 @@ pub enum Outcome {
     Exit(u8),
 }
 
+/// Colour codes in log lines only where stderr is a terminal, and not where `NO_COLOR` is set to
+/// anything but the empty string (no-color.org): a log file or a pipe gets plain text.
+fn log_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A bad switch is refused before any work, the log filter's included.
@@ -109,6 +115,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(log_colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")))
         .init();
     let result = match cli.command {
         Command::Replay(a) => replay::run(a),
@@ -128,5 +135,19 @@ fn main() -> ExitCode {
             eprintln!("emuhost: error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_colour_needs_a_terminal_and_no_no_color() {
+        use std::ffi::OsString;
+        assert!(super::log_colour(true, None));
+        assert!(super::log_colour(true, Some(OsString::new())), "NO_COLOR empty is as unset");
+        assert!(!super::log_colour(true, Some("1".into())));
+        assert!(!super::log_colour(true, Some(OsString::from("0"))), "any value but empty turns colour off");
+        assert!(!super::log_colour(false, None));
+        assert!(!super::log_colour(false, Some(OsString::new())));
     }
 }

@@ -39,9 +39,13 @@ pub struct Args {
     /// Stop after N pipelines, as an interruption would (the next run resumes).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     stop_after: Option<u64>,
-    /// Write the generated corpus to DIR (sources and corpus.txt) and stop.
+    /// Write the generated corpus to DIR (sources and corpus.txt) and stop. Files there already
+    /// are not written over without --force.
     #[arg(long, value_name = "DIR", conflicts_with = "corpus")]
     generate: Option<PathBuf>,
+    /// With --generate: write over the corpus's files where they exist.
+    #[arg(long, requires = "generate")]
+    force: bool,
     #[command(flatten)]
     gen_args: GenArgs,
 }
@@ -124,7 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         None => generate(&a.gen_args.config()),
     };
     if let Some(dir) = &a.generate {
-        corpus.write(dir).with_context(|| format!("writing the corpus to {}", dir.display()))?;
+        corpus.write(dir, a.force).with_context(|| format!("writing the corpus to {}", dir.display()))?;
         outln!("wrote {} programs, {} variants to {}", corpus.programs.len(), corpus.variant_count(), dir.display());
         return Ok(Outcome::Ok);
     }

@@ -18,7 +18,7 @@ pub enum Which {
         #[arg(long, default_value_t = trace::DEFAULT_SEED)]
         seed: u64,
         /// Write here instead of to stdout; a name ending in `.zst` is compressed.
-        #[arg(long)]
+        #[arg(short = 'o', long, value_name = "FILE")]
         out: Option<PathBuf>,
         /// The session's length in seconds (default 120); the loading phase is the first tenth of
         /// it, at most 10 s, at least 1 s.
@@ -66,10 +66,11 @@ fn synth(cfg: SynthConfig, out: Option<PathBuf>) -> anyhow::Result<Outcome> {
     let header = synth.header();
     let events = match &out {
         Some(path) => {
-            let mut w = TraceWriter::create(path, header)?;
-            write_all(synth, &mut w)?;
+            let at = || format!("writing {}", path.display());
+            let mut w = TraceWriter::create(path, header).with_context(at)?;
+            write_all(synth, &mut w).with_context(at)?;
             let n = w.events();
-            w.finish().with_context(|| format!("writing {}", path.display()))?;
+            w.finish().with_context(at)?;
             n
         }
         None => {

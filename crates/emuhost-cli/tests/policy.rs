@@ -88,6 +88,12 @@ fn workers_follow_the_rule() {
     assert_eq!(w(&["--cpus", "16", "--available-mib", "65536", "--allocator", "scales"]), 16);
     assert_eq!(w(&["--cpus", "64", "--available-mib", "1048576", "--allocator", "scales"]), 32);
     assert_eq!(w(&["--cpus", "12", "--available-mib", "0", "--allocator", "scales"]), 6);
+    // The cap of 32 holds for both allocators, at the largest count the flag takes.
+    for allocator in ["locked", "scales"] {
+        let v = json(&["--cpus", "1048576", "--available-mib", "1048576", "--allocator", allocator]);
+        assert_eq!(v["prepare_workers"], 32, "{allocator}: {v}");
+        assert!(v["why"].as_str().unwrap().contains("limited to 32"), "{allocator}: {v}");
+    }
 }
 
 #[test]

@@ -1,11 +1,23 @@
 //! `emuhost prepare` and `emuhost bench prepare`, run as the built binary on lavapipe: the summary
 //! and its JSON, exit 1 naming a broken shader, exit 2 on bad input, a user's corpus folder,
-//! resumption and the warm cache through the command line.
+//! resumption and the warm cache through the command line. Without a Vulkan device the tests that
+//! need one skip (the shared rule of `vulkan_gate`); bad input and files that are not emuhost's
+//! are refused before a device is looked for, so those tests run anywhere.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
+
+#[path = "../../emuhost/tests/support/vulkan.rs"]
+mod vulkan_gate;
+
+/// Whether the device a preparation would use opens here (in this process: the binary's own
+/// choice is the same); `false`: the test skips, see `vulkan_gate`.
+#[track_caller]
+fn device() -> bool {
+    vulkan_gate::vulkan_or_skip(emuhost::prepare::probe_device(None)).is_some()
+}
 
 fn emuhost(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_emuhost")).args(args).env("EMUHOST_LOG", "warn").output().expect("running emuhost")
@@ -26,6 +38,9 @@ fn json_of(out: &Output, code: i32) -> Value {
 
 #[test]
 fn prepares_the_default_corpus_and_reports() {
+    if !device() {
+        return;
+    }
     let out = emuhost(&["prepare", "--workers", "2", "--json"]);
     let v = json_of(&out, 0);
     assert_eq!(v["programs"], 12);
@@ -56,6 +71,9 @@ fn prepares_the_default_corpus_and_reports() {
 
 #[test]
 fn a_broken_shader_is_named_and_the_run_goes_on_exit_1() {
+    if !device() {
+        return;
+    }
     let out = emuhost(&["prepare", "--broken-translate", "1", "--broken-compile", "1"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
@@ -66,6 +84,9 @@ fn a_broken_shader_is_named_and_the_run_goes_on_exit_1() {
 
 #[test]
 fn a_corpus_folder_with_an_edited_shader() {
+    if !device() {
+        return;
+    }
     let dir = scratch("folder");
     let corpus = dir.join("corpus");
     let out = emuhost(&["prepare", "--generate", corpus.to_str().unwrap(), "--programs", "3", "--variants", "2"]);
@@ -105,6 +126,9 @@ fn bad_input_exits_2_naming_it() {
 
 #[test]
 fn resumes_and_reuses_the_cache_through_the_command_line() {
+    if !device() {
+        return;
+    }
     let dir = scratch("resume");
     let cache = dir.join("c.vkpc");
     let c = cache.to_str().unwrap();
@@ -122,8 +146,10 @@ fn resumes_and_reuses_the_cache_through_the_command_line() {
     let stdout = String::from_utf8_lossy(&third.stdout);
     assert_eq!(third.status.code(), Some(0));
     assert!(stdout.contains("warm cache:"), "the warm run says so: {stdout}");
-    // A corrupt file: a warning, a cold start, the run goes on.
-    std::fs::write(&cache, vec![0xa5u8; 4096]).unwrap();
+    // A corrupt file of emuhost's: a warning, a cold start, the run goes on.
+    let mut corrupt = std::fs::read(&cache).unwrap();
+    *corrupt.last_mut().unwrap() ^= 0x10;
+    std::fs::write(&cache, corrupt).unwrap();
     let out = emuhost(&["prepare", "--cache", c, "--json"]);
     let v = json_of(&out, 0);
     assert_eq!(v["cache"]["state"], "rejected");
@@ -134,6 +160,9 @@ fn resumes_and_reuses_the_cache_through_the_command_line() {
 
 #[test]
 fn bench_prepare_sweeps_cold_and_warm() {
+    if !device() {
+        return;
+    }
     let out = emuhost(&[
         "bench",
         "prepare",
@@ -166,6 +195,9 @@ fn bench_prepare_sweeps_cold_and_warm() {
 
 #[test]
 fn a_killed_run_resumes_from_its_journal() {
+    if !device() {
+        return;
+    }
     let dir = scratch("killed");
     let cache = dir.join("c.vkpc");
     let journal = dir.join("c.vkpc.journal");
@@ -198,4 +230,81 @@ fn a_killed_run_resumes_from_its_journal() {
     assert_eq!(v["compile"]["pipelines"].as_u64().unwrap() as usize, 400 - keys);
     assert!(!journal.exists());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--cache FILE` where FILE, FILE.journal or FILE.tmp is a file emuhost did not write: exit 2
+/// naming it, the file as it was. Refused before a device is looked for: runs anywhere.
+#[test]
+fn a_cache_path_holding_a_users_file_is_refused() {
+    let dir = scratch("users-file");
+    let cache = dir.join("notes.txt");
+    let text = "a user's notes, not a pipeline cache\n";
+    for suffix in ["", ".journal", ".tmp"] {
+        let path = PathBuf::from(format!("{}{suffix}", cache.display()));
+        std::fs::write(&path, text).unwrap();
+        let out = emuhost(&["prepare", "--cache", cache.to_str().unwrap(), "--programs", "1", "--variants", "1"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{suffix}: {stderr}");
+        assert!(stderr.contains(path.to_str().unwrap()) && stderr.contains("not emuhost's"), "{suffix}: {stderr}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "{suffix}: left as it was");
+        std::fs::remove_file(&path).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--generate DIR` over files that are there: exit 2 naming one, nothing written; `--force`
+/// writes over them. Needs no device.
+#[test]
+fn generate_does_not_write_over_files_without_force() {
+    let dir = scratch("generate");
+    let corpus = dir.join("corpus");
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["prepare", "--generate", corpus.to_str().unwrap(), "--programs", "2", "--variants", "1"];
+        args.extend(extra);
+        emuhost(&args)
+    };
+    assert_eq!(generate(&[]).status.code(), Some(0));
+    let source = corpus.join("p0000.wgsl");
+    std::fs::write(&source, "// edited by hand\n").unwrap();
+    let out = generate(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("exists") && stderr.contains(corpus.to_str().unwrap()), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&source).unwrap(), "// edited by hand\n", "left as it was");
+    let out = generate(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(std::fs::read_to_string(&source).unwrap(), "// edited by hand\n", "--force writes over it");
+    let out = emuhost(&["prepare", "--force"]);
+    assert_eq!(out.status.code(), Some(2), "--force needs --generate");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The skip rule itself, on a machine made one without a device for the purpose (the loader
+/// pointed at no driver): a test that needs one skips and says why; with
+/// `EMUHOST_REQUIRE_VULKAN=1` it fails; a value that is not 1, 0 or empty fails naming it.
+#[test]
+fn without_a_device_a_test_skips_or_fails_as_required() {
+    let run = |require: Option<&str>| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["prepares_the_default_corpus_and_reports", "--exact", "--nocapture", "--test-threads=1"])
+            .env("VK_ICD_FILENAMES", "/nonexistent")
+            .env("VK_DRIVER_FILES", "/nonexistent")
+            .env_remove("VK_ADD_DRIVER_FILES")
+            .env_remove("EMUHOST_REQUIRE_VULKAN");
+        if let Some(v) = require {
+            c.env("EMUHOST_REQUIRE_VULKAN", v);
+        }
+        let out = c.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    for unset in [None, Some(""), Some("0")] {
+        let (passed, text) = run(unset);
+        assert!(passed && text.contains("1 passed"), "{unset:?}: {text}");
+        assert!(text.contains("skipped: no Vulkan device: "), "{unset:?}: the skip says why: {text}");
+    }
+    let (passed, text) = run(Some("1"));
+    assert!(!passed && text.contains("EMUHOST_REQUIRE_VULKAN=1 and no Vulkan device: "), "{text}");
+    let (passed, text) = run(Some("yes"));
+    assert!(!passed && text.contains("EMUHOST_REQUIRE_VULKAN=\"yes\": expected 1, 0 or empty"), "{text}");
 }

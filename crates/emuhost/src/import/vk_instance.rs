@@ -72,6 +72,11 @@ pub(crate) fn instances_made() -> u64 {
     MADE.load(Relaxed)
 }
 
+/// The rule of every test that needs a Vulkan device, shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/support/vulkan.rs"]
+mod vulkan_gate;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,14 +87,11 @@ mod tests {
     /// and NVIDIA's refused the 31st. Forty in a row pass that count.
     #[test]
     fn backends_share_one_instance_for_the_process() {
-        for i in 0..40 {
-            match Vulkan::open() {
-                Ok(v) => drop(v),
-                Err(e) if i == 0 && std::env::var("EMUHOST_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1") => {
-                    panic!("EMUHOST_REQUIRE_VULKAN=1 but Vulkan is not usable: {e}")
-                }
-                Err(e) if i == 0 => return eprintln!("skipped: Vulkan: {e}"),
-                Err(e) => panic!("backend {} of 40 failed: {e}", i + 1),
+        let Some(first) = vulkan_gate::vulkan_or_skip(Vulkan::open()) else { return };
+        drop(first);
+        for i in 1..40 {
+            if let Err(e) = Vulkan::open() {
+                panic!("backend {} of 40 failed: {e}", i + 1);
             }
         }
         assert_eq!(instances_made(), 1);

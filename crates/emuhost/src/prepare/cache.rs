@@ -14,6 +14,13 @@
 //! variant whose pipeline is in the cache file saved before the line was written. A journal of
 //! another device, or with a line that is not a key, is discarded whole. A run that finishes with
 //! no failure removes it.
+//!
+//! **Only emuhost's files are replaced.** Before anything is read or written, [`check_ours`]
+//! looks at the three files a run with a cache file replaces, truncates or removes (the file,
+//! `FILE.journal`, `FILE.tmp`): each must be absent or a regular file that starts with emuhost's
+//! mark (the envelope's magic, the journal's first word). The journal and the temporary file may
+//! also be empty: a run killed between creating one and its first write leaves it so. Anything
+//! else is refused ([`PrepareError::NotOurs`]) and left as it is.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,6 +30,10 @@ use super::vk::DeviceInfo;
 use super::{PrepareError, fnv1a};
 
 const MAGIC: &[u8; 16] = b"EMUHOST-VKPC\0\0\0\x01";
+/// What every version of emuhost's cache file starts with (the magic less its version).
+const CACHE_MARK: &[u8] = b"EMUHOST-VKPC";
+/// What every journal starts with.
+const JOURNAL_MARK: &[u8] = b"emuhost-prepare-journal ";
 const ENVELOPE: usize = 32;
 const VK_HEADER: usize = 32;
 
@@ -97,6 +108,42 @@ pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
+}
+
+/// Refuses a cache file, `FILE.journal` or `FILE.tmp` that is there and not emuhost's (see the
+/// module's docs): a preparation with `path` replaces, truncates or removes them.
+pub fn check_ours(path: &Path) -> Result<(), PrepareError> {
+    check_one(path, CACHE_MARK, false, "pipeline cache file")?;
+    check_one(&sibling(path, ".journal"), JOURNAL_MARK, true, "preparation journal")?;
+    check_one(&sibling(path, ".tmp"), CACHE_MARK, true, "pipeline cache being written")
+}
+
+fn check_one(path: &Path, mark: &[u8], empty_ok: bool, what: &'static str) -> Result<(), PrepareError> {
+    use std::io::Read as _;
+    let io = |source| PrepareError::Io { path: path.to_path_buf(), source };
+    let not_ours = |why: &str| PrepareError::NotOurs { path: path.to_path_buf(), what, why: why.into() };
+    // Not followed: a link would be replaced by the rename, not what it points to.
+    let kind = match std::fs::symlink_metadata(path) {
+        Ok(m) => m.file_type(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    if kind.is_dir() {
+        return Err(not_ours("a directory"));
+    } else if kind.is_symlink() {
+        return Err(not_ours("a symbolic link (give the file it points to)"));
+    } else if !kind.is_file() {
+        // Opening a FIFO would block; a device is never ours to replace.
+        return Err(not_ours("not a regular file"));
+    }
+    let mut head = Vec::with_capacity(mark.len());
+    std::fs::File::open(path).and_then(|f| f.take(mark.len() as u64).read_to_end(&mut head)).map_err(io)?;
+    match head.len() {
+        0 if empty_ok => Ok(()),
+        0 => Err(not_ours("empty")),
+        _ if head == mark => Ok(()),
+        _ => Err(not_ours("it does not start with emuhost's header")),
+    }
 }
 
 /// The journal's first line for this device.

@@ -159,21 +159,45 @@ impl Corpus {
         Ok(Corpus { programs })
     }
 
-    /// Writes the corpus into `dir` (made if missing): the sources and `corpus.txt`.
-    pub fn write(&self, dir: &Path) -> Result<(), PrepareError> {
+    /// Writes the corpus into `dir` (made if missing): the sources and `corpus.txt`. A file of
+    /// those names that is there already is written over only where `force` is set; otherwise
+    /// the first one found is an error ([`PrepareError::Exists`]) and nothing is written.
+    pub fn write(&self, dir: &Path, force: bool) -> Result<(), PrepareError> {
         let io = |path: PathBuf| move |source| PrepareError::Io { path, source };
         std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
         let mut manifest = format!("{MAGIC}\n");
+        let mut files: Vec<(PathBuf, &str)> = Vec::with_capacity(self.programs.len() + 1);
         for p in &self.programs {
-            let path = dir.join(&p.file);
-            std::fs::write(&path, &p.source).map_err(io(path))?;
+            files.push((dir.join(&p.file), &p.source));
             let _ = writeln!(manifest, "program {} {}", p.name, p.file);
             for v in &p.variants {
                 let _ = writeln!(manifest, "variant {}", v.describe());
             }
         }
-        let path = dir.join(MANIFEST);
-        std::fs::write(&path, manifest).map_err(io(path))
+        files.push((dir.join(MANIFEST), &manifest));
+        if !force {
+            // All checked first, so a refused corpus leaves the folder as it was.
+            if let Some((path, _)) = files.iter().find(|(path, _)| std::fs::symlink_metadata(path).is_ok()) {
+                return Err(PrepareError::Exists { path: path.clone() });
+            }
+        }
+        for (path, text) in files {
+            let made = if force {
+                std::fs::write(&path, text)
+            } else {
+                // `create_new`: a file that appeared since the check is not written over either.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            };
+            match made {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(PrepareError::Exists { path }),
+                other => other.map_err(io(path))?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -435,7 +459,8 @@ mod tests {
     fn round_trip_through_a_folder() {
         let dir = std::env::temp_dir().join(format!("emuhost-corpus-{}", std::process::id()));
         let c = generate(&GenConfig::default());
-        c.write(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        c.write(&dir, false).unwrap();
         assert_eq!(Corpus::load(&dir).unwrap(), c);
         std::fs::write(dir.join(MANIFEST), "emuhost-corpus 1\nvariant A=1\n").unwrap();
         let e = Corpus::load(&dir).unwrap_err().to_string();
@@ -446,6 +471,30 @@ mod tests {
         assert!(Corpus::load(&dir).unwrap_err().to_string().contains("line 1"));
         std::fs::write(dir.join(MANIFEST), "emuhost-corpus 1\nprogram a ../x.wgsl\n").unwrap();
         assert!(Corpus::load(&dir).unwrap_err().to_string().contains("inside the corpus folder"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_corpus_is_written_over_files_only_when_forced() {
+        let dir = std::env::temp_dir().join(format!("emuhost-corpus-force-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let c = generate(&GenConfig { programs: 3, variants: 1, ..GenConfig::default() });
+        std::fs::create_dir_all(&dir).unwrap();
+        // A user's file of a name the corpus uses, and one it does not.
+        std::fs::write(dir.join("p0001.wgsl"), "mine").unwrap();
+        std::fs::write(dir.join("notes.txt"), "mine too").unwrap();
+        let e = c.write(&dir, false).unwrap_err();
+        assert!(matches!(&e, PrepareError::Exists { path } if path.ends_with("p0001.wgsl")), "{e}");
+        assert!(e.to_string().contains("p0001.wgsl"), "{e}");
+        assert_eq!(std::fs::read_to_string(dir.join("p0001.wgsl")).unwrap(), "mine", "left as it was");
+        assert!(!dir.join("p0000.wgsl").exists() && !dir.join(MANIFEST).exists(), "nothing written");
+        // Forced: written over; the other file stays.
+        c.write(&dir, true).unwrap();
+        assert_eq!(Corpus::load(&dir).unwrap(), c);
+        assert_eq!(std::fs::read_to_string(dir.join("notes.txt")).unwrap(), "mine too");
+        // Its own earlier corpus is not written over without force either.
+        let e = c.write(&dir, false).unwrap_err();
+        assert!(matches!(e, PrepareError::Exists { .. }), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

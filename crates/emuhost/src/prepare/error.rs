@@ -24,6 +24,13 @@ pub enum PrepareError {
     NoSuchDevice { index: usize, count: usize },
     #[error("the workers must be at least 1")]
     NoWorkers,
+    /// A file a preparation would replace, truncate or remove is there and was not written by
+    /// emuhost: it is left alone.
+    #[error("{path}: {why}: not emuhost's {what}, so it is left alone (move it away or choose another path)")]
+    NotOurs { path: PathBuf, what: &'static str, why: String },
+    /// A corpus file is there already: written over only when asked (`force`).
+    #[error("{path} exists: a corpus is not written over it unless forced")]
+    Exists { path: PathBuf },
 }
 
 /// Why a pipeline cache file was not used.

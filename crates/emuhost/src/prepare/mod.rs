@@ -32,6 +32,12 @@ pub use run::{
 };
 pub use vk::DeviceInfo;
 
+/// The device a preparation would use (`index` as in [`Options::device`]), opened and closed
+/// again: whether this machine can prepare at all, and on what.
+pub fn probe_device(index: Option<usize>) -> Result<DeviceInfo, PrepareError> {
+    vk::Driver::open(index).map(|d| d.info.clone())
+}
+
 /// FNV-1a, 64 bits: a stable hash (the same in every build) for variant keys and the cache
 /// file's checksum.
 pub fn fnv1a(bytes: &[u8]) -> u64 {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::cache::{journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
+use super::cache::{check_ours, journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
 use super::corpus::{Corpus, Program, Variant};
 use super::error::CacheRejected;
 use super::translate::{self, Spirv};
@@ -244,6 +244,8 @@ fn read_cache(path: &Path, dev: &DeviceInfo) -> Result<(CacheStart, Vec<u8>), Pr
 
 /// Prepares `corpus`: see the module's docs. `progress(phase, done, total)` is called after
 /// each job, from the worker that did it.
+// Long, in the order a run goes (files, device, journal, translate, compile, save): the two
+// phases' closures borrow the driver, the journal and the failures from this one frame.
 pub fn prepare(
     corpus: &Corpus,
     opts: &Options,
@@ -251,6 +253,10 @@ pub fn prepare(
 ) -> Result<Report, PrepareError> {
     if opts.workers == 0 {
         return Err(PrepareError::NoWorkers);
+    }
+    // Before the device is opened: files that are not emuhost's are refused on any machine.
+    if let Some(path) = &opts.cache {
+        check_ours(path)?;
     }
     let mut driver = Driver::open(opts.device)?;
     let dev = driver.info.clone();
@@ -338,7 +344,8 @@ pub fn prepare(
         (Some(_), _) => {
             let io = |source| PrepareError::Io { path: journal_path.clone(), source };
             let mut f = File::create(&journal_path).map_err(io)?;
-            writeln!(f, "{}", journal_header(&dev)).map_err(io)?;
+            // One write: the header is whole or the file is empty (both known to be ours).
+            f.write_all(format!("{}\n", journal_header(&dev)).as_bytes()).map_err(io)?;
             Some(f)
         }
     };

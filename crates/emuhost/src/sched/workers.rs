@@ -4,8 +4,9 @@
 //! one lock for that (Windows' NT heap was measured so in the reference: workers past half the
 //! CPUs made the job slower), half the usable CPUs is the count. Where it scales, each worker past
 //! half the CPUs costs memory at the peak (0.4–0.5 GB measured), so one is added for each 768 MiB
-//! of available memory past a 4 GiB reserve, up to the usable CPUs and 32. Whether the allocator
-//! scales is the application's to say: the library cannot know its global allocator.
+//! of available memory past a 4 GiB reserve, up to the usable CPUs. Either way, no more than 32.
+//! Whether the allocator scales is the application's to say: the library cannot know its global
+//! allocator.
 
 use super::SchedError;
 use crate::sys::sched as sys;
@@ -14,7 +15,7 @@ use crate::sys::sched as sys;
 pub const RESERVE_BYTES: u64 = 4 << 30;
 /// Available memory past the reserve that buys one more worker.
 pub const BYTES_PER_EXTRA_WORKER: u64 = 768 << 20;
-/// No more workers than this where the allocator scales.
+/// No more workers than this, whether the allocator scales or not.
 pub const MAX_WORKERS: usize = 32;
 
 /// Whether the process's allocator scales with threads allocating at once.
@@ -92,15 +93,20 @@ pub struct Workers {
 
 /// The worker count for a compile job: `half = max(1, usable / 2)`; where the allocator is
 /// locked, `half`; where it scales, `half` plus one for each 768 MiB of `available_bytes` past
-/// 4 GiB (none below), limited by `usable` and by 32.
+/// 4 GiB (none below), limited by `usable`. Either way no more than 32.
 pub fn prepare_workers(usable: usize, available_bytes: u64, allocator: Allocator) -> Workers {
     let half = (usable / 2).max(1);
     let mib = available_bytes >> 20;
     match allocator {
-        Allocator::Locked => Workers {
-            count: half,
-            why: format!("{half} workers: half of {usable} usable CPUs (the allocator is locked)"),
-        },
+        Allocator::Locked => {
+            // The cap holds for either allocator: 32 is the most the rule ever gives.
+            let count = half.min(MAX_WORKERS);
+            let limit = if count < half { format!(" ({half}), limited to {MAX_WORKERS}") } else { String::new() };
+            Workers {
+                count,
+                why: format!("{count} workers: half of {usable} usable CPUs{limit} (the allocator is locked)"),
+            }
+        }
         Allocator::Scales => {
             let extra = available_bytes.saturating_sub(RESERVE_BYTES) / BYTES_PER_EXTRA_WORKER;
             let wanted = (half as u64).saturating_add(extra);
@@ -196,8 +202,17 @@ mod tests {
 
     #[test]
     fn locked_is_half_at_least_one() {
-        for (usable, want) in [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (16, 8), (128, 64)] {
+        for (usable, want) in [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (16, 8), (64, 32)] {
             assert_eq!(prepare_workers(usable, 64 * GIB, Allocator::Locked).count, want, "usable {usable}");
+        }
+    }
+
+    #[test]
+    fn locked_is_limited_to_32_too() {
+        for (usable, want) in [(64, 32), (65, 32), (66, 32), (1 << 20, 32), (usize::MAX, 32), (63, 31)] {
+            let w = prepare_workers(usable, 64 * GIB, Allocator::Locked);
+            assert_eq!(w.count, want, "usable {usable}");
+            assert_eq!(w.why.contains("limited to 32"), usable / 2 > 32, "{}", w.why);
         }
     }
 

@@ -4,7 +4,8 @@
 //!
 //! A backend that is not on the machine is skipped with the reason printed, unless
 //! `EMUHOST_REQUIRE_VULKAN=1` / `EMUHOST_REQUIRE_CUDA=1` makes its absence a failure (CI sets the
-//! Vulkan one: lavapipe is installed there).
+//! Vulkan one: lavapipe is installed there). Vulkan's rule is the one of every test that needs a
+//! device (`tests/support/vulkan.rs`).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,16 +25,7 @@ fn required(var: &str) -> bool {
 }
 
 fn vulkan() -> Option<Vulkan> {
-    match Vulkan::open() {
-        Ok(v) => Some(v),
-        Err(e) if required("EMUHOST_REQUIRE_VULKAN") => {
-            panic!("EMUHOST_REQUIRE_VULKAN=1 but Vulkan is not usable: {}", error_chain(&e))
-        }
-        Err(e) => {
-            eprintln!("skipped: Vulkan: {}", error_chain(&e));
-            None
-        }
-    }
+    crate::vulkan_gate::vulkan_or_skip(Vulkan::open())
 }
 
 fn cuda() -> Option<Cuda> {

@@ -9,4 +9,6 @@ mod replay;
 mod sched;
 mod space;
 mod trace;
+#[path = "../support/vulkan.rs"]
+mod vulkan_gate;
 mod watch;

@@ -1,13 +1,23 @@
 //! Shader preparation on a real Vulkan device (Mesa's lavapipe in CI): every pipeline created,
 //! the cache file handed back to the driver on the next run, broken shaders reported by name while
 //! the run goes on, corrupt or foreign cache files rejected, and resumption after an interruption.
+//! Without a device these skip (`crate::vulkan_gate`), except the refusal of files that are not
+//! emuhost's, which comes before the device is opened.
 
 use std::path::PathBuf;
 
 use emuhost::prepare::{
-    CacheRejected, CacheStart, Corpus, GenConfig, JournalStart, Options, Phase, Report, check_cache_file, generate,
-    prepare, variant_key, wrap_cache_data,
+    CacheRejected, CacheStart, Corpus, DeviceInfo, GenConfig, JournalStart, Options, Phase, PrepareError, Report,
+    check_cache_file, generate, prepare, probe_device, variant_key, wrap_cache_data,
 };
+
+use crate::vulkan_gate::vulkan_or_skip;
+
+/// The device the tests prepare on, or `None` (the test skips; see `vulkan_gate`).
+#[track_caller]
+fn device() -> Option<DeviceInfo> {
+    vulkan_or_skip(probe_device(None))
+}
 
 /// A fresh folder for one test's cache file.
 fn scratch(name: &str) -> PathBuf {
@@ -27,6 +37,7 @@ fn with_cache(cache: PathBuf) -> Options {
 
 #[test]
 fn every_pipeline_is_created() {
+    let Some(_) = device() else { return };
     let c = generate(&GenConfig::default());
     let progress = std::sync::Mutex::new((0, 0));
     let r = prepare(&c, &Options { workers: 3, ..Options::default() }, &|phase, done, total| {
@@ -52,6 +63,7 @@ fn every_pipeline_is_created() {
 
 #[test]
 fn the_saved_cache_is_handed_to_the_driver_on_the_next_run() {
+    let Some(_) = device() else { return };
     let dir = scratch("warm");
     let cache = dir.join("pipelines.vkpc");
     let c = generate(&GenConfig::default());
@@ -84,6 +96,7 @@ fn the_saved_cache_is_handed_to_the_driver_on_the_next_run() {
 
 #[test]
 fn broken_shaders_are_reported_and_the_run_goes_on() {
+    let Some(_) = device() else { return };
     let dir = scratch("broken");
     let cfg = GenConfig { broken_translate: 2, broken_compile: 2, ..GenConfig::default() };
     let c = generate(&cfg);
@@ -116,6 +129,7 @@ fn broken_shaders_are_reported_and_the_run_goes_on() {
 
 #[test]
 fn corrupt_or_foreign_cache_files_are_rejected() {
+    let Some(_) = device() else { return };
     let dir = scratch("corrupt");
     let cache = dir.join("c.vkpc");
     let c = generate(&GenConfig { programs: 3, variants: 2, ..GenConfig::default() });
@@ -124,12 +138,21 @@ fn corrupt_or_foreign_cache_files_are_rejected() {
     let good = std::fs::read(&cache).unwrap();
     let data = check_cache_file(&good, &first.device).unwrap().to_vec();
 
-    // Garbage: not our envelope.
-    std::fs::write(&cache, b"this is not a pipeline cache, and it is long enough to read").unwrap();
+    // Ours, of another envelope version: rejected, and replaced with a good one.
+    let mut version = good.clone();
+    version[15] = 9;
+    std::fs::write(&cache, &version).unwrap();
     let r = run(&c, &opts);
     assert_eq!(r.cache, CacheStart::Rejected(CacheRejected::Magic));
     assert_eq!(r.created, 6, "the run goes on with an empty cache");
     assert_eq!(std::fs::read(&cache).unwrap(), good, "and replaces the file with a good one");
+    // What a run killed while saving leaves: an empty temporary file, and a journal of another
+    // device. Both are emuhost's: replaced, the run goes on.
+    std::fs::write(dir.join("c.vkpc.tmp"), b"").unwrap();
+    std::fs::write(dir.join("c.vkpc.journal"), "emuhost-prepare-journal 1 0x1 0x2 00\n").unwrap();
+    let r = run(&c, &opts);
+    assert!(matches!(r.journal, JournalStart::Discarded(_)), "{:?}", r.journal);
+    assert!(!dir.join("c.vkpc.tmp").exists() && !dir.join("c.vkpc.journal").exists());
 
     // One bit flipped in the driver's data: the checksum catches it.
     let mut flipped = good.clone();
@@ -158,6 +181,7 @@ fn corrupt_or_foreign_cache_files_are_rejected() {
 
 #[test]
 fn an_interrupted_run_resumes_where_it_stopped() {
+    let Some(_) = device() else { return };
     let dir = scratch("resume");
     let cache = dir.join("c.vkpc");
     let journal = dir.join("c.vkpc.journal");
@@ -212,4 +236,44 @@ fn a_changed_program_is_made_again() {
         variant_key(&c.programs[1], &c.programs[1].variants[0]),
         variant_key(&c.programs[1], &c.programs[1].variants[1])
     );
+}
+
+/// Files at the cache's paths that emuhost did not write are refused and left as they were: the
+/// cache file itself, its journal and its temporary file. The refusal comes before the device
+/// is opened, so this runs on any machine.
+#[test]
+fn files_that_are_not_emuhosts_are_refused_and_left_alone() {
+    let dir = scratch("not-ours");
+    let cache = dir.join("c.vkpc");
+    let c = generate(&GenConfig { programs: 1, variants: 1, ..GenConfig::default() });
+    let opts = with_cache(cache.clone());
+    let mine = b"a user's file, not a pipeline cache".to_vec();
+    for (name, bytes) in [
+        ("c.vkpc", &mine[..]),
+        ("c.vkpc", b""),
+        ("c.vkpc.journal", &mine[..]),
+        ("c.vkpc.journal", b"emuhost-prepare"),
+        ("c.vkpc.tmp", &mine[..]),
+        ("c.vkpc.tmp", b"EMUHOST"),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let e = prepare(&c, &opts, &|_, _, _| {}).expect_err(name);
+        assert!(matches!(&e, PrepareError::NotOurs { path: p, .. } if *p == path), "{name} {bytes:?}: {e}");
+        assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name} left as it was");
+        let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, [name], "nothing else made");
+        std::fs::remove_file(&path).unwrap();
+    }
+    // Not a regular file: a folder, and a link (the rename would replace the link).
+    std::fs::create_dir(dir.join("c.vkpc.journal")).unwrap();
+    let e = prepare(&c, &opts, &|_, _, _| {}).unwrap_err();
+    assert!(e.to_string().contains("c.vkpc.journal: a directory"), "{e}");
+    std::fs::remove_dir(dir.join("c.vkpc.journal")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", &cache).unwrap();
+    let e = prepare(&c, &opts, &|_, _, _| {}).unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -246,7 +246,8 @@ impl Backend for Cuda {
                 CUDA_ERROR_OUT_OF_MEMORY
             } else {
                 // SAFETY: the range lies in a mapping that stays mapped until it is unregistered
-                // (the HostSpan contract); the driver pins it and touches no byte.
+                // (the import made of it keeps the span, which holds the pages); the driver pins
+                // it and touches no byte.
                 unsafe { (drv.api.register)(p, span.len(), flags) }
             };
             drv.check("cuMemHostRegister", code)?;

@@ -338,7 +338,8 @@ impl Device {
             Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
         } else {
             // SAFETY: `alloc`'s chain lives across the call; the pointer and size are aligned and
-            // lie in a mapping that stays mapped until the memory is freed (the HostSpan contract).
+            // lie in a mapping that stays mapped until the memory is freed (the import made of it
+            // keeps the span, which holds the pages).
             unsafe { self.device.allocate_memory(&alloc, None) }
         };
         let memory = match allocated {

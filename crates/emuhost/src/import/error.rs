@@ -15,10 +15,10 @@ pub enum ImportError {
     #[error("the chunk cover of binding {addr:#x}+{size:#x} (chunk {chunk:#x}) runs past the end of the address space")]
     CoverWraps { addr: u64, size: u64, chunk: u64 },
     #[error(
-        "import chunk {chunk:#x} (EMUHOST_IMPORT_CHUNK_MB={}) is larger than the guest window {window:#x}: no binding could import",
+        "import chunk {chunk:#x} (EMUHOST_IMPORT_CHUNK_MB={}) is larger than {what} {limit:#x}: no binding could import",
         chunk >> 20
     )]
-    ChunkPastWindow { chunk: u64, window: u64 },
+    ChunkTooLarge { chunk: u64, what: &'static str, limit: u64 },
     #[error("pool {lo:#x}+{size:#x} is empty or runs past the end of the address space")]
     BadPool { lo: u64, size: u64 },
     #[error("guest range {lo:#x}..{hi:#x} failed to import a moment ago and is cooling for {left_ms} ms more")]

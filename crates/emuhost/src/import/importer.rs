@@ -282,12 +282,20 @@ impl<B: Backend> std::fmt::Debug for Importer<B> {
 impl<B: Backend> Importer<B> {
     /// An importer of `space`'s memory into `backend`.
     ///
-    /// A chunk larger than the space's window is refused ([`ImportError::ChunkPastWindow`]): no
-    /// binding could import.
+    /// A chunk larger than the space's window or than the backend's largest import is refused
+    /// ([`ImportError::ChunkTooLarge`]): no binding could import.
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
         cfg.plan.check(backend.alignment().max(page_size()))?;
-        if cfg.plan.chunk > space.window() {
-            return Err(ImportError::ChunkPastWindow { chunk: cfg.plan.chunk, window: space.window() });
+        let chunk = cfg.plan.chunk;
+        let max = backend.budget().get();
+        for (what, limit) in [
+            ("the guest window", space.window()),
+            ("the backend's largest single import", max.max_single),
+            ("the backend's live imported bytes", max.max_bytes),
+        ] {
+            if chunk > limit {
+                return Err(ImportError::ChunkTooLarge { chunk, what, limit });
+            }
         }
         let populator = if cfg.populate_ahead != PopulateAhead::Off {
             Some(Populator::start(space.clone()).map_err(|source| ImportError::Os {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, PopulateAhead,
-    Vulkan, error_chain, verify,
+    Backend, BackendKind, Budget, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned,
+    PopulateAhead, Vulkan, error_chain, verify,
 };
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
 
@@ -628,12 +628,16 @@ fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
     // 2^43 MiB is 2^63 bytes: a power of two, but larger than any window.
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let e = Importer::new(space.clone(), Pin::new(), chunk("8796093022208").unwrap()).unwrap_err();
-    assert!(matches!(e, ImportError::ChunkPastWindow { .. }), "{e}");
+    assert!(matches!(e, ImportError::ChunkTooLarge { what: "the guest window", .. }), "{e}");
     let text = e.to_string();
     assert!(text.contains("EMUHOST_IMPORT_CHUNK_MB=8796093022208") && text.contains("0x4000000"), "{text}");
     // 128 MiB over a 64 MiB window: refused too; 64 MiB works.
     assert!(Importer::new(space.clone(), Pin::new(), chunk("128").unwrap()).is_err());
-    assert!(Importer::new(space, Pin::new(), chunk("64").unwrap()).is_ok());
+    assert!(Importer::new(space.clone(), Pin::new(), chunk("64").unwrap()).is_ok());
+    // A chunk over the backend's largest single import could never import either.
+    let small = Pin::with_budget(Budget { max_single: MIB, ..Budget::default() });
+    let e = Importer::new(space, small, chunk("2").unwrap()).unwrap_err();
+    assert!(e.to_string().contains("EMUHOST_IMPORT_CHUNK_MB=2)") && e.to_string().contains("single import"), "{e}");
     // 2^44 MiB does not fit in 64 bits of bytes.
     let e = chunk("17592186044416").unwrap_err().to_string();
     assert!(e.contains("EMUHOST_IMPORT_CHUNK_MB=\"17592186044416\"") && e.contains("too large"), "{e}");

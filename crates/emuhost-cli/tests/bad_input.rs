@@ -62,6 +62,11 @@ fn bad_flags_are_named() {
         (&["plan", "--pools", "/dev/null", "--bind", "4096"], &["\"4096\" is not ADDR:SIZE"]),
         (&["plan", "--pools", "/dev/null", "--bind", "0x1000:0"], &["the size is zero"]),
         (&["plan", "--pools", "/dev/null", "--bind", "0xfffffffffffffff0:0x20"], &["runs past the end"]),
+        // The binding fits; its chunk cover does not, and the message says which.
+        (
+            &["plan", "--pools", "/dev/null", "--bind", "0xffffffffffffff00:0x10"],
+            &["the chunk cover of binding 0xffffffffffffff00+0x10 (chunk 0x1000000) runs past the end"],
+        ),
         (&["policy", "--cpus", "0"], &["'0'", "--cpus"]),
         (&["bench", "space", "--rounds", "0"], &["'0'", "--rounds"]),
         (&["trace", "stats", "--chunk-mib", "3"], &["--chunk-mib 3"]),
@@ -95,6 +100,18 @@ fn bad_switches_are_named_before_any_work() {
     let out = args(&["policy"]).env("EMUHOST_WACTH", "uffd").output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("warning: EMUHOST_WACTH is not a switch"));
+}
+
+#[test]
+fn a_chunk_larger_than_the_window_is_refused_naming_the_switch() {
+    // 2^43 MiB: a power of two of bytes (2^63), so the switch parses; no binding could import it.
+    let mut c = args(&["replay"]);
+    c.env("EMUHOST_IMPORT_CHUNK_MB", "8796093022208").env("EMUHOST_IMPORT_BACKEND", "pin");
+    refused(c, &["EMUHOST_IMPORT_CHUNK_MB=8796093022208", "larger than the guest window"]);
+    // 2^44 MiB overflows bytes: refused up front.
+    let mut c = args(&["policy"]);
+    c.env("EMUHOST_IMPORT_CHUNK_MB", "17592186044416");
+    refused(c, &["EMUHOST_IMPORT_CHUNK_MB=\"17592186044416\": too large"]);
 }
 
 const HEAD: &str = "emuhost-trace 1 window=0x8000000000\n";

@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("backend: {}", backend.describe());
     rounds("open and drop a backend", n, || drop(AnyBackend::pick(choice).expect("opening the backend again")));
 
-    let space = Space::with_window(2 * SPAN)?;
+    let space = std::sync::Arc::new(Space::with_window(2 * SPAN)?);
     space.commit(space.range(0, SPAN)?, Prot::READ_WRITE)?;
     let import = || {
         let span = HostSpan::of(&space, 0, SPAN).expect("the span is in the window");

@@ -138,10 +138,9 @@ fn timed<T>(arm: &mut Arm, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Res
 
 fn sizes_arms(b: &Arc<AnyBackend>, size: u64, rounds: u32) -> anyhow::Result<SizeResult> {
     let align = b.alignment().max(page_size());
-    let space = Space::with_window((size + align).next_multiple_of(1 << 30))?;
+    let space = Arc::new(Space::with_window((size + align).next_multiple_of(1 << 30))?);
     let lo = (align - space.host_base() as u64 % align) % align;
     let range = space.range(lo, size)?;
-    let span = HostSpan::of(&space, lo, size)?;
     // One round of each first, not kept: a VM backs memory it never backed before slowly.
     let mut scratch = SizeResult::new(size);
     let mut r = SizeResult::new(size);
@@ -151,6 +150,8 @@ fn sizes_arms(b: &Arc<AnyBackend>, size: u64, rounds: u32) -> anyhow::Result<Siz
             timed(&mut r.populate, || Ok(space.populate(range)?))?;
         }
         let arm = if populate { &mut r.populated } else { &mut r.untouched };
+        // The span holds the range until the import made of it is released.
+        let span = HostSpan::of(&space, lo, size)?;
         let i = timed(arm, || Ok(b.import(span)?))?;
         timed(&mut r.release, || {
             b.release(i);

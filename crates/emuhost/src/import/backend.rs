@@ -2,16 +2,19 @@
 //!
 //! An import hands host pages to a driver: Vulkan (`VK_EXT_external_memory_host`) and CUDA
 //! (`cuMemHostRegister`) pin them and map them for the GPU; pin (`mlock`) only pins them. The
-//! pages must stay mapped until the import is released: the guest window's pages are never
-//! unmapped under a live import (the space zeroes freed pages instead of dropping them).
+//! pages must stay mapped until the driver lets go of them, which safe code cannot break: a
+//! [`HostSpan`] holds its pages ([`Space::hold`]: the space stays alive, and a decommit or remap
+//! of a held page is refused), each import keeps its span, and an import keeps its backend's
+//! device (or driver context) alive and lets go of the pages when it is dropped, so an import
+//! may outlive the backend that made it.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::ImportError;
 use super::cuda::Cuda;
 use super::pin::Pin;
 use super::vulkan::Vulkan;
-use crate::space::{GuestAddr, Prot, Space, page_size};
+use crate::space::{GuestAddr, Hold, Prot, Space, page_size};
 
 /// Which backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,18 +34,28 @@ impl BackendKind {
     }
 }
 
-/// Host bytes `addr..addr + len` inside a mapping that outlives the import made of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Host bytes `addr..addr + len` of a space's guest window, held mapped while the span lives
+/// ([`Space::hold`]): the space is not dropped and the pages are not decommitted or remapped under
+/// it. A backend keeps the span in its import, so the pages outlive the import made of them.
+#[derive(Debug)]
 pub struct HostSpan {
     addr: usize,
     len: usize,
+    hold: Hold,
 }
 
 impl HostSpan {
-    /// The host bytes of the guest range `lo..lo + len` of `space` (checked to lie in its window).
-    pub fn of(space: &Space, lo: u64, len: u64) -> Result<HostSpan, ImportError> {
+    /// The host bytes of the guest range `lo..lo + len` of `space` (checked to lie in its
+    /// window), held until the span is dropped.
+    pub fn of(space: &Arc<Space>, lo: u64, len: u64) -> Result<HostSpan, ImportError> {
         let r = space.range(lo, len)?;
-        Ok(HostSpan { addr: space.host_addr(r.start())?, len: r.len() as usize })
+        let hold = space.hold(r)?;
+        Ok(HostSpan { addr: space.host_addr(r.start())?, len: r.len() as usize, hold })
+    }
+
+    /// The guest range held.
+    pub fn guest(&self) -> crate::space::GuestRange {
+        self.hold.range()
     }
 
     pub fn addr(&self) -> usize {
@@ -157,14 +170,19 @@ pub trait Backend: Send + Sync {
     /// The backend's limits and their use.
     fn budget(&self) -> &BudgetCell;
 
-    /// Imports `span`. The pages must stay mapped until [`Backend::release`].
+    /// Imports `span`. The import keeps the span (its pages stay held) until the driver has let
+    /// go of them, and keeps what it needs of the backend (the device) to let go of them itself
+    /// when it is dropped.
     fn import(&self, span: HostSpan) -> Result<Self::Import, ImportError>;
 
-    /// Releases an import (never fails: a driver error is logged).
-    fn release(&self, import: Self::Import);
+    /// Releases an import (never fails: a driver error is logged). Dropping it does the same.
+    fn release(&self, import: Self::Import) {
+        drop(import)
+    }
 
     /// Copies `len` bytes from `from` at `from_off` to `to` at `to_off` through the GPU and waits.
-    /// `Ok(false)` where the backend has no GPU path (pin).
+    /// `Ok(false)` where the backend has no GPU path (pin). On a CPU driver (lavapipe) the copy is
+    /// a CPU store: into a page the guest made not writable it faults as a guest store would.
     fn gpu_copy(
         &self,
         from: &Self::Import,
@@ -195,7 +213,7 @@ pub fn verify<B: Backend>(b: &B) -> Result<(), ImportError> {
     let align = b.alignment().max(page_size());
     let half = align.max(64 << 10);
     // Room to place two aligned halves whatever the reservation's own alignment.
-    let space = Space::with_window(2 * half + align)?;
+    let space = Arc::new(Space::with_window(2 * half + align)?);
     let skew = (align - space.host_base() as u64 % align) % align;
     let whole = space.range(skew, 2 * half)?;
     space.commit(whole, Prot::READ_WRITE)?;

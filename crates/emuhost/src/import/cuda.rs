@@ -11,12 +11,14 @@
 //! This module opts out of the crate's `deny(unsafe_code)`: every driver call is FFI through
 //! function pointers whose C signatures are written out below from the CUDA driver API
 //! (`cuda.h`, the `_v2` entry points its macros select). The library stays loaded while the
-//! pointers are used (the `Library` lives in the backend); the primary context is retained from
-//! open to drop; a host pointer registered lies in a mapping that stays mapped until it is
-//! unregistered (the [`HostSpan`] contract). Every `unsafe` block carries a `// SAFETY:` line.
+//! pointers are used and the primary context stays retained while the backend or any import lives
+//! (both sit in the driver state that each keeps an `Arc` of); a registration is undone when its
+//! import is dropped, and the import keeps its [`HostSpan`], which holds the pages mapped until
+//! then. Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
 
 use libloading::Library;
 
@@ -52,10 +54,16 @@ struct Api {
 
 /// The CUDA backend: device 0's primary context.
 pub struct Cuda {
+    drv: Arc<Driver>,
+    name: String,
+}
+
+/// The driver: what the backend and its imports share (an import unregisters itself when
+/// dropped, so the context and the library go after the last of them).
+struct Driver {
     api: Api,
     ctx: CuContext,
     device: CuDevice,
-    name: String,
     budget: BudgetCell,
     // Last: the function pointers above point into it.
     _lib: Library,
@@ -64,9 +72,9 @@ pub struct Cuda {
 // SAFETY: the context handle is an opaque driver pointer that the CUDA driver API allows to be
 // made current on any thread (it is pushed and popped around every call); the function pointers
 // are plain C functions of a thread-safe driver.
-unsafe impl Send for Cuda {}
+unsafe impl Send for Driver {}
 // SAFETY: as above; no method mutates the struct.
-unsafe impl Sync for Cuda {}
+unsafe impl Sync for Driver {}
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,11 +82,34 @@ impl std::fmt::Debug for Cuda {
     }
 }
 
-/// A registered host range.
-#[derive(Debug)]
+/// A registered host range: unregistered when dropped.
 pub struct CudaImport {
+    drv: Arc<Driver>,
+    /// Holds the pages until they are unregistered (dropped after `Drop::drop`).
     span: HostSpan,
     device_ptr: CuDevicePtr,
+}
+
+impl std::fmt::Debug for CudaImport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaImport").field("span", &self.span).field("device_ptr", &self.device_ptr).finish()
+    }
+}
+
+impl Drop for CudaImport {
+    fn drop(&mut self) {
+        let p = self.span.addr() as *mut c_void;
+        let drv = &self.drv;
+        let r = drv.in_context(|| {
+            // SAFETY: `p` is the start of a live registration (CudaImport is made only by import)
+            // in the context `drv` keeps retained.
+            drv.check("cuMemHostUnregister", unsafe { (drv.api.unregister)(p) })
+        });
+        if let Err(e) = r {
+            tracing::warn!("{e}");
+        }
+        drv.budget.give(self.span.len() as u64);
+    }
 }
 
 fn unavailable(why: impl Into<String>) -> ImportError {
@@ -126,7 +157,7 @@ impl Cuda {
                 error_name: sym(&lib, "cuGetErrorName")?,
             }
         };
-        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Self::error(&api, op, r)) };
+        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Driver::error(&api, op, r)) };
         // SAFETY: plain driver calls with out-pointers to locals that live across them.
         let (device, ctx, name) = unsafe {
             check("cuInit", (api.init)(0))?;
@@ -142,9 +173,12 @@ impl Cuda {
             check("cuDevicePrimaryCtxRetain", (api.primary_retain)(&mut ctx, device))?;
             (device, ctx, name)
         };
-        Ok(Cuda { api, ctx, device, name, budget: BudgetCell::new(Budget::default()), _lib: lib })
+        let drv = Driver { api, ctx, device, budget: BudgetCell::new(Budget::default()), _lib: lib };
+        Ok(Cuda { drv: Arc::new(drv), name })
     }
+}
 
+impl Driver {
     fn error(api: &Api, op: &'static str, code: CuResult) -> ImportError {
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: cuGetErrorName writes a pointer to a static string, or fails and leaves it null.
@@ -197,50 +231,43 @@ impl Backend for Cuda {
     }
 
     fn budget(&self) -> &BudgetCell {
-        &self.budget
+        &self.drv.budget
     }
 
     fn import(&self, span: HostSpan) -> Result<CudaImport, ImportError> {
         span.check_aligned(self.alignment())?;
         let len = span.len() as u64;
-        self.budget.take(len)?;
+        let drv = &self.drv;
+        drv.budget.take(len)?;
         let p = span.addr() as *mut c_void;
-        let out = self.in_context(|| {
+        let out = drv.in_context(|| {
             let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
             let code = if crate::faults::fail_import(len) {
                 CUDA_ERROR_OUT_OF_MEMORY
             } else {
                 // SAFETY: the range lies in a mapping that stays mapped until it is unregistered
-                // (the HostSpan contract); the driver pins it and touches no byte.
-                unsafe { (self.api.register)(p, span.len(), flags) }
+                // (the import made of it keeps the span, which holds the pages); the driver pins
+                // it and touches no byte.
+                unsafe { (drv.api.register)(p, span.len(), flags) }
             };
-            self.check("cuMemHostRegister", code)?;
+            drv.check("cuMemHostRegister", code)?;
             let mut device_ptr: CuDevicePtr = 0;
             // SAFETY: `p` was just registered with DEVICEMAP; the out-pointer is a local.
-            let r = unsafe { (self.api.device_pointer)(&mut device_ptr, p, 0) };
+            let r = unsafe { (drv.api.device_pointer)(&mut device_ptr, p, 0) };
             if r != 0 {
                 // SAFETY: unregisters the registration made above.
-                unsafe { (self.api.unregister)(p) };
-                return Err(Self::error(&self.api, "cuMemHostGetDevicePointer", r));
+                unsafe { (drv.api.unregister)(p) };
+                return Err(Driver::error(&drv.api, "cuMemHostGetDevicePointer", r));
             }
-            Ok(CudaImport { span, device_ptr })
+            Ok(device_ptr)
         });
-        if out.is_err() {
-            self.budget.give(len);
+        match out {
+            Ok(device_ptr) => Ok(CudaImport { drv: drv.clone(), span, device_ptr }),
+            Err(e) => {
+                drv.budget.give(len);
+                Err(e)
+            }
         }
-        out
-    }
-
-    fn release(&self, import: CudaImport) {
-        let p = import.span.addr() as *mut c_void;
-        let r = self.in_context(|| {
-            // SAFETY: `p` is the start of a live registration (CudaImport is made only by import).
-            self.check("cuMemHostUnregister", unsafe { (self.api.unregister)(p) })
-        });
-        if let Err(e) = r {
-            tracing::warn!("{e}");
-        }
-        self.budget.give(import.span.len() as u64);
     }
 
     fn gpu_copy(
@@ -255,24 +282,28 @@ impl Backend for Cuda {
         if len == 0 || !inside(fo, from) || !inside(to_off, to) {
             return Err(ImportError::Verify { backend: "cuda", what: format!("copy of {len:#x} bytes out of range") });
         }
-        self.in_context(|| {
-            // SAFETY: both device pointers map live registrations and the region lies inside both
-            // (checked above); synchronize waits for the copy before the host reads.
+        let drv = &self.drv;
+        drv.in_context(|| {
+            // SAFETY: both device pointers map live registrations (each import keeps its own; every
+            // backend uses device 0's one primary context, where the pointers are valid) and the
+            // region lies inside both (checked above); synchronize waits for the copy before the
+            // host reads.
             unsafe {
-                self.check(
+                drv.check(
                     "cuMemcpyDtoD",
-                    (self.api.memcpy_dtod)(to.device_ptr + to_off, from.device_ptr + fo, len as usize),
+                    (drv.api.memcpy_dtod)(to.device_ptr + to_off, from.device_ptr + fo, len as usize),
                 )?;
-                self.check("cuCtxSynchronize", (self.api.synchronize)())
+                drv.check("cuCtxSynchronize", (drv.api.synchronize)())
             }
         })?;
         Ok(true)
     }
 }
 
-impl Drop for Cuda {
+impl Drop for Driver {
     fn drop(&mut self) {
-        // SAFETY: releases the primary context retained at open; the library is still loaded.
+        // SAFETY: releases the primary context retained at open, after the backend and every
+        // import are gone; the library is still loaded.
         unsafe { (self.api.primary_release)(self.device) };
     }
 }

@@ -12,6 +12,13 @@ pub enum ImportError {
     EmptyBinding { addr: u64 },
     #[error("binding {addr:#x}+{size:#x} runs past the end of the address space")]
     BindingWraps { addr: u64, size: u64 },
+    #[error("the chunk cover of binding {addr:#x}+{size:#x} (chunk {chunk:#x}) runs past the end of the address space")]
+    CoverWraps { addr: u64, size: u64, chunk: u64 },
+    #[error(
+        "import chunk {chunk:#x} (EMUHOST_IMPORT_CHUNK_MB={}) is larger than {what} {limit:#x}: no binding could import",
+        chunk >> 20
+    )]
+    ChunkTooLarge { chunk: u64, what: &'static str, limit: u64 },
     #[error("pool {lo:#x}+{size:#x} is empty or runs past the end of the address space")]
     BadPool { lo: u64, size: u64 },
     #[error("guest range {lo:#x}..{hi:#x} failed to import a moment ago and is cooling for {left_ms} ms more")]

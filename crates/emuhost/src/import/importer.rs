@@ -24,9 +24,10 @@ pub struct ImportConfig {
     /// Fault pages in (`Space::populate`) on a background thread when a pool is registered, so
     /// that the import at binding time pays for pinning only.
     pub populate_ahead: PopulateAhead,
-    /// Commit the range read-write (one call) before importing it, so that reserved gaps between
-    /// pools inside a chunk are importable. Pages committed already keep their bytes; their
-    /// protection is set to read-write again.
+    /// Commit the reserved (never committed, or decommitted) pages of the range read-write before
+    /// importing it, so that gaps between pools inside a chunk are importable
+    /// ([`Space::commit_reserved`]). Pages the guest committed keep their bytes and their
+    /// protection (`r--` and `---` pages stay so; a driver that cannot pin them fails the import).
     pub commit: bool,
 }
 
@@ -47,12 +48,10 @@ impl ImportConfig {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ImportError> {
         let mut c = Self::default();
         if let Some(mb) = switch_u64("EMUHOST_IMPORT_CHUNK_MB", get("EMUHOST_IMPORT_CHUNK_MB"))? {
+            let bad = |why| ImportError::BadSwitch { name: "EMUHOST_IMPORT_CHUNK_MB", value: mb.to_string(), why };
+            let bytes = mb.checked_mul(1 << 20).ok_or_else(|| bad("too large: past 2^64 bytes"))?;
             c.plan.chunk =
-                mb.checked_mul(1 << 20).filter(|b| b.is_power_of_two()).ok_or_else(|| ImportError::BadSwitch {
-                    name: "EMUHOST_IMPORT_CHUNK_MB",
-                    value: mb.to_string(),
-                    why: "a power of two of MiB is needed",
-                })?;
+                Some(bytes).filter(|b| b.is_power_of_two()).ok_or_else(|| bad("a power of two of MiB is needed"))?;
         }
         if let Some(mb) = switch_u64("EMUHOST_IMPORT_SPAN_MB", get("EMUHOST_IMPORT_SPAN_MB"))? {
             c.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
@@ -216,7 +215,8 @@ impl Populator {
         let populate = move |space: &Space, lo: u64, hi: u64, commit: bool| {
             let r = space.range(lo, hi - lo).and_then(|r| {
                 if commit {
-                    space.commit(r, Prot::READ_WRITE)?;
+                    // Only what is reserved: the guest's pages keep their protection.
+                    space.commit_reserved(r, Prot::READ_WRITE)?;
                 }
                 space.populate(r)
             });
@@ -281,8 +281,22 @@ impl<B: Backend> std::fmt::Debug for Importer<B> {
 
 impl<B: Backend> Importer<B> {
     /// An importer of `space`'s memory into `backend`.
+    ///
+    /// A chunk larger than the space's window or than the backend's largest import is refused
+    /// ([`ImportError::ChunkTooLarge`]): no binding could import.
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
         cfg.plan.check(backend.alignment().max(page_size()))?;
+        let chunk = cfg.plan.chunk;
+        let max = backend.budget().get();
+        for (what, limit) in [
+            ("the guest window", space.window()),
+            ("the backend's largest single import", max.max_single),
+            ("the backend's live imported bytes", max.max_bytes),
+        ] {
+            if chunk > limit {
+                return Err(ImportError::ChunkTooLarge { chunk, what, limit });
+            }
+        }
         let populator = if cfg.populate_ahead != PopulateAhead::Off {
             Some(Populator::start(space.clone()).map_err(|source| ImportError::Os {
                 op: "start the populate thread",
@@ -363,7 +377,17 @@ impl<B: Backend> Importer<B> {
 
     /// Plans the import a binding would make now, without making it.
     pub fn plan(&self, addr: u64, size: u64) -> Result<Planned, ImportError> {
-        plan(&self.state().pools, self.cfg.plan, addr, size, true)
+        let r = plan(&self.state().pools, self.cfg.plan, addr, size, true)?;
+        Ok(self.in_window(r, addr, size))
+    }
+
+    /// `r` cut at the window's end where the binding `addr..addr + size` lies inside the window
+    /// and `r` does not: a binding near the end imports the part of its chunks that exists. (A
+    /// binding past the end keeps its cover and fails as outside the window.)
+    fn in_window(&self, r: Planned, addr: u64, size: u64) -> Planned {
+        let window = self.space.window();
+        let inside = addr.checked_add(size).is_some_and(|end| end <= window);
+        if inside && r.hi > window { Planned { lo: r.lo, hi: window } } else { r }
     }
 
     /// Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports.
@@ -374,13 +398,13 @@ impl<B: Backend> Importer<B> {
     /// [`Importer::bind`] with the time given (cooling is measured against it): for a replay
     /// with a clock of its own, and for tests.
     pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
-        let plain = binding_cover(addr, size, self.cfg.plan.chunk)?;
+        let plain = self.in_window(binding_cover(addr, size, self.cfg.plan.chunk)?, addr, size);
         let mut st = self.state();
         if let Some(range) = st.covering(addr, addr + size) {
             st.stats.reuses += 1;
             return Ok(Bound { range, made: false, spanned: false });
         }
-        let spanned = plan(&st.pools, self.cfg.plan, addr, size, true)?;
+        let spanned = self.in_window(plan(&st.pools, self.cfg.plan, addr, size, true)?, addr, size);
         let tries: &[(Planned, bool)] =
             if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
         let mut last = None;
@@ -441,8 +465,10 @@ impl<B: Backend> Importer<B> {
         }
         let t = Instant::now();
         if self.cfg.commit {
-            let range = self.space.range(r.lo, r.len()).map_err(|e| wrap(e.into()))?;
-            self.space.commit(range, Prot::READ_WRITE).map_err(|e| wrap(e.into()))?;
+            // Only the reserved pages, under the space's lock: the guest's keep their protection.
+            // The span holds the range already, so nothing is decommitted between this and the
+            // import.
+            self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| wrap(e.into()))?;
         }
         let import = self.backend.import(span).map_err(wrap)?;
         let took = t.elapsed();

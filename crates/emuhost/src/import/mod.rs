@@ -9,6 +9,11 @@
 //! thread. A spanned import that fails is made again without the span; a range that failed is
 //! held for a while (cooling, `EMUHOST_IMPORT_COOLING_MS`) before it is tried again.
 //!
+//! An import holds its pages ([`HostSpan`], [`crate::space::Space::hold`]): while it lives the
+//! space stays alive and refuses to decommit or remap them (a caller zeroes them instead), and
+//! it keeps its backend's device alive, so it may outlive the backend. It never changes the
+//! protection of pages the guest committed: only reserved pages in its range are committed.
+//!
 //! Underneath, an import pins the pages and maps them for the device: Vulkan
 //! (`VK_EXT_external_memory_host`), CUDA (`cuMemHostRegister`) or, with no GPU, `mlock`. Most of an
 //! import of fresh memory is the kernel faulting the pages in (6.5 ms of a 16 MiB import on an

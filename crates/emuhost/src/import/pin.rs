@@ -1,5 +1,8 @@
 //! Pin: `mlock`/`munlock`, for machines with no GPU. The kernel faults the range's pages in and
-//! keeps them resident: the part of a GPU import that is the pinning, without a device.
+//! keeps them resident: the part of a GPU import that is the pinning, without a device. A pinned
+//! range is unlocked when it is dropped (or released), whether or not the backend is still there.
+
+use std::sync::Arc;
 
 use super::ImportError;
 use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
@@ -9,13 +12,24 @@ use crate::sys::pin as sys;
 /// The pin backend.
 #[derive(Debug, Default)]
 pub struct Pin {
-    budget: BudgetCell,
+    budget: Arc<BudgetCell>,
 }
 
-/// A pinned range.
+/// A pinned range: unlocked when dropped.
 #[derive(Debug)]
 pub struct Pinned {
     span: HostSpan,
+    budget: Arc<BudgetCell>,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let s = &self.span;
+        if let Err(e) = sys::unlock(s.addr(), s.len()) {
+            tracing::warn!("munlock {:#x}+{:#x}: {e}", s.addr(), s.len());
+        }
+        self.budget.give(s.len() as u64);
+    }
 }
 
 impl Pin {
@@ -25,7 +39,7 @@ impl Pin {
 
     /// With limits of its own (the kernel's `RLIMIT_MEMLOCK` still applies underneath).
     pub fn with_budget(b: Budget) -> Self {
-        Self { budget: BudgetCell::new(b) }
+        Self { budget: Arc::new(BudgetCell::new(b)) }
     }
 }
 
@@ -57,15 +71,7 @@ impl Backend for Pin {
             self.budget.give(span.len() as u64);
             return Err(ImportError::Os { op: "mlock", addr: span.addr() as u64, len: span.len() as u64, source });
         }
-        Ok(Pinned { span })
-    }
-
-    fn release(&self, import: Pinned) {
-        let s = import.span;
-        if let Err(e) = sys::unlock(s.addr(), s.len()) {
-            tracing::warn!("munlock {:#x}+{:#x}: {e}", s.addr(), s.len());
-        }
-        self.budget.give(s.len() as u64);
+        Ok(Pinned { span, budget: self.budget.clone() })
     }
 
     fn gpu_copy(&self, _: &Pinned, _: u64, _: &Pinned, _: u64, _: u64) -> Result<bool, ImportError> {
@@ -73,7 +79,7 @@ impl Backend for Pin {
     }
 
     fn check(&self, import: &Pinned) -> Result<(), ImportError> {
-        let s = import.span;
+        let s = &import.span;
         match sys::resident(s.addr(), s.len()) {
             Ok(true) => Ok(()),
             Ok(false) => Err(ImportError::Verify { backend: "pin", what: "a pinned page is not resident".into() }),

@@ -90,7 +90,7 @@ pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, Import
         return Err(ImportError::EmptyBinding { addr });
     }
     let end = addr.checked_add(size).ok_or(ImportError::BindingWraps { addr, size })?;
-    let (lo, hi) = cover(addr, end, chunk).ok_or(ImportError::BindingWraps { addr, size })?;
+    let (lo, hi) = cover(addr, end, chunk).ok_or(ImportError::CoverWraps { addr, size, chunk })?;
     Ok(Planned { lo, hi })
 }
 
@@ -136,8 +136,9 @@ pub fn grow(pools: &Pools, cfg: PlanConfig, mut r: Planned) -> Planned {
 /// `pools` are `(lo, size)` in the order they were registered (a [`Pools`] registry holding the
 /// same pools, added in this order, gives the same plans). It gives the same result as [`plan`]
 /// over those pools, errors included, and never panics: a chunk that is not a power of two is
-/// [`ImportError::BadChunk`], a binding that is empty or whose cover would end past `u64::MAX` is
-/// [`ImportError::EmptyBinding`] or [`ImportError::BindingWraps`]; a pool whose cover would end past
+/// [`ImportError::BadChunk`], a binding that is empty, that ends past `u64::MAX` or whose cover
+/// would is [`ImportError::EmptyBinding`], [`ImportError::BindingWraps`] or
+/// [`ImportError::CoverWraps`]; a pool whose cover would end past
 /// `u64::MAX` never grows a range. A pool that a registry refuses (empty, or wrapping) is
 /// [`ImportError::BadPool`] here.
 pub fn reference(
@@ -154,9 +155,10 @@ pub fn reference(
     if size == 0 {
         return Err(ImportError::EmptyBinding { addr });
     }
-    let wraps = || ImportError::BindingWraps { addr, size };
+    let wraps = ImportError::BindingWraps { addr, size };
+    let cover_wraps = ImportError::CoverWraps { addr, size, chunk: ch };
     let up = |x: u64| x.div_ceil(ch).checked_mul(ch);
-    let (mut lo, mut hi) = (addr / ch * ch, up(addr.checked_add(size).ok_or_else(wraps)?).ok_or_else(wraps)?);
+    let (mut lo, mut hi) = (addr / ch * ch, up(addr.checked_add(size).ok_or(wraps)?).ok_or(cover_wraps)?);
     let mut sorted = Vec::with_capacity(pools.len());
     for (i, &(l, s)) in pools.iter().enumerate() {
         match l.checked_add(s) {
@@ -298,7 +300,10 @@ mod tests {
         let p = Pools::new();
         assert!(matches!(plan(&p, cfg(64), 0x1000, 0, true), Err(ImportError::EmptyBinding { .. })));
         assert!(matches!(plan(&p, cfg(64), u64::MAX - 1, 4, true), Err(ImportError::BindingWraps { .. })));
-        assert!(matches!(plan(&p, cfg(64), u64::MAX - 1, 1, true), Err(ImportError::BindingWraps { .. })));
+        // The binding ends at u64::MAX; its chunk cover would not, and the error says so.
+        let e = plan(&p, cfg(64), u64::MAX - 1, 1, true).unwrap_err();
+        assert!(matches!(e, ImportError::CoverWraps { chunk: CHUNK, .. }), "{e}");
+        assert!(e.to_string().contains("chunk cover") && e.to_string().contains("chunk 0x1000000"), "{e}");
         assert!(PlanConfig { chunk: 3 << 20, span_cap: 0 }.check(4096).is_err());
         assert!(PlanConfig { chunk: 2048, span_cap: 0 }.check(4096).is_err());
     }
@@ -317,7 +322,7 @@ mod tests {
                 assert_eq!(got, want, "{addr:#x}+{size:#x} {c:?}");
             }
         }
-        assert!(matches!(plan(&p, cfg(64), top, 0x10, true), Err(ImportError::BindingWraps { .. })));
+        assert!(matches!(plan(&p, cfg(64), top, 0x10, true), Err(ImportError::CoverWraps { .. })));
         assert_eq!(plan(&p, cfg(64), top - 0x800, 0x100, true).unwrap(), Planned { lo: top - CHUNK, hi: top });
         // Pools a registry refuses are errors of the model, not panics.
         assert!(matches!(reference(&[(u64::MAX, 1)], cfg(64), 0, 1, true), Err(ImportError::BadPool { .. })));

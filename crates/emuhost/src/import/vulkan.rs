@@ -14,16 +14,18 @@
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. The handles
-//! it passes were made by the same instance and device, which outlive them (`Drop` waits for the
-//! device to go idle and then destroys the device; the instance is the process's and is never
-//! destroyed); the command pool and the queue, which Vulkan requires to be externally
+//! it passes were made by the same instance and device, which outlive them (the device is kept
+//! by the backend and by every import, each an `Arc`: an import frees its memory when dropped, and
+//! the last of them to go waits for the device to go idle and destroys it; a copy refuses imports
+//! of another device; the instance is the process's and is never destroyed); the command pool and the queue, which Vulkan requires to be externally
 //! synchronized, are used only under one lock; and a host pointer given to the driver lies in a
-//! mapping that stays mapped until the memory made of it is freed (the [`HostSpan`] contract).
+//! mapping that stays mapped until the memory made of it is freed (the import keeps its
+//! [`HostSpan`], which holds the pages).
 //! Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
@@ -48,15 +50,21 @@ struct Queue {
 
 /// The Vulkan backend: one device (of the process's instance) and one queue.
 pub struct Vulkan {
+    dev: Arc<Device>,
+    align: u64,
+    name: String,
+    driver: String,
+}
+
+/// The device and what its imports share with the backend. The backend and every import keep it
+/// (an import frees its memory on it when dropped), so it goes after the last of them.
+struct Device {
     device: ash::Device,
     host_ptr: ash::ext::external_memory_host::Device,
     queue: Mutex<Queue>,
-    align: u64,
     memory: vk::PhysicalDeviceMemoryProperties,
     heap_used: Mutex<Vec<u64>>,
     budget: BudgetCell,
-    name: String,
-    driver: String,
 }
 
 impl std::fmt::Debug for Vulkan {
@@ -65,9 +73,11 @@ impl std::fmt::Debug for Vulkan {
     }
 }
 
-/// Device memory made of a host range, and a transfer buffer over it.
-#[derive(Debug)]
+/// Device memory made of a host range, and a transfer buffer over it: freed when dropped.
 pub struct VulkanImport {
+    dev: Arc<Device>,
+    /// Holds the pages until the memory made of them is freed (dropped after `Drop::drop`).
+    span: HostSpan,
     memory: vk::DeviceMemory,
     buffer: vk::Buffer,
     len: u64,
@@ -76,6 +86,26 @@ pub struct VulkanImport {
     pub memory_type: u32,
     /// `memoryTypeBits` from `vkGetMemoryHostPointerPropertiesEXT`.
     pub host_type_bits: u32,
+}
+
+impl std::fmt::Debug for VulkanImport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanImport")
+            .field("span", &self.span)
+            .field("memory_type", &self.memory_type)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for VulkanImport {
+    fn drop(&mut self) {
+        self.dev.destroy_buffer(self.buffer);
+        // SAFETY: the memory was made by this device, which `self.dev` keeps alive; its buffer is
+        // gone and no command is pending (copies wait for their fence).
+        unsafe { self.dev.device.free_memory(self.memory, None) };
+        self.dev.give_heap(self.heap, self.len);
+        self.dev.budget.give(self.len);
+    }
 }
 
 /// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
@@ -221,24 +251,24 @@ impl Vulkan {
 
     fn assemble(p: Parts) -> Vulkan {
         let heaps = p.memory.memory_heap_count as usize;
-        Vulkan {
+        let dev = Device {
             device: p.device,
             host_ptr: p.host_ptr,
             queue: Mutex::new(p.queue),
-            align: p.align,
             memory: p.memory,
             heap_used: Mutex::new(vec![0; heaps]),
             budget: BudgetCell::new(p.budget),
-            name: p.name,
-            driver: p.driver,
-        }
+        };
+        Vulkan { dev: Arc::new(dev), align: p.align, name: p.name, driver: p.driver }
     }
 
     /// The device's name.
     pub fn device_name(&self) -> &str {
         &self.name
     }
+}
 
+impl Device {
     /// The memory type for a pointer allowed `host_bits` and a buffer allowed `buffer_bits`:
     /// host-visible and coherent where one is, else the lowest allowed.
     fn memory_type(&self, bits: u32) -> Option<u32> {
@@ -271,7 +301,7 @@ impl Vulkan {
         unsafe { self.device.destroy_buffer(buffer, None) };
     }
 
-    fn import_into(&self, span: HostSpan, buffer: vk::Buffer) -> Result<VulkanImport, ImportError> {
+    fn import_into(self: &Arc<Self>, span: HostSpan, buffer: vk::Buffer) -> Result<VulkanImport, ImportError> {
         let len = span.len() as u64;
         let ptr = span.addr() as *mut c_void;
         let mut props = vk::MemoryHostPointerPropertiesEXT::default();
@@ -308,7 +338,8 @@ impl Vulkan {
             Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
         } else {
             // SAFETY: `alloc`'s chain lives across the call; the pointer and size are aligned and
-            // lie in a mapping that stays mapped until the memory is freed (the HostSpan contract).
+            // lie in a mapping that stays mapped until the memory is freed (the import made of it
+            // keeps the span, which holds the pages).
             unsafe { self.device.allocate_memory(&alloc, None) }
         };
         let memory = match allocated {
@@ -325,7 +356,16 @@ impl Vulkan {
             give();
             return Err(ImportError::Vulkan { op: "vkBindBufferMemory", code });
         }
-        Ok(VulkanImport { memory, buffer, len, heap, memory_type: t, host_type_bits: props.memory_type_bits })
+        Ok(VulkanImport {
+            dev: self.clone(),
+            span,
+            memory,
+            buffer,
+            len,
+            heap,
+            memory_type: t,
+            host_type_bits: props.memory_type_bits,
+        })
     }
 
     fn copy(&self, from: vk::Buffer, to: vk::Buffer, region: vk::BufferCopy) -> Result<(), ImportError> {
@@ -402,7 +442,7 @@ impl Backend for Vulkan {
     }
 
     fn describe(&self) -> String {
-        let b = self.budget.get();
+        let b = self.dev.budget.get();
         format!(
             "{}{} (minImportedHostPointerAlignment {:#x}, maxMemoryAllocationCount {}, largest heap {} MiB)",
             self.name,
@@ -418,7 +458,7 @@ impl Backend for Vulkan {
     }
 
     fn budget(&self) -> &BudgetCell {
-        &self.budget
+        &self.dev.budget
     }
 
     fn import(&self, span: HostSpan) -> Result<VulkanImport, ImportError> {
@@ -431,17 +471,8 @@ impl Backend for Vulkan {
             .sharing_mode(vk::SharingMode::EXCLUSIVE)
             .push_next(&mut ext);
         // SAFETY: `info`'s chain lives across the call; the device is live.
-        let buffer = unsafe { self.device.create_buffer(&info, None) }.map_err(vk_err("vkCreateBuffer"))?;
-        self.import_into(span, buffer).inspect_err(|_| self.destroy_buffer(buffer))
-    }
-
-    fn release(&self, import: VulkanImport) {
-        self.destroy_buffer(import.buffer);
-        // SAFETY: the memory was made by this device; its buffer is gone and no command is pending
-        // (copies wait for their fence).
-        unsafe { self.device.free_memory(import.memory, None) };
-        self.give_heap(import.heap, import.len);
-        self.budget.give(import.len);
+        let buffer = unsafe { self.dev.device.create_buffer(&info, None) }.map_err(vk_err("vkCreateBuffer"))?;
+        self.dev.import_into(span, buffer).inspect_err(|_| self.dev.destroy_buffer(buffer))
     }
 
     fn gpu_copy(
@@ -452,6 +483,13 @@ impl Backend for Vulkan {
         to_off: u64,
         len: u64,
     ) -> Result<bool, ImportError> {
+        // Another device's buffers are not this device's to use.
+        if !Arc::ptr_eq(&from.dev, &self.dev) || !Arc::ptr_eq(&to.dev, &self.dev) {
+            return Err(ImportError::Verify {
+                backend: "vulkan",
+                what: "a copy of an import of another device".into(),
+            });
+        }
         let inside = |off: u64, i: &VulkanImport| off.checked_add(len).is_some_and(|e| e <= i.len);
         if len == 0 || !inside(from_off, from) || !inside(to_off, to) {
             return Err(ImportError::Verify {
@@ -459,17 +497,22 @@ impl Backend for Vulkan {
                 what: format!("copy of {len:#x} bytes out of range"),
             });
         }
-        self.copy(from.buffer, to.buffer, vk::BufferCopy { src_offset: from_off, dst_offset: to_off, size: len })?;
+        self.dev.copy(
+            from.buffer,
+            to.buffer,
+            vk::BufferCopy { src_offset: from_off, dst_offset: to_off, size: len },
+        )?;
         Ok(true)
     }
 }
 
-impl Drop for Vulkan {
+impl Drop for Device {
     fn drop(&mut self) {
         let q = self.queue.get_mut().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `&mut self`: no other thread uses the device; after the wait no command is
-        // pending, so the pool and then the device can go, in that order. The instance stays
-        // (the process's, [`super::vk_instance`]).
+        // SAFETY: `&mut self`: the backend and every import (each holding an `Arc` of the device)
+        // are gone, so nothing made from the device lives and no other thread uses it; after the
+        // wait no command is pending, so the pool and then the device can go, in that order. The
+        // instance stays (the process's, [`super::vk_instance`]).
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_command_pool(q.pool, None);

@@ -26,6 +26,8 @@ pub enum SpaceError {
         #[source]
         source: io::Error,
     },
+    #[error("{op} of guest range {addr:#x}+{len:#x} refused: pages {lo:#x}..{hi:#x} are held (a live GPU import)")]
+    Held { op: &'static str, addr: u64, len: u64, lo: u64, hi: u64 },
     #[error("section {0} does not exist")]
     NoSection(u64),
     #[error("section {section}: pages at offset {offset:#x}+{len:#x} run past its end {size:#x}")]

@@ -144,6 +144,9 @@ struct State {
     next_section: u64,
     generation: u64,
     observers: Vec<Weak<dyn Observer>>,
+    /// Live holds by id: `(lo, hi)` guest bytes ([`Space::hold`]).
+    holds: HashMap<u64, (u64, u64)>,
+    next_hold: u64,
 }
 
 impl std::fmt::Debug for State {
@@ -169,6 +172,19 @@ impl State {
             }
             None => false,
         });
+    }
+
+    /// The first live hold overlapping `a..b`, as `(lo, hi)`.
+    fn held(&self, a: u64, b: u64) -> Option<(u64, u64)> {
+        self.holds.values().copied().filter(|&(lo, hi)| lo < b && a < hi).min()
+    }
+
+    /// Refuses `op` over `range` where a live hold overlaps it.
+    fn refuse_held(&self, op: &'static str, range: GuestRange) -> Result<(), SpaceError> {
+        match self.held(range.start().0, range.end().0) {
+            Some((lo, hi)) => Err(SpaceError::Held { op, addr: range.start().0, len: range.len(), lo, hi }),
+            None => Ok(()),
+        }
     }
 
     /// Forgets private extents and shared views over `a..b`, splitting those that run across it.
@@ -257,8 +273,33 @@ impl Space {
     /// committed are recorded and told to observers as a commit (so a tracker reports them
     /// written rather than lose their writes).
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
-        let (off, len) = self.check(range)?;
+        self.commit_locked(&mut self.state(), range, prot)
+    }
+
+    /// Commits with `prot` only the pages of `range` that are not committed (neither a private
+    /// allocation nor a shared view): committed pages keep their bytes and their protection. One
+    /// look and the commits under the space's lock, so a commit on another thread in between is
+    /// never overridden. Returns the bytes committed.
+    pub fn commit_reserved(&self, range: GuestRange, prot: Prot) -> Result<u64, SpaceError> {
+        self.check(range)?;
         let mut st = self.state();
+        let (a, b) = (range.start().0, range.end().0);
+        let mut gaps = Vec::new();
+        for (x, y) in st.views.gaps(a, b) {
+            gaps.extend(st.extents.gaps(x, y));
+        }
+        let mut done = 0;
+        for (x, y) in gaps {
+            let gap = GuestRange::from_bounds(x, y).expect("extents and views are page-aligned");
+            self.commit_locked(&mut st, gap, prot)?;
+            done += y - x;
+        }
+        Ok(done)
+    }
+
+    /// [`Space::commit`] with the lock held.
+    fn commit_locked(&self, st: &mut State, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
+        let (off, len) = self.check(range)?;
         let path = match self.one_call_commit.then(|| self.res.commit(off, len, prot.raw())) {
             Some(Ok(())) => CommitPath::OneCall,
             first => {
@@ -274,14 +315,14 @@ impl Space {
                                 .expect("regions are page-aligned");
                             tracing::warn!("commit of {range} failed and {part} stays committed: recorded as such");
                             let path = CommitPath::RegionWalk { regions: 1, holes: 0 };
-                            self.record_commit(&mut st, part, prot, path);
+                            self.record_commit(st, part, prot, path);
                         }
                         return Err(SpaceError::os("commit", range.start().0, range.len(), source));
                     }
                 }
             }
         };
-        self.record_commit(&mut st, range, prot, path);
+        self.record_commit(st, range, prot, path);
         Ok(path)
     }
 
@@ -366,10 +407,13 @@ impl Space {
 
     /// Decommits (releases) `range`: its pages are dropped and it is reserved again. Private
     /// allocations and shared views that run across its ends are split; the rest of them keep
-    /// their pages. Pages under a live GPU import must not be released: [`Space::zero`] them.
+    /// their pages. A range with a held page ([`Space::hold`]: a live GPU import) is refused
+    /// ([`SpaceError::Held`], nothing done): [`Space::zero`] it instead. The check and the release
+    /// are one step under the space's lock, which a hold takes too.
     pub fn decommit(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
+        st.refuse_held("decommit", range)?;
         self.res.reset(off, len).map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
         st.tell(self, Change::Released { range });
@@ -476,6 +520,7 @@ impl Space {
     ) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
+        st.refuse_held("map section", range)?;
         let sec = st.sections.get(&section).ok_or(SpaceError::NoSection(section.0))?;
         GuestRange::new(GuestAddr(offset), range.len())?;
         if offset.checked_add(range.len()).is_none_or(|end| end > sec.size) {
@@ -528,6 +573,21 @@ impl Space {
         Ok(views)
     }
 
+    /// Holds `range`: until the [`Hold`] is dropped, the space stays alive (the hold keeps an
+    /// `Arc` of it) and a decommit or a section mapping over any held page is refused with
+    /// [`SpaceError::Held`] naming the range, so the pages stay mapped. Protection may still
+    /// change (it is the guest's), and bytes may be zeroed in place. Holds may overlap. For
+    /// whoever hands the pages to a device (a GPU import) that reads and writes them through
+    /// their host address.
+    pub fn hold(self: &Arc<Self>, range: GuestRange) -> Result<Hold, SpaceError> {
+        self.check(range)?;
+        let mut st = self.state();
+        let id = st.next_hold;
+        st.next_hold += 1;
+        st.holds.insert(id, (range.start().0, range.end().0));
+        Ok(Hold { space: self.clone(), id, range })
+    }
+
     /// Adds an observer of the space's changes (held weakly: it goes when it is dropped).
     pub fn observe(&self, observer: Weak<dyn Observer>) {
         self.state().observers.push(observer);
@@ -567,6 +627,32 @@ impl Space {
             .regions(base + off, base + off + len)
             .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))?;
         Ok(regions.into_iter().map(|r| Region { start: r.start - base, end: r.end - base, ..r }).collect())
+    }
+}
+
+/// Guest pages held mapped ([`Space::hold`]); dropping it lets them go.
+#[derive(Debug)]
+pub struct Hold {
+    space: Arc<Space>,
+    id: u64,
+    range: GuestRange,
+}
+
+impl Hold {
+    /// The pages held.
+    pub fn range(&self) -> GuestRange {
+        self.range
+    }
+
+    /// The space they are in.
+    pub fn space(&self) -> &Arc<Space> {
+        &self.space
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.space.state().holds.remove(&self.id);
     }
 }
 

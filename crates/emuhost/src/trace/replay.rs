@@ -220,16 +220,19 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                 }
                 Event::Decommit { lo, size } => {
                     let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
-                    let (a, b) = (lo.0, lo.0 + size);
-                    if sh.importer.imports().iter().any(|p| p.lo < b && a < p.hi) {
-                        // Pages under a live GPU import stay mapped: zero them instead (a write
-                        // by the kernel, which armed pages must be prepared for, with no collect
-                        // on the render thread arming them again in between).
-                        let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
-                        zeroed.map_err(|e| failed(line, &r, e))?.map_err(|e| failed(line, &r, e))?;
-                        f.zeroed += 1;
-                    } else {
-                        sh.space.decommit(g).map_err(|e| failed(line, &r, e))?;
+                    // The space refuses to decommit pages a live GPU import holds, in one step
+                    // with the check (no binding on the render thread gets in between).
+                    match sh.space.decommit(g) {
+                        Ok(()) => {}
+                        Err(SpaceError::Held { .. }) => {
+                            // They stay mapped: zero them instead (a write by the kernel, which
+                            // armed pages must be prepared for, with no collect on the render
+                            // thread arming them again in between).
+                            let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
+                            zeroed.map_err(|e| failed(line, &r, e))?.map_err(|e| failed(line, &r, e))?;
+                            f.zeroed += 1;
+                        }
+                        Err(e) => return Err(failed(line, &r, e)),
                     }
                 }
                 Event::Bind { addr, size } => {

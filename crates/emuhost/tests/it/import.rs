@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, PopulateAhead,
-    Vulkan, error_chain, verify,
+    Backend, BackendKind, Budget, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned,
+    PopulateAhead, Vulkan, error_chain, verify,
 };
-use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
 
 const MIB: u64 = 1 << 20;
 
@@ -71,9 +71,144 @@ fn present(space: &Space, addr: u64) -> bool {
     u64::from_le_bytes(b) >> 63 == 1
 }
 
+/// The kB the kernel holds locked (`mlock`) in the mapping of `/proc/self/smaps` that holds the
+/// guest address `addr`.
+fn locked_kb(space: &Space, addr: u64) -> u64 {
+    let host = space.host_addr(GuestAddr(addr)).unwrap();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+            let (a, b) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16));
+            if let (Ok(a), Ok(b)) = (a, b) {
+                inside = a <= host && host < b;
+                continue;
+            }
+        }
+        if inside && let Some(kb) = line.strip_prefix("Locked:") {
+            return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+        }
+    }
+    panic!("no mapping holds guest address {addr:#x}")
+}
+
+/// The protection the kernel has for each page of `lo..lo + len`, as `rwx`/`-` strings.
+fn prots(space: &Space, lo: u64, len: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in space.kernel_regions(space.range(lo, len).unwrap()).unwrap() {
+        let p = format!(
+            "{}{}{}",
+            if r.read { 'r' } else { '-' },
+            if r.write { 'w' } else { '-' },
+            if r.exec { 'x' } else { '-' }
+        );
+        out.extend(std::iter::repeat_n(p, (r.end - r.start) / page_size() as usize));
+    }
+    out
+}
+
 /// The suite every backend passes.
 mod conformance {
     use super::*;
+
+    /// An import holds its pages and their space: a decommit or a section mapped over a held page
+    /// is refused naming the range, and the space outlives the caller's handle until the last
+    /// import of it goes; a GPU copy then still reaches the pages.
+    pub fn an_import_holds_its_pages_and_its_space<B: Backend>(b: B) {
+        let len = MIB;
+        let (space, lo) = aligned_space(b.alignment(), 2 * len);
+        space.write(GuestAddr(lo), &pattern(len, 4)).unwrap();
+        let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
+        let d = b.import(HostSpan::of(&space, lo + len, len).unwrap()).unwrap();
+        let e = space.decommit(space.range(lo + len - 4096, 8192).unwrap()).unwrap_err();
+        assert!(matches!(e, SpaceError::Held { .. }), "{e}");
+        assert!(e.to_string().contains(&format!("{:#x}+0x2000", lo + len - 4096)), "{e}");
+        let sec = space.create_section(4096).unwrap();
+        let e = space.map_section(space.range(lo, 4096).unwrap(), sec, 0, Prot::READ_WRITE).unwrap_err();
+        assert!(matches!(e, SpaceError::Held { .. }), "{e}");
+        assert!(read(&space, lo, len) == pattern(len, 4), "nothing was dropped or replaced");
+        // The caller lets go of the space: the imports keep it.
+        let weak = Arc::downgrade(&space);
+        drop(space);
+        assert!(weak.upgrade().is_some(), "the imports keep the space alive");
+        if b.gpu_copy(&a, 0, &d, 0, len).unwrap() {
+            assert!(read(&weak.upgrade().unwrap(), lo + len, len) == pattern(len, 4), "the copy");
+        }
+        // Once an import is released its pages may go; the space goes with the last import.
+        b.release(a);
+        let space = weak.upgrade().unwrap();
+        space.decommit(space.range(lo, len).unwrap()).unwrap();
+        assert!(space.decommit(space.range(lo + len, 4096).unwrap()).is_err(), "still held by the other");
+        drop(space);
+        drop(d);
+        assert!(weak.upgrade().is_none(), "the space went with the last import");
+        assert_eq!(b.budget().get().count, 0, "dropping an import releases it");
+    }
+
+    /// Imports outlive their backend: they keep what they need of it and let go of their pages
+    /// when they are dropped.
+    pub fn an_import_outlives_its_backend<B: Backend>(b: B) {
+        let (space, lo) = aligned_space(b.alignment(), 2 * MIB);
+        space.write(GuestAddr(lo), &pattern(MIB, 5)).unwrap();
+        let a = b.import(HostSpan::of(&space, lo, MIB).unwrap()).unwrap();
+        let d = b.import(HostSpan::of(&space, lo + MIB, MIB).unwrap()).unwrap();
+        let pin = b.kind() == BackendKind::Pin;
+        drop(b);
+        assert!(matches!(space.decommit(space.range(lo, 2 * MIB).unwrap()), Err(SpaceError::Held { .. })));
+        if pin {
+            assert!(locked_kb(&space, lo) >= 1024, "pinned while the import lives");
+        }
+        drop(a);
+        if pin {
+            assert_eq!(locked_kb(&space, lo), 0, "the dropped import unlocked its pages");
+        }
+        drop(d);
+        space.decommit(space.range(lo, 2 * MIB).unwrap()).unwrap();
+    }
+
+    /// Through the importer: an import commits only the reserved pages of its range; the guest's
+    /// `r--` and `---` pages keep their protection (and bytes). A chunk with an `r--` page
+    /// imports; one with a `---` page imports where the driver takes it (lavapipe) and is refused
+    /// where it cannot pin the page (`mlock`), and keeps its protection either way.
+    pub fn an_import_keeps_the_guests_protection<B: Backend + 'static>(b: B) {
+        let kind = b.kind();
+        let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+        let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
+        let cfg = ImportConfig { plan: PlanConfig { chunk: MIB, span_cap: 0 }, ..ImportConfig::default() };
+        let imp = Importer::new(space.clone(), b, cfg).unwrap();
+        let page = page_size();
+        let commit = |at: u64, prot| space.commit(space.range(at, page).unwrap(), prot).unwrap();
+        // Chunk 1: an r-- page with bytes, then an rw- page, then reserved pages.
+        let lo = base + MIB;
+        commit(lo, Prot::READ_WRITE);
+        space.write(GuestAddr(lo), b"read only").unwrap();
+        space.protect(space.range(lo, page).unwrap(), Prot::READ).unwrap();
+        commit(lo + page, Prot::READ_WRITE);
+        let bound = imp.bind(lo + 4 * page, 0x10).unwrap();
+        assert_eq!((bound.range, bound.made), (Planned { lo, hi: lo + MIB }, true));
+        let p = prots(&space, lo, MIB);
+        assert_eq!((p[0].as_str(), p[1].as_str()), ("r--", "rw-"), "{:?}", &p[..4]);
+        assert!(p[2..].iter().all(|x| x == "rw-"), "the reserved rest is committed read-write");
+        assert!(space.write(GuestAddr(lo), b"x").is_err(), "still read-only");
+        let mut back = [0u8; 9];
+        space.read(GuestAddr(lo), &mut back).unwrap();
+        assert_eq!(&back, b"read only");
+        space.write(GuestAddr(lo + 5 * page), b"gap").unwrap();
+        // A decommit of a page in the import is refused; of a page outside it, done.
+        assert!(matches!(space.decommit(space.range(lo + page, page).unwrap()), Err(SpaceError::Held { .. })));
+        commit(lo + MIB, Prot::READ_WRITE);
+        space.decommit(space.range(lo + MIB, page).unwrap()).unwrap();
+        // Chunk 3: a --- page.
+        let lo = base + 3 * MIB;
+        commit(lo, Prot::NONE);
+        match imp.bind(lo + 4 * page, 0x10) {
+            Ok(b) => assert!(b.made && kind != BackendKind::Pin, "{kind:?}"),
+            Err(e) => assert!(e.is_refused() && kind == BackendKind::Pin, "{kind:?}: {}", error_chain(&e)),
+        }
+        let p = prots(&space, lo, MIB);
+        assert_eq!(p[0], "---", "{:?}", &p[..4]);
+    }
 
     pub fn start_up_check<B: Backend>(b: B) {
         verify(&b).unwrap();
@@ -196,6 +331,27 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn an_import_holds_its_pages_and_its_space() {
+                if let Some(b) = $open {
+                    conformance::an_import_holds_its_pages_and_its_space(b);
+                }
+            }
+
+            #[test]
+            fn an_import_outlives_its_backend() {
+                if let Some(b) = $open {
+                    conformance::an_import_outlives_its_backend(b);
+                }
+            }
+
+            #[test]
+            fn an_import_keeps_the_guests_protection() {
+                if let Some(b) = $open {
+                    conformance::an_import_keeps_the_guests_protection(b);
+                }
+            }
+
+            #[test]
             fn a_spanned_import_over_the_limit_is_made_again_without_the_span() {
                 if let Some(b) = $open {
                     conformance::a_spanned_import_over_the_limit_is_made_again_without_the_span(b);
@@ -220,6 +376,21 @@ fn vulkan_honours_the_pointer_alignment_and_takes_the_type_from_the_pointer() {
     v.release(i);
     let b = v.budget().get();
     assert!(b.max_count > 0 && b.max_bytes > 0, "{b:?}");
+}
+
+#[test]
+fn vulkan_refuses_a_copy_between_imports_of_two_devices() {
+    let (Some(v), Some(w)) = (vulkan(), vulkan()) else { return };
+    let (space, lo) = aligned_space(v.alignment().max(w.alignment()), 2 * MIB);
+    let a = v.import(HostSpan::of(&space, lo, MIB).unwrap()).unwrap();
+    let d = w.import(HostSpan::of(&space, lo + MIB, MIB).unwrap()).unwrap();
+    for e in [v.gpu_copy(&a, 0, &d, 0, MIB).unwrap_err(), w.gpu_copy(&a, 0, &d, 0, MIB).unwrap_err()] {
+        assert!(e.to_string().contains("another device"), "{e}");
+    }
+    // Released on the other backend: each import frees itself on its own device.
+    w.release(a);
+    v.release(d);
+    assert_eq!((v.budget().get().count, w.budget().get().count), (0, 0));
 }
 
 /// A backend that fails on command, around pin: for the importer's rules on failure.
@@ -408,8 +579,9 @@ fn empty_and_wrapping_pools_are_refused() {
     let (imp, _) = faulty(4 * MIB, Duration::ZERO);
     assert!(matches!(imp.add_pool(MIB, 0), Err(ImportError::BadPool { .. })));
     assert!(matches!(imp.add_pool(u64::MAX - 4096, 8192), Err(ImportError::BadPool { .. })));
-    // A binding whose chunk cover would run past the top is an error, not a wrap.
-    assert!(matches!(imp.bind(u64::MAX - 10, 4), Err(ImportError::BindingWraps { .. })));
+    // A binding whose chunk cover would run past the top is an error, not a wrap, and says so.
+    assert!(matches!(imp.bind(u64::MAX - 10, 4), Err(ImportError::CoverWraps { .. })));
+    assert!(matches!(imp.bind(u64::MAX - 10, 11), Err(ImportError::BindingWraps { .. })));
 }
 
 #[test]
@@ -417,6 +589,50 @@ fn imports_outside_the_window_fail_without_leaking() {
     let (imp, f) = faulty(4 * MIB, Duration::ZERO);
     assert!(matches!(imp.bind(64 * MIB + 0x10, 0x10), Err(ImportError::Import { .. })));
     assert_eq!((f.calls.lock().unwrap().len(), f.budget().get().count, imp.stats().live), (0, 0, 0));
+}
+
+#[test]
+fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
+    // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
+    let space = Arc::new(Space::with_window(40 * MIB).unwrap());
+    let cfg = ImportConfig { plan: PlanConfig { chunk: 16 * MIB, span_cap: 64 * MIB }, ..ImportConfig::default() };
+    let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
+    let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (Planned { lo: 32 * MIB, hi: 40 * MIB }, true));
+    assert!(!imp.bind(33 * MIB, 0x10).unwrap().made, "reused");
+    // The span grown over a pool is cut too.
+    imp.add_pool(15 * MIB, 2 * MIB).unwrap();
+    assert_eq!(imp.plan(31 * MIB, 0x10).unwrap(), Planned { lo: 0, hi: 32 * MIB });
+    imp.add_pool(31 * MIB, 2 * MIB).unwrap();
+    assert_eq!(imp.plan(30 * MIB, 0x10).unwrap(), Planned { lo: 0, hi: 40 * MIB });
+    // A binding that itself runs past the end is still an error naming the window.
+    let e = imp.bind(40 * MIB - 0x10, 0x20).unwrap_err();
+    assert!(error_chain(&e).contains("outside the guest window"), "{}", error_chain(&e));
+    assert_eq!(imp.stats().imports, 1);
+}
+
+#[test]
+fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
+    let chunk = |mb: &str| {
+        let mb = mb.to_string();
+        ImportConfig::from_lookup(move |n| (n == "EMUHOST_IMPORT_CHUNK_MB").then(|| mb.clone()))
+    };
+    // 2^43 MiB is 2^63 bytes: a power of two, but larger than any window.
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let e = Importer::new(space.clone(), Pin::new(), chunk("8796093022208").unwrap()).unwrap_err();
+    assert!(matches!(e, ImportError::ChunkTooLarge { what: "the guest window", .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("EMUHOST_IMPORT_CHUNK_MB=8796093022208") && text.contains("0x4000000"), "{text}");
+    // 128 MiB over a 64 MiB window: refused too; 64 MiB works.
+    assert!(Importer::new(space.clone(), Pin::new(), chunk("128").unwrap()).is_err());
+    assert!(Importer::new(space.clone(), Pin::new(), chunk("64").unwrap()).is_ok());
+    // A chunk over the backend's largest single import could never import either.
+    let small = Pin::with_budget(Budget { max_single: MIB, ..Budget::default() });
+    let e = Importer::new(space, small, chunk("2").unwrap()).unwrap_err();
+    assert!(e.to_string().contains("EMUHOST_IMPORT_CHUNK_MB=2)") && e.to_string().contains("single import"), "{e}");
+    // 2^44 MiB does not fit in 64 bits of bytes.
+    let e = chunk("17592186044416").unwrap_err().to_string();
+    assert!(e.contains("EMUHOST_IMPORT_CHUNK_MB=\"17592186044416\"") && e.contains("too large"), "{e}");
 }
 
 #[derive(Clone, Default)]

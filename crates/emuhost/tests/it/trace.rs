@@ -156,7 +156,7 @@ fn malformed_input_is_rejected_with_its_line_number() {
 }
 
 #[test]
-fn a_truncated_zstd_trace_is_an_error_at_the_line_it_broke() {
+fn a_truncated_zstd_trace_says_so_and_counts_the_lines_read() {
     let (_, text) = to_text(short_session(2));
     let mut enc = zstd_encode(&text);
     enc.truncate(enc.len() * 2 / 3);
@@ -166,13 +166,22 @@ fn a_truncated_zstd_trace_is_an_error_at_the_line_it_broke() {
     let whole_lines = partial.iter().filter(|&&b| b == b'\n').count() as u64;
     assert!(whole_lines > 10 && (partial.len() as u64) < text.len() as u64);
     let e = read_all(Reader::zstd(Cursor::new(&enc)).unwrap()).unwrap_err();
-    assert!(matches!(&e, TraceError::Read { .. }), "{e}");
-    assert_eq!(e.line(), Some(whole_lines + 1), "{e}");
+    assert!(matches!(&e, TraceError::Truncated { lines, .. } if *lines == whole_lines), "{e}");
+    assert_eq!(e.line(), None, "no line is to blame: {e}");
+    assert!(e.to_string().starts_with("the compressed stream is truncated"), "{e}");
     let source = std::error::Error::source(&e).unwrap().to_string();
     assert!(!source.is_empty());
-    // Cut inside the frame header: the reader cannot even read the first line.
-    let e = Reader::zstd(Cursor::new(&enc[..3])).err().expect("a 3-byte stream is no trace");
-    assert_eq!(e.line(), Some(1), "{e}");
+    // Cut inside the first block: not even the header line comes out; no line 1 is blamed.
+    for cut in [3, enc.len() / 100] {
+        let e = Reader::zstd(Cursor::new(&enc[..cut])).err().expect("a cut stream is no trace");
+        assert!(matches!(&e, TraceError::Truncated { lines: 0, .. }), "{e}");
+    }
+    // A file cut short, by its name.
+    let path = temp("cut.trace.zst");
+    std::fs::write(&path, &enc[..enc.len() / 2]).unwrap();
+    let e = read_all(FileReader::open(&path).unwrap()).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(&e, TraceError::Truncated { .. }), "{e}");
 }
 
 fn zstd_encode(text: &[u8]) -> Vec<u8> {

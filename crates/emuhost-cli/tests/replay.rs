@@ -124,3 +124,17 @@ fn bad_input_exits_2_naming_it() {
     let out = emuhost().args(["replay", "/nonexistent/trace"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+
+#[test]
+fn trace_stats_sums_do_not_wrap() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/traces/stats-wrap.trace");
+    let v = json(&emuhost().args(["trace", "stats", "--json"]).arg(&path).output().unwrap());
+    let twice = 2.0 * 0xffff_ffff_ffff_f000_u64 as f64;
+    for k in ["committed_bytes", "write_bytes", "collect_bytes"] {
+        assert_eq!(v[k].as_f64(), Some(twice), "{k}: {}", v[k]);
+    }
+    let out = emuhost().args(["trace", "stats"]).arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("35184372088832.0 MiB"), "{text}");
+}

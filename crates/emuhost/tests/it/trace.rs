@@ -184,6 +184,26 @@ fn a_truncated_zstd_trace_says_so_and_counts_the_lines_read() {
     assert!(matches!(&e, TraceError::Truncated { .. }), "{e}");
 }
 
+#[test]
+fn byte_sums_of_stats_do_not_wrap() {
+    let text = "emuhost-trace 1 window=0xfffffffffffff000
+0 g0 commit 0x0 0xfffffffffffff000 rw-
+1 g0 commit 0x0 0xfffffffffffff000 rw-
+2 g1 write 0x0 0xfffffffffffff000
+3 g1 write 0x0 0xfffffffffffff000
+4 r collect 0x0 0xfffffffffffff000
+5 r collect 0x0 0xfffffffffffff000
+6 g1 sleep guest 18446744073709551615 x4294967295
+7 g1 sleep guest 18446744073709551615 x4294967295
+end 8
+";
+    let s = Stats::of(trace::read_str(text).unwrap().1.into_iter().map(Ok::<_, ()>), CHUNK).unwrap();
+    let twice = 2 * u128::from(0xffff_ffff_ffff_f000_u64);
+    assert_eq!((s.committed_bytes, s.write_bytes, s.collect_bytes), (twice, twice, twice));
+    assert_eq!(s.sleeps_guest, 2 * u64::from(u32::MAX));
+    assert_eq!(s.sleep_guest_ns, 2 * u128::from(u64::MAX) * u128::from(u32::MAX));
+}
+
 fn zstd_encode(text: &[u8]) -> Vec<u8> {
     let mut w = TraceWriter::zstd(Vec::new(), Header::default()).unwrap();
     for r in trace::read_str(std::str::from_utf8(text).unwrap()).unwrap().1 {

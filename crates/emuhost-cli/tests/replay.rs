@@ -50,6 +50,7 @@ fn replay_reports_json_csv_and_a_plot() {
     assert_eq!(v["imports"], 1);
     assert_eq!(v["reimports"], 0);
     assert_eq!(v["lost_writes"], 0);
+    assert_eq!(v["checked_writes_pct"], 100.0, "both writes have a collect after them");
     assert_eq!(v["import_backend"], "mlock (no GPU)");
     for k in [
         "runtime_ms_p99",

@@ -156,6 +156,12 @@ fn crafted_traces_end_with_exit_2_naming_their_lines_never_a_signal_or_a_hang() 
         (&["replay"], "race-write-then-decommit.trace", &["line 8: decommit", "the write on line 7 (on g1)"]),
         (&["replay"], "race-write-then-readonly.trace", &["line 7: commit", "r--", "the write on line 6 (on g1)"]),
         (&["replay"], "race-decommit-then-write.trace", &["line 6: write", "after line 5 (on g0)"]),
+        // A decommit and a writable commit of the same pages on two threads in one frame.
+        (
+            &["replay"],
+            "race-decommit-and-commit.trace",
+            &["line 8: commit", "and line 7 (on g1) change the same pages"],
+        ),
         // 64 GiB in one write: over the cap (it was an abort allocating its whole length).
         (&["replay"], "huge-write.trace", &["line 5: a write of 0x1000000000 bytes is over the replay's cap"]),
         (&["replay"], "write-past-commit.trace", &["line 5:"]),

@@ -397,6 +397,8 @@ struct WriteCheck {
     mine: HashMap<Thread, RangeMap<bool>>,
     /// Pages made not writable in this frame, and by whom.
     revoked: RangeMap<Touch>,
+    /// Pages committed writable in this frame, and by whom.
+    granted: RangeMap<Touch>,
     /// Pages stored to in this frame, and by whom.
     stored: RangeMap<Touch>,
 }
@@ -425,6 +427,7 @@ impl WriteCheck {
         }
         self.mine.clear();
         self.revoked = RangeMap::default();
+        self.granted = RangeMap::default();
         self.stored = RangeMap::default();
     }
 
@@ -439,7 +442,19 @@ impl WriteCheck {
         writable: bool,
     ) -> Result<(), Refusal> {
         let (a, b) = pages(lo, hi);
-        if !writable {
+        // Opposite changes on two threads: which one the pages keep after the frame depends on
+        // the order they ran in.
+        let opposite = if writable { &self.revoked } else { &self.granted };
+        if let Some((t, l)) = touched_by_other(opposite, a, b, thread) {
+            return Err(format!(
+                "{} on {thread} and line {l} (on {t}) change the same pages in the same frame, to be kept \
+                 writable by one and not by the other: {RACE}",
+                what()
+            ));
+        }
+        if writable {
+            touch(&mut self.granted, a, b, thread, line);
+        } else {
             if let Some((t, l)) = touched_by_other(&self.stored, a, b, thread) {
                 return Err(format!(
                     "{} on {thread} may run before the write on line {l} (on {t}) in the same frame: {RACE}",
@@ -808,6 +823,13 @@ mod tests {
         assert_eq!(with(&[(5, write(g0, 0x11000, 0x10)), (6, decommit(g0, 0x11000, 0x1000))]), None);
         assert_eq!(with(&[(5, write(g1, 0x11000, 0x10)), (6, frame(2)), (7, decommit(g0, 0x11000, 0x1000))]), None);
         assert_eq!(with(&[(5, write(g1, 0x11000, 0x10)), (6, commit(g0, 0x11000, 0x1000, Prot::READ_WRITE))]), None);
+        // Opposite changes of the same pages on two threads: the state after the frame is either.
+        let e = with(&[(5, decommit(g1, 0x11000, 0x1000)), (6, commit(g0, 0x10000, 0x2000, Prot::READ_WRITE))]);
+        assert!(
+            e.unwrap().starts_with("line 6: commit 0x10000 0x2000 rw- on g0 and line 5 (on g1) change the same pages")
+        );
+        let e = with(&[(5, commit(g1, 0x30000, 0x1000, Prot::READ_WRITE)), (6, decommit(g0, 0x30000, 0x1000))]);
+        assert!(e.unwrap().contains("line 5 (on g1)"));
         // The same thread's own decommit makes its later store fall outside.
         let e = with(&[(5, decommit(g0, 0x11000, 0x1000)), (6, write(g0, 0x11000, 0x10))]).unwrap();
         assert!(e.starts_with("line 6: write 0x11000+0x10 on g0 falls outside"), "{e}");

@@ -630,12 +630,12 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
     })
 }
 
+/// The space, the importer, its backend's description and the tracker.
+type Runtime = (Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>);
+
 /// The runtime a replay drives: the space, the importer (and its backend's description) and
 /// the write tracker, each picked by `cfg` or the environment.
-fn runtime(
-    header: &Header,
-    cfg: &ReplayConfig,
-) -> Result<(Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>), ReplayError> {
+fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> {
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
     let choice = match cfg.import_backend {
         Some(c) => c,

@@ -515,6 +515,9 @@ impl Synth {
         f * self.frame_us + splitmix(&mut x) % (self.frame_us / 25).max(1)
     }
 
+    /// One frame's events on every thread. Long, and kept in one piece on purpose: its draws from
+    /// the one generator come in a fixed order, and any change of that order changes every seed's
+    /// session (and the published figures of the built-in one).
     fn generate_frame(&mut self) {
         let f = self.frame;
         let (t0, t1) = (self.frame_start(f), self.frame_start(f + 1));

@@ -208,7 +208,9 @@ end 8
 /// replay can judge), going backwards with the pages collected after each frame.
 fn judgeable_share(records: impl Iterator<Item = Record>) -> f64 {
     let p = trace::GUEST_PAGE;
-    let mut frames: Vec<(Vec<(u64, u64)>, Vec<(u64, u64)>)> = vec![(Vec::new(), Vec::new())];
+    // Per frame: the page ranges written, and those collected.
+    type Pages = Vec<(u64, u64)>;
+    let mut frames: Vec<(Pages, Pages)> = vec![(Vec::new(), Vec::new())];
     for r in records {
         match r.event {
             Event::Frame { .. } => frames.push((Vec::new(), Vec::new())),

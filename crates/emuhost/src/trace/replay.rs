@@ -167,7 +167,8 @@ fn failed(line: u64, r: &Record, e: impl std::error::Error + Send + Sync + 'stat
     ReplayError::Event { line, event: r.event.to_string(), source: Box::new(e) }
 }
 
-/// Runs one trace thread's events.
+/// Runs one trace thread's events. Long: one arm per event, in one loop so that the thread's
+/// state (its frame's figures, its store pattern) stays in locals.
 fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
     let mut f = ThreadFigures::default();
     let mut frame: Option<FrameFigures> = None;

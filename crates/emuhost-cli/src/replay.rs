@@ -243,6 +243,7 @@ pub fn summary(r: &ReplayReport) -> Value {
         "writes": r.writes,
         "lost_writes": r.lost_writes,
         "unchecked_writes": r.unchecked_writes,
+        "checked_writes_pct": r.checked_share() * 100.0,
         "guest_sleeps": r.guest_sleeps.count,
         "guest_sleep_cpu_ms": ms(r.guest_sleeps.cpu),
         "guest_sleep_wall_ms": ms(r.guest_sleeps.wall),
@@ -335,13 +336,14 @@ fn print_table(r: &ReplayReport, s: &Value) {
     );
     outln!("write tracking");
     outln!(
-        "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked",
+        "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked ({:.1} % checked)",
         r.collects,
         f("collect_ms"),
         r.pages_reported,
         r.writes,
         r.lost_writes,
-        r.unchecked_writes
+        r.unchecked_writes,
+        f("checked_writes_pct")
     );
     outln!("short sleeps");
     for (name, sl) in [("guest", r.guest_sleeps), ("host", r.host_sleeps)] {

@@ -100,6 +100,12 @@ fn write_all<W: Write>(synth: Synth, w: &mut TraceWriter<W>) -> Result<(), Trace
     Ok(())
 }
 
+/// A byte sum for JSON: exact where it fits a u64 (what JSON readers take as an integer), else
+/// as a float.
+fn big(n: u128) -> serde_json::Value {
+    u64::try_from(n).map_or_else(|_| json!(n as f64), |v| json!(v))
+}
+
 fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result<Outcome> {
     if chunk_mib == 0 || !chunk_mib.is_power_of_two() || chunk_mib > 1 << 20 {
         bail!("--chunk-mib {chunk_mib}: not a power of two from 1 to 1048576");
@@ -132,12 +138,12 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
             "binds_crossing_chunk_end": s.binds_crossing_chunk_end,
             "chunk_ends_bound_across": s.chunk_ends_bound_across,
             "commits": s.commits,
-            "committed_bytes": s.committed_bytes,
+            "committed_bytes": big(s.committed_bytes),
             "decommits": s.decommits,
             "writes": s.writes,
-            "write_bytes": s.write_bytes,
+            "write_bytes": big(s.write_bytes),
             "collects": s.collects,
-            "collect_bytes": s.collect_bytes,
+            "collect_bytes": big(s.collect_bytes),
             "sleeps_guest": s.sleeps_guest,
             "sleeps_host": s.sleeps_host,
             "sleep_guest_ms": s.sleep_guest_ns as f64 / 1e6,
@@ -147,7 +153,7 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
         });
         outln!("{v}");
     } else {
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let mib = |b: u128| b as f64 / (1 << 20) as f64;
         let secs = s.duration_us as f64 / 1e6;
         let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
         outln!("trace                     {name}");

@@ -64,6 +64,7 @@ fn replay_reports_json_csv_and_a_plot() {
     assert_eq!(v["imports"], 1);
     assert_eq!(v["reimports"], 0);
     assert_eq!(v["lost_writes"], 0);
+    assert_eq!(v["checked_writes_pct"], 100.0, "both writes have a collect after them");
     assert_eq!(v["import_backend"], "mlock (no GPU)");
     for k in [
         "runtime_ms_p99",
@@ -139,4 +140,76 @@ fn bad_input_exits_2_naming_it() {
     assert_eq!(out.status.code(), Some(2));
     let out = emuhost().args(["replay", "/nonexistent/trace"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Runs `emuhost` on a crafted trace of `tests/traces`: its exit code (`None`: a signal) and stderr.
+/// A run past two minutes is killed and fails the test (a hang), rather than hanging it.
+fn crafted(args: &[&str], name: &str) -> (Option<i32>, String) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/traces").join(name);
+    let mut child = emuhost().args(args).arg(&path).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("emuhost {args:?} {name} still runs after two minutes: a hang");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.code(), err)
+}
+
+#[test]
+fn crafted_traces_end_with_exit_2_naming_their_lines_never_a_signal_or_a_hang() {
+    let cases: &[(&[&str], &str, &[&str])] = &[
+        // A store and a decommit / read-only commit of its pages on another thread, one frame.
+        (&["replay"], "race-write-then-decommit.trace", &["line 8: decommit", "the write on line 7 (on g1)"]),
+        (&["replay"], "race-write-then-readonly.trace", &["line 7: commit", "r--", "the write on line 6 (on g1)"]),
+        (&["replay"], "race-decommit-then-write.trace", &["line 6: write", "after line 5 (on g0)"]),
+        // A decommit and a writable commit of the same pages on two threads in one frame.
+        (
+            &["replay"],
+            "race-decommit-and-commit.trace",
+            &["line 8: commit", "and line 7 (on g1) change the same pages"],
+        ),
+        // 64 GiB in one write: over the cap (it was an abort allocating its whole length).
+        (&["replay"], "huge-write.trace", &["line 5: a write of 0x1000000000 bytes is over the replay's cap"]),
+        (&["replay"], "write-past-commit.trace", &["line 5:"]),
+        (&["replay"], "sleep-huge-ns.trace", &["line 3: a sleep of 18446744073709551615 ns"]),
+        (&["replay"], "sleep-huge-count.trace", &["line 3: a sleep count of 4294967295"]),
+        (&["replay", "--paced"], "frame-time-max.trace", &["line 5: frame 1 starts 18446744073709551615 us"]),
+        // Cut short: the stream is named truncated, no line is blamed.
+        (&["replay"], "truncated.trace.zst", &["compressed stream is truncated", "after 0 whole lines"]),
+        (&["trace", "stats"], "truncated.trace.zst", &["compressed stream is truncated"]),
+    ];
+    for &(args, name, want) in cases {
+        let (code, err) = crafted(args, name);
+        assert_eq!(code, Some(2), "emuhost {args:?} {name}: {err}");
+        for w in want {
+            assert!(err.contains(w), "emuhost {args:?} {name}: {w:?} not in {err}");
+        }
+        assert!(!err.contains("line 1:"), "{name}: {err}");
+    }
+    // Unpaced, frame times are not waited for: the same trace replays.
+    let (code, err) = crafted(&["replay"], "frame-time-max.trace");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn trace_stats_sums_do_not_wrap() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/traces/stats-wrap.trace");
+    let v = json(&emuhost().args(["trace", "stats", "--json"]).arg(&path).output().unwrap());
+    let twice = 2.0 * 0xffff_ffff_ffff_f000_u64 as f64;
+    for k in ["committed_bytes", "write_bytes", "collect_bytes"] {
+        assert_eq!(v[k].as_f64(), Some(twice), "{k}: {}", v[k]);
+    }
+    let out = emuhost().args(["trace", "stats"]).arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("35184372088832.0 MiB"), "{text}");
 }

@@ -70,6 +70,14 @@ pub enum TraceError {
         #[source]
         source: io::Error,
     },
+    /// A compressed trace's stream ends inside a zstd frame: the file was cut short. `lines`
+    /// whole lines came out of it before the cut (no line is to blame).
+    #[error("the compressed stream is truncated: it ends inside a zstd frame, after {lines} whole lines")]
+    Truncated {
+        lines: u64,
+        #[source]
+        source: io::Error,
+    },
     #[error("opening {} failed", path.display())]
     Open {
         path: PathBuf,

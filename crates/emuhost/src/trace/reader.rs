@@ -20,6 +20,8 @@ pub struct Reader<R> {
     text: String,
     seq: Sequence,
     done: bool,
+    /// Read through zstd: an input that ends early is a cut stream, not a bad line.
+    compressed: bool,
 }
 
 /// A reader of a file, plain or zstd.
@@ -36,7 +38,7 @@ impl FileReader {
         } else {
             Box::new(BufReader::with_capacity(1 << 16, file))
         };
-        Reader::new(input)
+        Reader::start(input, is_zstd(path))
     }
 }
 
@@ -49,13 +51,17 @@ impl<R: Read> Reader<BufReader<zstd::Decoder<'static, BufReader<R>>>> {
     /// Reads a zstd-compressed trace from `input`.
     pub fn zstd(input: R) -> Result<Self, TraceError> {
         let d = zstd::Decoder::new(input).map_err(|source| TraceError::Read { line: 1, source })?;
-        Reader::new(BufReader::new(d))
+        Reader::start(BufReader::new(d), true)
     }
 }
 
 impl<R: BufRead> Reader<R> {
     /// Reads the header line; fails if it is not a trace of a version this code reads.
     pub fn new(input: R) -> Result<Self, TraceError> {
+        Self::start(input, false)
+    }
+
+    fn start(input: R, compressed: bool) -> Result<Self, TraceError> {
         let mut r = Reader {
             input,
             header: Header::default(),
@@ -63,6 +69,7 @@ impl<R: BufRead> Reader<R> {
             text: String::new(),
             seq: Sequence::default(),
             done: false,
+            compressed,
         };
         if !r.next_line()? {
             return Err(r.malformed(Malformed::NotATrace(String::new())));
@@ -89,10 +96,15 @@ impl<R: BufRead> Reader<R> {
         let mut buf = std::mem::take(&mut self.text).into_bytes();
         buf.clear();
         self.line += 1;
-        let n = (&mut self.input)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| TraceError::Read { line: self.line, source })?;
+        let n =
+            (&mut self.input).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf).map_err(|source| {
+                match source.kind() {
+                    io::ErrorKind::UnexpectedEof if self.compressed => {
+                        TraceError::Truncated { lines: self.line - 1, source }
+                    }
+                    _ => TraceError::Read { line: self.line, source },
+                }
+            })?;
         if n == 0 {
             return Ok(false);
         }

@@ -20,7 +20,7 @@ use super::{Event, Header, Record, SleepKind, Thread, TraceError};
 use crate::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
 use crate::sched::{self, Caller};
 use crate::space::ranges::RangeMap;
-use crate::space::{Space, SpaceConfig, SpaceError, page_size};
+use crate::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
 use crate::watch::{self, Tracker, WatchError};
 
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
@@ -121,6 +121,14 @@ pub struct ReplayReport {
     pub bind_failures: u64,
 }
 
+impl ReplayReport {
+    /// The share of guest writes (pages) that a later collect covered, so that they could be
+    /// judged: 1 when there were none.
+    pub fn checked_share(&self) -> f64 {
+        if self.writes == 0 { 1.0 } else { (self.writes - self.unchecked_writes) as f64 / self.writes as f64 }
+    }
+}
+
 enum Msg {
     Event(u64, Record),
     Sync(SyncSender<()>),
@@ -159,7 +167,8 @@ fn failed(line: u64, r: &Record, e: impl std::error::Error + Send + Sync + 'stat
     ReplayError::Event { line, event: r.event.to_string(), source: Box::new(e) }
 }
 
-/// Runs one trace thread's events.
+/// Runs one trace thread's events. Long: one arm per event, in one loop so that the thread's
+/// state (its frame's figures, its store pattern) stays in locals.
 fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
     let mut f = ThreadFigures::default();
     let mut frame: Option<FrameFigures> = None;
@@ -260,7 +269,7 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                 Event::Write { addr, size } => {
                     pattern = pattern.wrapping_add(1);
                     let e1 = sh.tracker.collects_started();
-                    sh.space.store(addr, &vec![pattern; size as usize]).map_err(|e| failed(line, &r, e))?;
+                    store_pattern(sh.space, addr, size, pattern).map_err(|e| failed(line, &r, e))?;
                     let e2 = sh.tracker.collects_started();
                     let p = page_size();
                     for pg in addr.0 / p..(addr.0 + size).div_ceil(p) {
@@ -318,15 +327,95 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
     f
 }
 
-/// The dispatcher's check that guest stores land in memory committed writable: the committed
-/// state as of the frame's start, plus what the same thread did in this frame.
+/// Stores `size` bytes of `pattern` at `addr`, a piece of at most [`STORE_PIECE`] bytes at a time
+/// (a write's length comes from the trace: no buffer of its whole length).
+fn store_pattern(space: &Space, addr: GuestAddr, size: u64, pattern: u8) -> Result<(), SpaceError> {
+    let buf = vec![pattern; size.min(STORE_PIECE) as usize];
+    let mut done = 0;
+    while done < size {
+        let n = (size - done).min(STORE_PIECE);
+        space.store(GuestAddr(addr.0 + done), &buf[..n as usize])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Who touched a range in the current frame: the first thread (with its line) and the first
+/// other thread after it, enough to name a line of a thread other than any given one.
+#[derive(Clone, Copy, Debug)]
+struct Touch {
+    first: (Thread, u64),
+    other: Option<(Thread, u64)>,
+}
+
+impl Touch {
+    /// A touch by a thread other than `t`: its thread and line.
+    fn by_other(&self, t: Thread) -> Option<(Thread, u64)> {
+        if self.first.0 != t { Some(self.first) } else { self.other }
+    }
+}
+
+/// Records a touch of `a..b` by `thread` at `line` in `map`.
+fn touch(map: &mut RangeMap<Touch>, a: u64, b: u64, thread: Thread, line: u64) {
+    let fresh = Touch { first: (thread, line), other: None };
+    let mut parts = Vec::new();
+    let mut at = a;
+    for (s, e, v) in map.overlapping(a, b) {
+        let (s, e) = (s.max(a), e.min(b));
+        if s > at {
+            parts.push((at, s, fresh));
+        }
+        let mut v = *v;
+        if v.first.0 != thread && v.other.is_none() {
+            v.other = Some((thread, line));
+        }
+        parts.push((s, e, v));
+        at = e;
+    }
+    if at < b {
+        parts.push((at, b, fresh));
+    }
+    map.remove(a, b, |_, _, v| *v);
+    for (s, e, v) in parts {
+        map.insert(s, e, v);
+    }
+}
+
+/// The first touch in `a..b` by a thread other than `t`.
+fn touched_by_other(map: &RangeMap<Touch>, a: u64, b: u64, t: Thread) -> Option<(Thread, u64)> {
+    map.overlapping(a, b).find_map(|(_, _, v)| v.by_other(t))
+}
+
+/// The dispatcher's check that guest stores land in memory committed writable, and that no store
+/// races a decommit or a read-only commit on another thread: threads run concurrently within a
+/// frame, so a store and such a change of its pages on another thread in the same frame could
+/// run in either order (a store after the change is a fault). Such a trace is refused, naming
+/// both lines. All in pages; each event costs a few range-map operations.
 #[derive(Default)]
 struct WriteCheck {
     /// Writable memory as of the start of this frame.
     writable: RangeMap<()>,
-    /// Changes made in this frame, applied at the next frame: (thread, lo, hi, writable).
-    pending: Vec<(Thread, u64, u64, bool)>,
+    /// Changes made in this frame, in line order, applied at the next frame: (lo, hi, writable).
+    pending: Vec<(u64, u64, bool)>,
+    /// What each thread made writable (true) or not (false) in this frame: its own view.
+    mine: HashMap<Thread, RangeMap<bool>>,
+    /// Pages made not writable in this frame, and by whom.
+    revoked: RangeMap<Touch>,
+    /// Pages committed writable in this frame, and by whom.
+    granted: RangeMap<Touch>,
+    /// Pages stored to in this frame, and by whom.
+    stored: RangeMap<Touch>,
 }
+
+/// Why a trace was refused by the write check: the message, naming the other line where there is one.
+type Refusal = String;
+
+fn pages(lo: u64, hi: u64) -> (u64, u64) {
+    let p = page_size();
+    (lo / p * p, hi.div_ceil(p) * p)
+}
+
+const RACE: &str = "threads run concurrently within a frame; a frame boundary must fall between them";
 
 impl WriteCheck {
     fn apply(map: &mut RangeMap<()>, lo: u64, hi: u64, writable: bool) {
@@ -337,41 +426,220 @@ impl WriteCheck {
     }
 
     fn frame(&mut self) {
-        for (_, lo, hi, w) in std::mem::take(&mut self.pending) {
+        for (lo, hi, w) in std::mem::take(&mut self.pending) {
             Self::apply(&mut self.writable, lo, hi, w);
         }
+        self.mine.clear();
+        self.revoked = RangeMap::default();
+        self.granted = RangeMap::default();
+        self.stored = RangeMap::default();
     }
 
-    /// Whether `thread` may store to `lo..hi` now.
-    fn ok(&self, thread: Thread, lo: u64, hi: u64) -> bool {
-        let p = page_size();
-        let (a, b) = (lo / p * p, hi.div_ceil(p) * p);
+    /// A commit (writable or not) or a decommit (`writable` false) of `lo..hi` by `thread`.
+    fn change(
+        &mut self,
+        thread: Thread,
+        line: u64,
+        what: &dyn Fn() -> String,
+        lo: u64,
+        hi: u64,
+        writable: bool,
+    ) -> Result<(), Refusal> {
+        let (a, b) = pages(lo, hi);
+        // Opposite changes on two threads: which one the pages keep after the frame depends on
+        // the order they ran in.
+        let opposite = if writable { &self.revoked } else { &self.granted };
+        if let Some((t, l)) = touched_by_other(opposite, a, b, thread) {
+            return Err(format!(
+                "{} on {thread} and line {l} (on {t}) change the same pages in the same frame, to be kept \
+                 writable by one and not by the other: {RACE}",
+                what()
+            ));
+        }
+        if writable {
+            touch(&mut self.granted, a, b, thread, line);
+        } else {
+            if let Some((t, l)) = touched_by_other(&self.stored, a, b, thread) {
+                return Err(format!(
+                    "{} on {thread} may run before the write on line {l} (on {t}) in the same frame: {RACE}",
+                    what()
+                ));
+            }
+            touch(&mut self.revoked, a, b, thread, line);
+        }
+        let own = self.mine.entry(thread).or_default();
+        own.remove(a, b, |_, _, v| *v);
+        own.insert(a, b, writable);
+        self.pending.push((a, b, writable));
+        Ok(())
+    }
+
+    /// A store to `lo..hi` by `thread`.
+    fn store(&mut self, thread: Thread, line: u64, what: &dyn Fn() -> String, lo: u64, hi: u64) -> Result<(), Refusal> {
+        let (a, b) = pages(lo, hi);
+        if let Some((t, l)) = touched_by_other(&self.revoked, a, b, thread) {
+            return Err(format!(
+                "{} may run after line {l} (on {t}) took its pages away in the same frame: {RACE}",
+                what()
+            ));
+        }
+        // The thread's own changes in this frame, else the state at the frame's start.
         let mut view = RangeMap::default();
         for (s, e, _) in self.writable.overlapping(a, b) {
-            view.insert(s, e, ());
+            view.insert(s.max(a), e.min(b), ());
         }
-        for &(t, s, e, w) in &self.pending {
-            let (s, e) = (s.max(a), e.min(b));
-            if s >= e {
-                continue;
-            }
-            if t != thread && !w {
-                // Another thread releases or protects it this frame: it may be gone already.
-                Self::apply(&mut view, s, e, false);
-            } else if t == thread {
-                Self::apply(&mut view, s, e, w);
+        if let Some(own) = self.mine.get(&thread) {
+            for (s, e, &w) in own.overlapping(a, b) {
+                Self::apply(&mut view, s.max(a), e.min(b), w);
             }
         }
-        view.gaps(a, b).is_empty()
+        if !view.gaps(a, b).is_empty() {
+            return Err(format!("{} falls outside memory committed writable before it", what()));
+        }
+        touch(&mut self.stored, a, b, thread, line);
+        Ok(())
     }
 }
 
-/// Replays `records` (with their trace line numbers) of a trace with `header`.
-pub fn replay(
-    header: &Header,
-    records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
-    cfg: &ReplayConfig,
-) -> Result<ReplayReport, ReplayError> {
+/// The most one `write` line may store: a longer one is refused (the bytes are real stores).
+pub const MAX_WRITE: u64 = 1 << 30;
+/// Stores are made in pieces of this many bytes (one buffer of it per store, not the whole write).
+const STORE_PIECE: u64 = 64 << 10;
+/// The longest short sleep a `sleep` line may ask for (NS).
+pub const MAX_SLEEP_NS: u64 = 1_000_000_000;
+/// The most short sleeps one `sleep` line may ask for (COUNT).
+pub const MAX_SLEEP_COUNT: u32 = 1_000_000;
+/// The most time one `sleep` line may ask for in all (NS × COUNT).
+pub const MAX_SLEEP_LINE_NS: u64 = 10_000_000_000;
+/// Paced: the longest a frame may start after the frame before it (or, for the first frame, after
+/// the session's start), in microseconds.
+pub const MAX_FRAME_GAP_US: u64 = 10_000_000;
+
+/// The caps that keep any one line from running for ever or from asking for all memory.
+fn check_limits(line: u64, r: &Record, paced: bool, last_frame_us: &mut u64) -> Result<(), ReplayError> {
+    let what = match r.event {
+        Event::Sleep { ns, count, .. } => {
+            if ns > MAX_SLEEP_NS {
+                format!("a sleep of {ns} ns is longer than the replay's cap of {MAX_SLEEP_NS} ns")
+            } else if count > MAX_SLEEP_COUNT {
+                format!("a sleep count of {count} is over the replay's cap of {MAX_SLEEP_COUNT}")
+            } else if ns * u64::from(count) > MAX_SLEEP_LINE_NS {
+                format!("{count} sleeps of {ns} ns are over the replay's cap of {MAX_SLEEP_LINE_NS} ns a line")
+            } else {
+                return Ok(());
+            }
+        }
+        Event::Write { size, .. } if size > MAX_WRITE => {
+            format!("a write of {size:#x} bytes is over the replay's cap of {MAX_WRITE:#x} bytes a line")
+        }
+        Event::Frame { index } => {
+            let gap = r.t_us.saturating_sub(*last_frame_us);
+            *last_frame_us = r.t_us;
+            if !paced || gap <= MAX_FRAME_GAP_US {
+                return Ok(());
+            }
+            format!(
+                "frame {index} starts {gap} us after the frame before it; paced, the replay's cap is {MAX_FRAME_GAP_US} us"
+            )
+        }
+        _ => return Ok(()),
+    };
+    Err(ReplayError::Bad { line, what })
+}
+
+/// Checks a record before it is handed to its thread: the caps, and that stores land in memory
+/// committed writable with no race against another thread (see [`WriteCheck`]).
+fn check_record(check: &mut WriteCheck, line: u64, r: &Record) -> Result<(), ReplayError> {
+    let result = match r.event {
+        Event::Frame { .. } => {
+            check.frame();
+            Ok(())
+        }
+        Event::Commit { lo, size, prot } => {
+            check.change(r.thread, line, &|| r.event.to_string(), lo.0, lo.0 + size, prot.write)
+        }
+        Event::Decommit { lo, size } => check.change(r.thread, line, &|| r.event.to_string(), lo.0, lo.0 + size, false),
+        Event::Write { addr, size } => {
+            let what = || format!("write {:#x}+{size:#x} on {}", addr.0, r.thread);
+            check.store(r.thread, line, &what, addr.0, addr.0 + size)
+        }
+        _ => Ok(()),
+    };
+    result.map_err(|what| ReplayError::Bad { line, what })
+}
+
+/// What the dispatcher hands back: each thread's figures, the thread count, the first error of
+/// the trace (reading it or checking a record) and the events dispatched.
+type Dispatched = (Vec<ThreadFigures>, usize, Option<ReplayError>, u64);
+
+/// Streams `records` to one worker thread per trace thread, frames kept in step.
+fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record), TraceError>>) -> Dispatched {
+    std::thread::scope(|scope| {
+        let mut senders: BTreeMap<Thread, SyncSender<Msg>> = BTreeMap::new();
+        let mut handles = Vec::new();
+        let mut check = WriteCheck::default();
+        let mut last_frame_us = 0;
+        let mut read_error = None;
+        let mut events = 0u64;
+        let sync = |senders: &BTreeMap<Thread, SyncSender<Msg>>| {
+            let (tx, rx) = sync_channel(senders.len());
+            for s in senders.values() {
+                let _ = s.send(Msg::Sync(tx.clone()));
+            }
+            drop(tx);
+            for _ in 0..senders.len() {
+                if rx.recv().is_err() {
+                    break;
+                }
+            }
+        };
+        for item in records {
+            let (line, r) = match item {
+                Ok(x) => x,
+                Err(e) => {
+                    read_error = Some(ReplayError::Trace(e));
+                    break;
+                }
+            };
+            events += 1;
+            if let Err(e) = check_limits(line, &r, sh.paced, &mut last_frame_us) {
+                read_error = Some(e);
+                break;
+            }
+            if let Event::Frame { .. } = r.event {
+                // Every thread finishes the frame before the next starts.
+                sync(&senders);
+                if sh.failed.load(SeqCst) {
+                    break;
+                }
+            }
+            if let Err(e) = check_record(&mut check, line, &r) {
+                read_error = Some(e);
+                break;
+            }
+            let tx = senders.entry(r.thread).or_insert_with(|| {
+                let (tx, rx) = sync_channel(1024);
+                handles.push(scope.spawn(move || worker(sh, rx)));
+                tx
+            });
+            if tx.send(Msg::Event(line, r)).is_err() {
+                break;
+            }
+        }
+        let threads = senders.len();
+        drop(senders);
+        let figures: Vec<ThreadFigures> =
+            handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect();
+        (figures, threads, read_error, events)
+    })
+}
+
+/// The space, the importer, its backend's description and the tracker.
+type Runtime = (Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>);
+
+/// The runtime a replay drives: the space, the importer (and its backend's description) and
+/// the write tracker, each picked by `cfg` or the environment.
+fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> {
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
     let choice = match cfg.import_backend {
         Some(c) => c,
@@ -399,6 +667,16 @@ pub fn replay(
             Tracker::build(&space, choice.kind, verify)?
         }
     };
+    Ok((space, importer, import_backend, tracker))
+}
+
+/// Replays `records` (with their trace line numbers) of a trace with `header`.
+pub fn replay(
+    header: &Header,
+    records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
+    cfg: &ReplayConfig,
+) -> Result<ReplayReport, ReplayError> {
+    let (space, importer, import_backend, tracker) = runtime(header, cfg)?;
     let sh = Shared {
         space: &space,
         importer: &importer,
@@ -410,72 +688,7 @@ pub fn replay(
         failed: AtomicBool::new(false),
     };
     let start = Instant::now();
-    let mut events = 0u64;
-    let (figures, threads, read_error) = std::thread::scope(|scope| {
-        let mut senders: BTreeMap<Thread, SyncSender<Msg>> = BTreeMap::new();
-        let mut handles = Vec::new();
-        let mut check = WriteCheck::default();
-        let mut read_error = None;
-        let sync = |senders: &BTreeMap<Thread, SyncSender<Msg>>| {
-            let (tx, rx) = sync_channel(senders.len());
-            for s in senders.values() {
-                let _ = s.send(Msg::Sync(tx.clone()));
-            }
-            drop(tx);
-            for _ in 0..senders.len() {
-                if rx.recv().is_err() {
-                    break;
-                }
-            }
-        };
-        for item in records {
-            let (line, r) = match item {
-                Ok(x) => x,
-                Err(e) => {
-                    read_error = Some(ReplayError::Trace(e));
-                    break;
-                }
-            };
-            events += 1;
-            match r.event {
-                Event::Frame { .. } => {
-                    // Every thread finishes the frame before the next starts.
-                    sync(&senders);
-                    if sh.failed.load(SeqCst) {
-                        break;
-                    }
-                    check.frame();
-                }
-                Event::Commit { lo, size, prot } => check.pending.push((r.thread, lo.0, lo.0 + size, prot.write)),
-                Event::Decommit { lo, size } => check.pending.push((r.thread, lo.0, lo.0 + size, false)),
-                Event::Write { addr, size } if !check.ok(r.thread, addr.0, addr.0 + size) => {
-                    read_error = Some(ReplayError::Bad {
-                        line,
-                        what: format!(
-                            "write {:#x}+{size:#x} on {} falls outside memory committed writable before it",
-                            addr.0, r.thread
-                        ),
-                    });
-                    break;
-                }
-                _ => {}
-            }
-            let tx = senders.entry(r.thread).or_insert_with(|| {
-                let (tx, rx) = sync_channel(1024);
-                let sh = &sh;
-                handles.push(scope.spawn(move || worker(sh, rx)));
-                tx
-            });
-            if tx.send(Msg::Event(line, r)).is_err() {
-                break;
-            }
-        }
-        let threads = senders.len();
-        drop(senders);
-        let figures: Vec<ThreadFigures> =
-            handles.into_iter().map(|h| h.join().expect("a replay thread panicked")).collect();
-        (figures, threads, read_error)
-    });
+    let (figures, threads, read_error, events) = dispatch(&sh, records);
     let wall = start.elapsed();
     if let Some(e) = read_error {
         importer.release_all();
@@ -576,6 +789,88 @@ mod tests {
 
     fn collects(list: &[(u64, u64, u64, &[u64])]) -> BTreeMap<u64, CollectRecord> {
         list.iter().map(|&(n, a, b, p)| (n, (a, b, p.to_vec()))).collect()
+    }
+
+    fn rec(thread: Thread, event: Event) -> Record {
+        Record { t_us: 0, thread, event }
+    }
+
+    /// Runs the write check over `(line, record)`s: the first refusal.
+    fn first_refusal(records: &[(u64, Record)]) -> Option<String> {
+        let mut check = WriteCheck::default();
+        records.iter().find_map(|(line, r)| check_record(&mut check, *line, r).err()).map(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_store_racing_a_change_of_its_pages_on_another_thread_is_refused_naming_both_lines() {
+        use crate::space::Prot;
+        let (g0, g1) = (Thread::Game(0), Thread::Game(1));
+        let frame = |i| rec(Thread::Render, Event::Frame { index: i });
+        let commit = |t, lo, size, prot| rec(t, Event::Commit { lo: GuestAddr(lo), size, prot });
+        let write = |t, addr, size| rec(t, Event::Write { addr: GuestAddr(addr), size });
+        let decommit = |t, lo, size| rec(t, Event::Decommit { lo: GuestAddr(lo), size });
+        let setup = [(2, commit(g0, 0x10000, 0x10000, Prot::READ_WRITE)), (3, frame(0)), (4, frame(1))];
+        let with = |more: &[(u64, Record)]| first_refusal(&[&setup[..], more].concat());
+        // A store, then another thread's decommit or read-only commit of its page in the frame.
+        let e = with(&[(5, write(g1, 0x10ff8, 0x10)), (6, decommit(g0, 0x11000, 0x1000))]).unwrap();
+        assert!(
+            e.starts_with("line 6: decommit 0x11000 0x1000 on g0 may run before the write on line 5 (on g1)"),
+            "{e}"
+        );
+        let e = with(&[(5, write(g1, 0x10ff8, 0x10)), (6, commit(g0, 0x10000, 0x1000, Prot::READ))]).unwrap();
+        assert!(e.starts_with("line 6: commit 0x10000 0x1000 r-- on g0") && e.contains("line 5"), "{e}");
+        // A decommit, then another thread's store to its pages.
+        let e = with(&[(5, decommit(g0, 0x18000, 0x1000)), (6, write(g1, 0x18000, 1))]).unwrap();
+        assert!(e.starts_with("line 6: write 0x18000+0x1 on g1 may run after line 5 (on g0)"), "{e}");
+        // Fine: other pages; the same thread; a frame boundary between them; a writable recommit.
+        assert_eq!(with(&[(5, write(g1, 0x10000, 0x1000)), (6, decommit(g0, 0x11000, 0x1000))]), None);
+        assert_eq!(with(&[(5, write(g0, 0x11000, 0x10)), (6, decommit(g0, 0x11000, 0x1000))]), None);
+        assert_eq!(with(&[(5, write(g1, 0x11000, 0x10)), (6, frame(2)), (7, decommit(g0, 0x11000, 0x1000))]), None);
+        assert_eq!(with(&[(5, write(g1, 0x11000, 0x10)), (6, commit(g0, 0x11000, 0x1000, Prot::READ_WRITE))]), None);
+        // Opposite changes of the same pages on two threads: the state after the frame is either.
+        let e = with(&[(5, decommit(g1, 0x11000, 0x1000)), (6, commit(g0, 0x10000, 0x2000, Prot::READ_WRITE))]);
+        assert!(
+            e.unwrap().starts_with("line 6: commit 0x10000 0x2000 rw- on g0 and line 5 (on g1) change the same pages")
+        );
+        let e = with(&[(5, commit(g1, 0x30000, 0x1000, Prot::READ_WRITE)), (6, decommit(g0, 0x30000, 0x1000))]);
+        assert!(e.unwrap().contains("line 5 (on g1)"));
+        // The same thread's own decommit makes its later store fall outside.
+        let e = with(&[(5, decommit(g0, 0x11000, 0x1000)), (6, write(g0, 0x11000, 0x10))]).unwrap();
+        assert!(e.starts_with("line 6: write 0x11000+0x10 on g0 falls outside"), "{e}");
+        // Another thread's writer seen by two threads: the first other thread's line is named.
+        let e = with(&[(5, write(g0, 0x12000, 8)), (6, write(g1, 0x12000, 8)), (7, decommit(g0, 0x12000, 0x1000))]);
+        assert!(e.unwrap().contains("the write on line 6 (on g1)"));
+    }
+
+    #[test]
+    fn lines_over_the_replay_caps_are_refused_naming_the_line() {
+        let sleep = |ns, count| rec(Thread::Game(0), Event::Sleep { kind: SleepKind::Guest, ns, count });
+        let check = |r: Record, paced| {
+            let mut last = 0;
+            check_limits(7, &r, paced, &mut last).err().map(|e| e.to_string())
+        };
+        assert!(check(sleep(u64::MAX, 1), false).unwrap().starts_with("line 7: a sleep of 18446744073709551615 ns"));
+        assert!(check(sleep(20_000, u32::MAX), false).unwrap().starts_with("line 7: a sleep count of 4294967295"));
+        assert!(check(sleep(MAX_SLEEP_NS, 11), false).unwrap().contains("cap of 10000000000 ns a line"));
+        assert_eq!(check(sleep(20_000, 63), false), None);
+        let write = rec(Thread::Game(0), Event::Write { addr: GuestAddr(0), size: 64 << 30 });
+        assert!(check(write, false).unwrap().starts_with("line 7: a write of 0x1000000000 bytes is over"));
+        let frame = Record { t_us: u64::MAX, thread: Thread::Render, event: Event::Frame { index: 1 } };
+        assert_eq!(check(frame, false), None, "unpaced, frame times are not waited for");
+        assert!(check(frame, true).unwrap().starts_with("line 7: frame 1 starts 18446744073709551615 us after"));
+    }
+
+    #[test]
+    fn a_write_is_stored_in_bounded_pieces_and_whole() {
+        let space = SpaceConfig::default().window(1 << 30).build().unwrap();
+        let g = space.range(0x10000, 0x40000).unwrap();
+        space.commit(g, crate::space::Prot::READ_WRITE).unwrap();
+        let size = 2 * STORE_PIECE + 0x123;
+        store_pattern(&space, GuestAddr(0x10001), size, 0x5a).unwrap();
+        let mut back = vec![0u8; size as usize + 2];
+        space.read(GuestAddr(0x10000), &mut back).unwrap();
+        assert_eq!((back[0], back[back.len() - 1]), (0, 0), "nothing stored outside");
+        assert!(back[1..back.len() - 1].iter().all(|&b| b == 0x5a));
     }
 
     #[test]

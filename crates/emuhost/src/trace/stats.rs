@@ -55,7 +55,8 @@ pub struct Stats {
     /// Chunks with at least one binding in them.
     pub chunks_bound: u64,
     pub commits: u64,
-    pub committed_bytes: u64,
+    /// Byte sums are u128: a trace may commit (write, collect) its whole window many times over.
+    pub committed_bytes: u128,
     pub decommits: u64,
     pub binds: u64,
     /// Bindings that run across the end of a chunk.
@@ -63,13 +64,13 @@ pub struct Stats {
     /// Distinct chunk ends that some binding runs across.
     pub chunk_ends_bound_across: u64,
     pub writes: u64,
-    pub write_bytes: u64,
+    pub write_bytes: u128,
     pub collects: u64,
-    pub collect_bytes: u64,
+    pub collect_bytes: u128,
     pub sleeps_guest: u64,
     pub sleeps_host: u64,
-    pub sleep_guest_ns: u64,
-    pub sleep_host_ns: u64,
+    pub sleep_guest_ns: u128,
+    pub sleep_host_ns: u128,
     pub game_threads: u64,
     pub host_threads: u64,
 }
@@ -156,7 +157,7 @@ impl StatsBuilder {
             Event::Unpool { .. } => s.pools_released += 1,
             Event::Commit { size, .. } => {
                 s.commits += 1;
-                s.committed_bytes += size;
+                s.committed_bytes = s.committed_bytes.saturating_add(u128::from(size));
             }
             Event::Decommit { .. } => s.decommits += 1,
             Event::Bind { addr, size } => {
@@ -170,19 +171,19 @@ impl StatsBuilder {
             }
             Event::Write { size, .. } => {
                 s.writes += 1;
-                s.write_bytes += size;
+                s.write_bytes = s.write_bytes.saturating_add(u128::from(size));
             }
             Event::Collect { size, .. } => {
                 s.collects += 1;
-                s.collect_bytes += size;
+                s.collect_bytes = s.collect_bytes.saturating_add(u128::from(size));
             }
             Event::Sleep { kind: SleepKind::Guest, ns, count } => {
-                s.sleeps_guest += u64::from(count);
-                s.sleep_guest_ns = s.sleep_guest_ns.saturating_add(ns.saturating_mul(u64::from(count)));
+                s.sleeps_guest = s.sleeps_guest.saturating_add(u64::from(count));
+                s.sleep_guest_ns = s.sleep_guest_ns.saturating_add(u128::from(ns) * u128::from(count));
             }
             Event::Sleep { kind: SleepKind::Host, ns, count } => {
-                s.sleeps_host += u64::from(count);
-                s.sleep_host_ns = s.sleep_host_ns.saturating_add(ns.saturating_mul(u64::from(count)));
+                s.sleeps_host = s.sleeps_host.saturating_add(u64::from(count));
+                s.sleep_host_ns = s.sleep_host_ns.saturating_add(u128::from(ns) * u128::from(count));
             }
         }
     }

@@ -19,6 +19,9 @@
 //! and released all session long (released, then decommitted) inside one chunk of the touched
 //! ones. Cross-thread order is kept by frames: a pool is bound, written or collected by another
 //! thread only in a frame after the one it was made in and before the one it is released in.
+//! Half the writes go to the watched pools (collected in turn), the others to pools that live
+//! through the next frame, in which the render thread collects each of them: every write but the
+//! last frames' is followed by a collect of its pages, so a replay can judge it.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -279,6 +282,8 @@ pub struct Synth {
     just_made: Vec<usize>,
     watched: Vec<usize>,
     collect_next: usize,
+    /// Pools (not watched) written in the frame before: the render thread collects each in this one.
+    written: Vec<usize>,
     queue: VecDeque<Record>,
 }
 
@@ -317,6 +322,7 @@ impl Synth {
             just_made: Vec::new(),
             watched: Vec::new(),
             collect_next: 0,
+            written: Vec::new(),
             queue: VecDeque::new(),
             rng: Rng::new(0),
             cfg: cfg.clone(),
@@ -509,6 +515,9 @@ impl Synth {
         f * self.frame_us + splitmix(&mut x) % (self.frame_us / 25).max(1)
     }
 
+    /// One frame's events on every thread. Long, and kept in one piece on purpose: its draws from
+    /// the one generator come in a fixed order, and any change of that order changes every seed's
+    /// session (and the published figures of the built-in one).
     fn generate_frame(&mut self) {
         let f = self.frame;
         let (t0, t1) = (self.frame_start(f), self.frame_start(f + 1));
@@ -595,14 +604,33 @@ impl Synth {
             }
         }
 
-        // Writes on every game thread; half into watched pools.
+        // Pools written in the frame before and not watched: collected in this one, so that every
+        // write has a collect after it to be judged by (the pools live on: see below).
+        let side = std::mem::take(&mut self.written)
+            .into_iter()
+            .map(|p| Event::Collect { lo: GuestAddr(self.pools[p].lo), size: self.pools[p].size })
+            .collect::<Vec<_>>();
+
+        // Writes on every game thread; half into watched pools, half into pools that live on
+        // through the next frame (its collect above).
+        let lasting: Vec<usize> =
+            self.live.iter().copied().filter(|&p| self.pools[p].released != Some(f + 1)).collect();
+        let mut written = Vec::new();
         if !self.live.is_empty() {
             for events in game.iter_mut() {
                 for _ in 0..self.cfg.writes_per_thread_frame {
                     let p = if !watched.is_empty() && self.rng.next() & 1 == 0 {
                         self.rng.pick(&watched)
+                    } else if lasting.is_empty() {
+                        // Every live pool is released next frame: no write (one draw, as a pick).
+                        self.rng.next();
+                        continue;
                     } else {
-                        self.rng.pick(&self.live)
+                        let p = self.rng.pick(&lasting);
+                        if !written.contains(&p) {
+                            written.push(p);
+                        }
+                        p
                     };
                     let (lo, end) = (self.pools[p].lo, self.pools[p].end());
                     let addr = self.rng.range(lo, end);
@@ -611,6 +639,8 @@ impl Synth {
                 }
             }
         }
+
+        self.written = written;
 
         // Guest sleeps on game threads 1..: idle loops of 20 us sleeps, the frame's share of the
         // rate, in one or two loops a thread.
@@ -641,6 +671,9 @@ impl Synth {
             out.extend(ts.into_iter().zip(events).map(|(t_us, event)| Record { t_us, thread, event }));
         };
         timed(Thread::Render, render, &mut self.rng);
+        // Timed by a generator of their own: the main one's draws (and so every binding, pool
+        // and write) are those of a session without these collects.
+        timed(Thread::Render, side, &mut Rng::new(self.cfg.seed ^ f.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x51de));
         for (i, events) in game.into_iter().enumerate() {
             timed(Thread::Game(i as u16), events, &mut self.rng);
         }

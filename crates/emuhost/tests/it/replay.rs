@@ -236,9 +236,10 @@ fn a_session_on_many_threads_loses_no_write_and_leaks_no_import() {
         assert_eq!(r.threads, 10);
         assert_eq!((r.writes, r.collects), (want_writes, want_collects), "{watch:?}");
         assert_eq!(r.lost_writes, 0, "{watch:?}: {} of {} writes lost", r.lost_writes, r.writes);
-        // Half the writes go into watched pools (the synthesizer's rule), and so are checked.
+        // Every pool written is collected after the write (the synthesizer's rule): all writes
+        // but the last frames' are checked.
         let checked = r.writes - r.unchecked_writes;
-        assert!(checked > r.writes / 3, "{watch:?}: {checked} of {} writes checked", r.writes);
+        assert!(r.checked_share() >= 0.99, "{watch:?}: {checked} of {} writes checked", r.writes);
         assert!(r.imports > 0 && r.live_import_bytes_peak > 0);
         assert_eq!(
             (r.live_imports_after_teardown, r.live_import_bytes_after_teardown),

@@ -16,10 +16,11 @@
 //! the space could not have made (accessible where the space reserved, private where it mapped a
 //! view, a file, more access than it gave) is foreign, and the call fails naming it, untouched.
 //! A foreign mapping that looks exactly like the space's own (the same protection over pages it
-//! committed so) cannot be told apart on kernels without names for anonymous mappings. Shared memory is memfd sections; a run of consecutive section pages is one
-//! `MAP_SHARED` view, and a release or remap of pages inside a run replaces only those pages, so
-//! the kernel keeps every other page of the run as it was: bytes, protection and write-protect
-//! bits alike.
+//! committed so) cannot be told apart on kernels without names for anonymous mappings.
+//!
+//! Shared memory is memfd sections; a run of consecutive section pages is one `MAP_SHARED` view,
+//! and a release or remap of pages inside a run replaces only those pages, so the kernel keeps
+//! every other page of the run as it was: bytes, protection and write-protect bits alike.
 //!
 //! Guest memory is never lent out as Rust references: use [`Space::host_addr`] for raw access
 //! (as a JIT or recompiled code does) or [`Space::write`]/[`Space::read`], which copy through the

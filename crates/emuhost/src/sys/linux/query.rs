@@ -2,10 +2,10 @@
 //! Windows' `VirtualQuery`.
 //!
 //! Two ways, chosen by what the kernel answers, never by its version: the `PROCMAP_QUERY` ioctl on
-//! `/proc/self/maps` (Linux 6.11+: one call returns the mapping covering an address, or the next one
-//! above it), and, where that ioctl answers `ENOTTY` or `EINVAL` (older kernels, a seccomp filter),
-//! the text of `/proc/self/maps`, read once per query and parsed only up to the end of the queried
-//! range. The first query of the process decides, and the answer is kept.
+//! `/proc/self/maps` (Linux 6.11+: one call returns the mapping covering an address, or the next
+//! one above it), and, where that ioctl answers `ENOTTY` or `EINVAL` (older kernels, a seccomp
+//! filter), the text of `/proc/self/maps`, read once per query and parsed only up to the end of
+//! the queried range. The first query of the process decides, and the answer is kept.
 
 use std::fs::File;
 use std::io::{self, Read};

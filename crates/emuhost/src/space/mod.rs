@@ -358,6 +358,7 @@ impl Space {
         let path = match one_call {
             Some(Ok(())) => CommitPath::OneCall,
             first => {
+                let after_failed_call = matches!(first, Some(Err(_)));
                 match first {
                     Some(Err(e)) => {
                         tracing::debug!("commit of {range}: one call failed ({e}); walking it region by region")
@@ -365,7 +366,7 @@ impl Space {
                     _ if holes => tracing::debug!("commit of {range}: holes in it; walking it region by region"),
                     _ => {}
                 }
-                match self.commit_by_regions(off, len, prot, &regions) {
+                match self.commit_by_regions(off, len, prot, &regions, after_failed_call) {
                     Ok(path) => path,
                     Err((source, left)) => {
                         let base = self.res.base();
@@ -453,6 +454,7 @@ impl Space {
         len: usize,
         prot: Prot,
         regions: &[Region],
+        after_failed_call: bool,
     ) -> Result<CommitPath, (std::io::Error, Vec<(usize, usize)>)> {
         let base = self.res.base();
         let end = base + off + len;
@@ -500,6 +502,14 @@ impl Space {
                     }
                 }
                 left.reverse();
+                // A failed one call may have changed regions the walk did not reach (it is not
+                // all-or-nothing): they get their protection back too.
+                for r in regions.iter().filter(|r| after_failed_call && r.end > at) {
+                    let before = crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec };
+                    if self.res.protect(r.start - base, r.end - r.start, before).is_err() {
+                        left.push((r.start, r.end));
+                    }
+                }
                 Err((e, left))
             }
         }

@@ -42,6 +42,7 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
             "uffd_wp_unpopulated": p.uffd_wp_unpopulated(),
             "pagemap_scan": offer(&p.pagemap_scan),
             "procmap_query": offer(&p.procmap_query),
+            "region_queries": offer(&p.region_queries),
             "thp": p.thp,
             "watch": match &tracking {
                 Ok(c) => json!({ "backend": c.kind.name(), "why": c.why }),
@@ -64,7 +65,8 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
             ))
         );
         outln!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
-        outln!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes (region queries)".into()));
+        outln!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes".into()));
+        outln!("region queries    {}", text(&p.region_queries, |s| s.to_string()));
         outln!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
         match &tracking {
             Ok(c) => outln!("write tracking    {} ({})", c.kind.name(), c.why),

@@ -11,6 +11,8 @@
 //! - a commit: the `mprotect` of the one-call commit and the `mprotect`/`mmap` of each region of
 //!   the region walk count as calls, and the calls the schedule names fail with `ENOMEM`;
 //! - userfaultfd: the `userfaultfd` system call fails with `EPERM` or `ENOSYS`;
+//! - an old kernel: region queries read `/proc/self/maps` as without `PROCMAP_QUERY` (Linux 6.11),
+//!   and populates touch pages as without `MADV_POPULATE_WRITE` (5.14);
 //! - a `SIGSEGV` that is not emuhost's: [`ForeignPage`] installs a handler before emuhost's and
 //!   owns a page only it resolves.
 //!
@@ -154,6 +156,10 @@ pub struct Plan {
     pub commit_enomem: Schedule,
     /// Opening a userfaultfd fails so.
     pub uffd: Option<UffdFault>,
+    /// Spaces made under the plan query regions from the text of `/proc/self/maps`.
+    pub no_procmap_query: bool,
+    /// Populates touch the pages instead of `MADV_POPULATE_WRITE`.
+    pub no_populate_write: bool,
 }
 
 impl Plan {
@@ -190,14 +196,17 @@ impl Plan {
                 _ => return Err(bad(UFFD_SWITCH, &v, "expected eperm or enosys".into())),
             });
         }
-        let foreign = match get(FOREIGN_SEGV_SWITCH) {
-            None => false,
+        let flag = |name: &'static str| match get(name) {
+            None => Ok(false),
             Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "0" | "false" | "off" | "no" => false,
-                "1" | "true" | "on" | "yes" => true,
-                _ => return Err(bad(FOREIGN_SEGV_SWITCH, &v, "expected 1 or 0".into())),
+                "0" | "false" | "off" | "no" => Ok(false),
+                "1" | "true" | "on" | "yes" => Ok(true),
+                _ => Err(bad(name, &v, "expected 1 or 0".into())),
             },
         };
+        let foreign = flag(FOREIGN_SEGV_SWITCH)?;
+        plan.no_procmap_query = flag(NO_PROCMAP_QUERY_SWITCH)?;
+        plan.no_populate_write = flag(NO_POPULATE_WRITE_SWITCH)?;
         Ok(((plan != Plan::default()).then_some(plan), foreign))
     }
 }
@@ -341,6 +350,16 @@ pub(crate) fn fail_commit_call() -> bool {
         tracing::warn!("fault injected: commit system call {n} fails with ENOMEM");
     }
     fail
+}
+
+/// Whether region queries must read `/proc/self/maps` (decided when a space is made).
+pub(crate) fn no_procmap_query() -> bool {
+    active().is_some_and(|a| a.plan.no_procmap_query)
+}
+
+/// Whether populates must touch the pages instead of `MADV_POPULATE_WRITE`.
+pub(crate) fn no_populate_write() -> bool {
+    active().is_some_and(|a| a.plan.no_populate_write)
 }
 
 /// The error opening a userfaultfd must fail with, if any.

@@ -13,8 +13,22 @@ pub const UFFD_SWITCH: &str = "EMUHOST_FAULT_UFFD";
 /// page of its own that only that handler resolves.
 pub const FOREIGN_SEGV_SWITCH: &str = "EMUHOST_FAULT_FOREIGN_SEGV";
 
+/// `1`: region queries read `/proc/self/maps` as on a kernel without `PROCMAP_QUERY` (for spaces
+/// made, and probes run, while it is set).
+pub const NO_PROCMAP_QUERY_SWITCH: &str = "EMUHOST_FAULT_NO_PROCMAP_QUERY";
+/// `1`: populates touch the pages as on a kernel without `MADV_POPULATE_WRITE`.
+pub const NO_POPULATE_WRITE_SWITCH: &str = "EMUHOST_FAULT_NO_POPULATE_WRITE";
+
 /// Every fault switch.
-pub const SWITCHES: [&str; 5] = [IMPORT_SWITCH, IMPORT_ABOVE_SWITCH, COMMIT_SWITCH, UFFD_SWITCH, FOREIGN_SEGV_SWITCH];
+pub const SWITCHES: [&str; 7] = [
+    IMPORT_SWITCH,
+    IMPORT_ABOVE_SWITCH,
+    COMMIT_SWITCH,
+    UFFD_SWITCH,
+    FOREIGN_SEGV_SWITCH,
+    NO_PROCMAP_QUERY_SWITCH,
+    NO_POPULATE_WRITE_SWITCH,
+];
 
 /// A fault switch that cannot be honoured.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -30,6 +30,16 @@ pub(crate) fn fail_commit_call() -> bool {
 }
 
 #[inline(always)]
+pub(crate) fn no_procmap_query() -> bool {
+    false
+}
+
+#[inline(always)]
+pub(crate) fn no_populate_write() -> bool {
+    false
+}
+
+#[inline(always)]
 pub(crate) fn uffd_errno() -> Option<i32> {
     None
 }

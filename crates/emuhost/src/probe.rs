@@ -1,5 +1,5 @@
 //! What this machine offers the runtime: the kernel, the page size, userfaultfd's features,
-//! `PAGEMAP_SCAN`, `PROCMAP_QUERY`, transparent huge pages and the logical processors in the
+//! `PAGEMAP_SCAN`, `PROCMAP_QUERY` (and which way region queries go), transparent huge pages and the logical processors in the
 //! affinity mask. Each later part adds what it chose and why.
 
 use crate::sys::{probe as sys, uapi};
@@ -31,6 +31,8 @@ pub struct Probe {
     pub uffd_features: Offer<u64>,
     pub pagemap_scan: Offer<()>,
     pub procmap_query: Offer<()>,
+    /// How region queries are answered here: `PROCMAP_QUERY`, or the `/proc/self/maps` text.
+    pub region_queries: Offer<&'static str>,
     /// Transparent huge pages: `always`, `madvise` or `never`.
     pub thp: Option<String>,
 }
@@ -44,6 +46,11 @@ impl Probe {
             uffd_features: Offer::from(sys::userfaultfd_features()),
             pagemap_scan: Offer::from(sys::pagemap_scan()),
             procmap_query: Offer::from(sys::procmap_query()),
+            region_queries: Offer::from(
+                crate::sys::query::Maps::open(crate::faults::no_procmap_query())
+                    .and_then(|m| m.path())
+                    .map(|p| p.name()),
+            ),
             thp: sys::thp_mode(),
         }
     }

@@ -32,11 +32,17 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let commit = commit_arms(&a)?;
     let shared = shared_arms(&a)?;
+    let (queries, path) = query_arms(&a)?;
     if a.json {
-        outln!("{}", json!({ "bench": "space", "results": [commit.json(), shared.json()] }));
+        let results: Vec<_> = [&commit, &shared].into_iter().chain(&queries).map(Comparison::json).collect();
+        outln!("{}", json!({ "bench": "space", "region_queries": path, "results": results }));
     } else {
         commit.print();
         shared.print();
+        outln!("region queries here: {path}");
+        for q in &queries {
+            q.print();
+        }
     }
     Ok(Outcome::Ok)
 }
@@ -88,6 +94,55 @@ fn commit_arms(a: &Args) -> anyhow::Result<Comparison> {
         target_time: Some(20.0),
         target_calls: None,
     })
+}
+
+/// Region queries answered by `PROCMAP_QUERY` against the `/proc/self/maps` text (the fallback of
+/// kernels before 6.11): over the whole fragmented window, and over one page (what a commit asks).
+fn query_arms(a: &Args) -> anyhow::Result<(Vec<Comparison>, &'static str)> {
+    let window = a.window_gib << 30;
+    let stride = (a.stride_mib << 20).min(window / 2);
+    let ioctl = SpaceConfig::default().window(window).build().context("reserving the window")?;
+    let text = SpaceConfig::default().window(window).maps_text(true).build().context("reserving the window")?;
+    let path = ioctl.region_queries()?.name();
+    let islands = fragment(&ioctl, stride)?;
+    fragment(&text, stride)?;
+    let whole = ioctl.range(0, window)?;
+    let one = ioctl.range(stride, page_size())?;
+    const SMALL: u32 = 100;
+    let (mut big, mut small) = ([Arm::default(), Arm::default()], [Arm::default(), Arm::default()]);
+    for _ in 0..a.rounds {
+        for (i, s) in [&text, &ioctl].into_iter().enumerate() {
+            let n = big[i].round(|| Ok(s.kernel_regions(whole)?.len()))?;
+            anyhow::ensure!(n as u64 >= 2 * islands - 1, "{n} regions over {islands} islands");
+            small[i].round(|| {
+                for _ in 0..SMALL {
+                    anyhow::ensure!(s.kernel_regions(one)?.len() == 1, "one committed page is one region");
+                }
+                Ok(())
+            })?;
+        }
+    }
+    let [old, new] = big;
+    let whole = Comparison {
+        name: format!("query the regions of the fragmented {} GiB window (~{} regions)", a.window_gib, 2 * islands),
+        old_name: "/proc/self/maps text",
+        new_name: "PROCMAP_QUERY",
+        old,
+        new,
+        target_time: None,
+        target_calls: None,
+    };
+    let [old, new] = small;
+    let page = Comparison {
+        name: format!("query the region of one page, {SMALL} times, in that window"),
+        old_name: "/proc/self/maps text",
+        new_name: "PROCMAP_QUERY",
+        old,
+        new,
+        target_time: None,
+        target_calls: None,
+    };
+    Ok((vec![whole, page], path))
 }
 
 fn shared_arms(a: &Args) -> anyhow::Result<Comparison> {

@@ -28,6 +28,10 @@ pub enum SpaceError {
     },
     #[error("{op} of guest range {addr:#x}+{len:#x} refused: pages {lo:#x}..{hi:#x} are held (a live GPU import)")]
     Held { op: &'static str, addr: u64, len: u64, lo: u64, hi: u64 },
+    #[error("{op} refused: guest range {addr:#x}+{len:#x} holds {found}, not the space's own memory")]
+    Foreign { op: &'static str, addr: u64, len: u64, found: String },
+    #[error("store {addr:#x}+{len:#x} refused: not every page is the space's own and committed writable")]
+    NotWritable { addr: u64, len: u64 },
     #[error("section {0} does not exist")]
     NoSection(u64),
     #[error("section {section}: pages at offset {offset:#x}+{len:#x} run past its end {size:#x}")]

@@ -3,14 +3,24 @@
 //!
 //! Underneath, the window is one anonymous `PROT_NONE`, `MAP_NORESERVE` mapping: address space
 //! without memory or commit charge. A commit is one `mprotect` over the range (the kernel faults
-//! pages in at first touch); where that call fails (a hole that foreign code unmapped inside the
-//! window, say) the range is walked region by region, as the old way did, asking the kernel what
-//! is mapped (`PROCMAP_QUERY`) and committing each region, filling holes with fresh pages. A
-//! decommit maps fresh reserved pages over the range (one `mmap`), which drops the pages and any
-//! shared view there. Shared memory is memfd sections; a run of consecutive section pages is one
-//! `MAP_SHARED` view, and a release or remap of pages inside a run replaces only those pages, so
-//! the kernel keeps every other page of the run as it was: bytes, protection and write-protect
-//! bits alike.
+//! pages in at first touch); where that call fails, or a hole is found (foreign code unmapped part
+//! of the window, say), the range is walked region by region, as the old way did, committing each
+//! region and filling holes with fresh pages (`MAP_FIXED_NOREPLACE`, which never replaces
+//! anything). A decommit maps fresh reserved pages over the range (one `mmap`), which drops the
+//! pages and any shared view there.
+//!
+//! The window may hold mappings the space did not make: foreign code can unmap part of it, and the
+//! process's next allocation can land in the hole. So before a commit, decommit, protection,
+//! view or zero, the space asks the kernel what is mapped over the range (one region query) and
+//! compares it with what it made there itself (its record of protections and views): a region
+//! the space could not have made (accessible where the space reserved, private where it mapped a
+//! view, a file, more access than it gave) is foreign, and the call fails naming it, untouched.
+//! A foreign mapping that looks exactly like the space's own (the same protection over pages it
+//! committed so) cannot be told apart on kernels without names for anonymous mappings.
+//!
+//! Shared memory is memfd sections; a run of consecutive section pages is one `MAP_SHARED` view,
+//! and a release or remap of pages inside a run replaces only those pages, so the kernel keeps
+//! every other page of the run as it was: bytes, protection and write-protect bits alike.
 //!
 //! Guest memory is never lent out as Rust references: use [`Space::host_addr`] for raw access
 //! (as a JIT or recompiled code does) or [`Space::write`]/[`Space::read`], which copy through the
@@ -22,12 +32,12 @@ mod types;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 pub use error::SpaceError;
 pub use types::{GuestAddr, GuestRange, Prot, page_size};
 
-pub use crate::sys::query::Region;
+pub use crate::sys::query::{QueryPath, Region};
 use crate::sys::{mm::Reservation, query::Maps};
 use ranges::RangeMap;
 
@@ -42,11 +52,15 @@ pub struct SpaceConfig {
     /// Commit in one system call, walking region by region only where it fails. `false` always
     /// walks (the old way; kept to measure against).
     pub one_call_commit: bool,
+    /// Answer region queries from the text of `/proc/self/maps` even where `PROCMAP_QUERY` works
+    /// (to measure one against the other; the fault switch `EMUHOST_FAULT_NO_PROCMAP_QUERY` does
+    /// the same for every space).
+    pub maps_text: bool,
 }
 
 impl Default for SpaceConfig {
     fn default() -> Self {
-        Self { window: DEFAULT_WINDOW, one_call_commit: true }
+        Self { window: DEFAULT_WINDOW, one_call_commit: true, maps_text: false }
     }
 }
 
@@ -58,6 +72,11 @@ impl SpaceConfig {
 
     pub fn one_call_commit(mut self, on: bool) -> Self {
         self.one_call_commit = on;
+        self
+    }
+
+    pub fn maps_text(mut self, on: bool) -> Self {
+        self.maps_text = on;
         self
     }
 
@@ -149,12 +168,64 @@ struct State {
     next_hold: u64,
 }
 
+/// What the space made of its window, to tell its own mappings from foreign ones. Behind a lock of
+/// its own, taken after the state's: a change that takes access away holds it for writing across
+/// its system call, so a checked store (which holds it for reading) never faults, and works inside
+/// a tracker's `host_write` (which holds the state's lock).
+#[derive(Default, Debug)]
+struct Record {
+    /// The protection the space gave each page it did not leave reserved (committed, protected or
+    /// a view).
+    prots: RangeMap<Prot>,
+    /// Where the shared views are.
+    shared: RangeMap<()>,
+}
+
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("allocations", &self.extents.iter().count())
             .field("views", &self.views.iter().count())
             .finish()
+    }
+}
+
+impl Record {
+    /// Records that the space gave `a..b` the protection `prot`.
+    fn set_prot(&mut self, a: u64, b: u64, prot: Prot) {
+        self.prots.remove(a, b, |_, _, p| *p);
+        self.prots.insert(a, b, prot);
+    }
+
+    /// Forgets `a..b`: reserved again.
+    fn forget(&mut self, a: u64, b: u64) {
+        self.prots.remove(a, b, |_, _, p| *p);
+        self.shared.remove(a, b, |_, _, _| ());
+    }
+
+    /// Why the kernel's region `r` (guest addresses `a..b`) cannot be one the space made, if so.
+    fn foreign(&self, a: u64, b: u64, r: &Region) -> Option<String> {
+        let kernel = Prot { read: r.read, write: r.write, exec: r.exec };
+        // A write tracker may take access away (mprotect), never give more than the space did.
+        let within = |p: Prot| (!kernel.read || p.read) && (!kernel.write || p.write) && (!kernel.exec || p.exec);
+        let found = || {
+            let kind = if r.file { "file" } else { "anonymous" };
+            format!("a {kernel:?} {} {kind} mapping", if r.shared { "shared" } else { "private" })
+        };
+        let reserved = !self.prots.gaps(a, b).is_empty();
+        if reserved && (r.shared || r.file || kernel != Prot::NONE) {
+            return Some(format!("{} where the space reserved the pages", found()));
+        }
+        if let Some((_, _, p)) = self.prots.overlapping(a, b).find(|(_, _, p)| !within(**p)) {
+            return Some(format!("{} where the space gave {p:?}", found()));
+        }
+        let view = self.shared.gaps(a, b).is_empty();
+        let private = self.shared.overlapping(a, b).next().is_none();
+        match (r.shared && r.file, view, private) {
+            (true, true, _) | (false, _, true) => None,
+            (true, _, _) => Some(format!("{} where the space has private pages", found())),
+            (false, _, _) => Some(format!("{} where the space mapped a shared view", found())),
+        }
     }
 }
 
@@ -206,6 +277,7 @@ pub struct Space {
     maps: Maps,
     one_call_commit: bool,
     state: Mutex<State>,
+    record: RwLock<Record>,
 }
 
 impl Space {
@@ -217,8 +289,15 @@ impl Space {
         }
         let res = Reservation::new(config.window as usize)
             .map_err(|source| SpaceError::Reserve { size: config.window, source })?;
-        let maps = Maps::open().map_err(|source| SpaceError::os("open /proc/self/maps", 0, 0, source))?;
-        Ok(Self { res, maps, one_call_commit: config.one_call_commit, state: Mutex::new(State::default()) })
+        let maps = Maps::open(config.maps_text || crate::faults::no_procmap_query())
+            .map_err(|source| SpaceError::os("open /proc/self/maps", 0, 0, source))?;
+        Ok(Self {
+            res,
+            maps,
+            one_call_commit: config.one_call_commit,
+            state: Mutex::new(State::default()),
+            record: RwLock::new(Record::default()),
+        })
     }
 
     /// A space with the default configuration (512 GiB, one-call commit).
@@ -264,9 +343,22 @@ impl Space {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The record, to change (after the state's lock).
+    fn record_mut(&self) -> RwLockWriteGuard<'_, Record> {
+        self.record.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The record, to read (no state lock needed).
+    fn record(&self) -> RwLockReadGuard<'_, Record> {
+        self.record.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Commits `range` with `prot`. Pages already committed keep their bytes; their protection is
     /// set to `prot` again. Shared views in the range are re-protected too, but stay views (the
     /// private allocation map records only the private parts).
+    ///
+    /// A mapping in the range that the space did not make is an error naming it
+    /// ([`SpaceError::Foreign`]), and nothing is changed; a hole (nothing mapped) is filled.
     ///
     /// A commit that fails leaves the pages as they were: the regions the walk committed before
     /// the one that failed get their protection back. Where even that fails, the pages left
@@ -300,13 +392,22 @@ impl Space {
     /// [`Space::commit`] with the lock held.
     fn commit_locked(&self, st: &mut State, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
         let (off, len) = self.check(range)?;
-        let path = match self.one_call_commit.then(|| self.res.commit(off, len, prot.raw())) {
+        let mut rec = self.record_mut();
+        let regions = self.own_regions(&rec, "commit", range)?;
+        let holes = !covers(&regions, self.res.base() + off, self.res.base() + off + len);
+        let one_call = (self.one_call_commit && !holes).then(|| self.commit_call(off, len, prot));
+        let path = match one_call {
             Some(Ok(())) => CommitPath::OneCall,
             first => {
-                if let Some(Err(e)) = first {
-                    tracing::debug!("commit of {range}: one call failed ({e}); walking it region by region");
+                let after_failed_call = matches!(first, Some(Err(_)));
+                match first {
+                    Some(Err(e)) => {
+                        tracing::debug!("commit of {range}: one call failed ({e}); walking it region by region")
+                    }
+                    _ if holes => tracing::debug!("commit of {range}: holes in it; walking it region by region"),
+                    _ => {}
                 }
-                match self.commit_by_regions(off, len, prot) {
+                match self.commit_by_regions(off, len, prot, &regions, after_failed_call) {
                     Ok(path) => path,
                     Err((source, left)) => {
                         let base = self.res.base();
@@ -315,21 +416,57 @@ impl Space {
                                 .expect("regions are page-aligned");
                             tracing::warn!("commit of {range} failed and {part} stays committed: recorded as such");
                             let path = CommitPath::RegionWalk { regions: 1, holes: 0 };
-                            self.record_commit(st, part, prot, path);
+                            self.record_commit(st, &mut rec, part, prot, path);
                         }
                         return Err(SpaceError::os("commit", range.start().0, range.len(), source));
                     }
                 }
             }
         };
-        self.record_commit(st, range, prot, path);
+        self.record_commit(st, &mut rec, range, prot, path);
         Ok(path)
     }
 
+    /// The kernel's regions over `range` (host addresses, one region query), after checking that
+    /// the space made each of them; a foreign one is an error naming it, for `op`.
+    fn own_regions(&self, rec: &Record, op: &'static str, range: GuestRange) -> Result<Vec<Region>, SpaceError> {
+        let (off, len) = self.check(range)?;
+        let base = self.res.base();
+        let regions = self
+            .maps
+            .regions(base + off, base + off + len)
+            .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))?;
+        for r in &regions {
+            let (a, b) = ((r.start - base) as u64, (r.end - base) as u64);
+            if let Some(found) = rec.foreign(a, b, r) {
+                return Err(SpaceError::Foreign { op, addr: a, len: b - a, found });
+            }
+        }
+        Ok(regions)
+    }
+
+    /// A commit's `mprotect` (a call fault injection may fail with `ENOMEM`).
+    fn commit_call(&self, off: usize, len: usize, prot: Prot) -> std::io::Result<()> {
+        if crate::faults::fail_commit_call() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        }
+        self.res.protect(off, len, prot.raw())
+    }
+
+    /// A commit's `mmap` of a hole, which never replaces a mapping (a call fault injection may
+    /// fail with `ENOMEM`).
+    fn fill_call(&self, off: usize, len: usize, prot: Prot) -> std::io::Result<()> {
+        if crate::faults::fail_commit_call() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        }
+        self.res.fill_hole(off, len, prot.raw())
+    }
+
     /// Records a commit that was made: extents and observers.
-    fn record_commit(&self, st: &mut State, range: GuestRange, prot: Prot, path: CommitPath) {
+    fn record_commit(&self, st: &mut State, rec: &mut Record, range: GuestRange, prot: Prot, path: CommitPath) {
         let gen_ = st.next_generation();
         let (a, b) = (range.start().0, range.end().0);
+        rec.set_prot(a, b, prot);
         // Allocations the commit runs over keep their extent but change generation: their commit
         // state changed (a failed read of one is tried again).
         let touched: Vec<(u64, u64)> = st.extents.overlapping(a, b).map(|(s, e, _)| (s, e)).collect();
@@ -347,36 +484,40 @@ impl Space {
         st.tell(self, Change::Committed { range, prot, path });
     }
 
-    /// The old way: ask the kernel region by region and commit each region on its own; a gap
-    /// with nothing mapped (released behind the space's back) gets fresh pages. Where a region
-    /// fails, those done before it are put back as they were (their protection; a filled hole
-    /// reserved again); the error comes with the host ranges that could not be put back.
+    /// The old way: commit the kernel's regions (`regions`, read before anything was changed, all
+    /// the space's own) one by one; a gap with nothing mapped (released behind the space's back)
+    /// gets fresh pages, which never replace anything. Where a region fails, those done before it
+    /// are put back as they were (their protection; a filled hole reserved again); the error
+    /// comes with the host ranges that could not be put back.
     fn commit_by_regions(
         &self,
         off: usize,
         len: usize,
         prot: Prot,
+        regions: &[Region],
+        after_failed_call: bool,
     ) -> Result<CommitPath, (std::io::Error, Vec<(usize, usize)>)> {
         let base = self.res.base();
-        let (start, end) = (base + off, base + off + len);
-        let (mut regions, mut holes) = (0, 0);
+        let end = base + off + len;
+        let (mut n_regions, mut holes) = (0, 0);
         // What was done: host range and its protection before (`None`: a hole filled).
         let mut done: Vec<(usize, usize, Option<crate::sys::mm::RawProt>)> = Vec::new();
-        let mut at = start;
+        let mut at = base + off;
+        let mut next = regions.iter().peekable();
         let walked = (|| {
             while at < end {
-                match self.maps.query(at)? {
+                match next.peek() {
                     Some(r) if r.start <= at => {
-                        let to = r.end.min(end);
-                        self.res.commit(at - base, to - at, prot.raw())?;
+                        self.commit_call(at - base, r.end - at, prot)?;
                         let before = crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec };
-                        done.push((at, to, Some(before)));
-                        regions += 1;
-                        at = to;
+                        done.push((at, r.end, Some(before)));
+                        n_regions += 1;
+                        at = r.end;
+                        next.next();
                     }
-                    next => {
-                        let to = next.map_or(end, |r| r.start.min(end));
-                        self.res.fill_hole(at - base, to - at, prot.raw())?;
+                    r => {
+                        let to = r.map_or(end, |r| r.start);
+                        self.fill_call(at - base, to - at, prot)?;
                         done.push((at, to, None));
                         holes += 1;
                         at = to;
@@ -386,12 +527,14 @@ impl Space {
             Ok(())
         })();
         match walked {
-            Ok(()) => Ok(CommitPath::RegionWalk { regions, holes }),
+            Ok(()) => Ok(CommitPath::RegionWalk { regions: n_regions, holes }),
             Err(e) => {
                 let mut left = Vec::new();
                 for (s, t, before) in done.into_iter().rev() {
                     let undone = match before {
-                        Some(p) => self.res.commit(s - base, t - s, p),
+                        Some(p) => {
+                            self.commit_call(s - base, t - s, Prot { read: p.read, write: p.write, exec: p.exec })
+                        }
                         None => self.res.reset(s - base, t - s),
                     };
                     if let Err(u) = undone {
@@ -400,50 +543,114 @@ impl Space {
                     }
                 }
                 left.reverse();
+                // A failed one call may have changed regions the walk did not reach (it is not
+                // all-or-nothing): they get their protection back too.
+                for r in regions.iter().filter(|r| after_failed_call && r.end > at) {
+                    let before = crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec };
+                    if self.res.protect(r.start - base, r.end - r.start, before).is_err() {
+                        left.push((r.start, r.end));
+                    }
+                }
                 Err((e, left))
             }
         }
+    }
+
+    /// Fills the holes in `range` (nothing mapped; `regions` is what the kernel has there) with
+    /// reserved pages that never replace anything, so that a `MAP_FIXED` over the range then
+    /// replaces only the space's own mappings.
+    fn reserve_holes(&self, range: GuestRange, regions: &[Region]) -> std::io::Result<()> {
+        let base = self.res.base();
+        let mut at = base + range.start().0 as usize;
+        let end = base + range.end().0 as usize;
+        for to in regions.iter().map(|r| (r.start, r.end)).chain([(end, end)]) {
+            if to.0 > at {
+                self.res.fill_hole(at - base, to.0 - at, Prot::NONE.raw())?;
+            }
+            at = at.max(to.1);
+        }
+        Ok(())
     }
 
     /// Decommits (releases) `range`: its pages are dropped and it is reserved again. Private
     /// allocations and shared views that run across its ends are split; the rest of them keep
     /// their pages. A range with a held page ([`Space::hold`]: a live GPU import) is refused
     /// ([`SpaceError::Held`], nothing done): [`Space::zero`] it instead. The check and the release
-    /// are one step under the space's lock, which a hold takes too.
+    /// are one step under the space's lock, which a hold takes too. A mapping in the range that
+    /// the space did not make is an error naming it, and nothing is changed.
     pub fn decommit(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
         st.refuse_held("decommit", range)?;
-        self.res.reset(off, len).map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
+        let mut rec = self.record_mut();
+        let regions = self.own_regions(&rec, "decommit", range)?;
+        self.reserve_holes(range, &regions)
+            .and_then(|()| self.res.reset(off, len))
+            .map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
+        rec.forget(range.start().0, range.end().0);
         st.tell(self, Change::Released { range });
         Ok(())
     }
 
     /// Zeroes `range` in place: the pages stay mapped and committed (so a GPU import of them keeps
-    /// seeing the same pages), unlike [`Space::decommit`].
+    /// seeing the same pages), unlike [`Space::decommit`]. A mapping in the range that the space
+    /// did not make is an error naming it.
     pub fn zero(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
+        self.own_regions(&self.record(), "zero", range)?;
         self.res.zero(off, len).map_err(|e| SpaceError::os("zero", range.start().0, range.len(), e))
     }
 
-    /// Sets the protection of committed pages in `range` (one `mprotect`).
+    /// Sets the protection of committed pages in `range` (one `mprotect`). A mapping in the range
+    /// that the space did not make is an error naming it; so is a hole, and nothing is changed.
     pub fn protect(&self, range: GuestRange, prot: Prot) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         let mut st = self.state();
-        self.res
-            .protect(off, len, prot.raw())
-            .map_err(|e| SpaceError::os("protect", range.start().0, range.len(), e))?;
+        let mut rec = self.record_mut();
+        let err = |e| SpaceError::os("protect", range.start().0, range.len(), e);
+        let regions = self.own_regions(&rec, "protect", range)?;
+        let base = self.res.base();
+        if !covers(&regions, base + off, base + off + len) {
+            return Err(err(std::io::Error::from_raw_os_error(libc::ENOMEM)));
+        }
+        if let Err(e) = self.res.protect(off, len, prot.raw()) {
+            // The call may have changed some regions before it failed: give them theirs back.
+            for r in &regions {
+                let before = Prot { read: r.read, write: r.write, exec: r.exec };
+                let _ = self.res.protect(r.start - base, r.end - r.start, before.raw());
+            }
+            return Err(err(e));
+        }
+        rec.set_prot(range.start().0, range.end().0, prot);
         st.tell(self, Change::Protected { range, prot });
         Ok(())
     }
 
     /// Faults the pages of `range` in, writable, ahead of use (`MADV_POPULATE_WRITE`), so that a
     /// later GPU import pays for pinning only, not for first-touch faults. The pages must be
-    /// committed writable.
+    /// committed writable. On a kernel without `MADV_POPULATE_WRITE` (before 5.14) each page is
+    /// touched instead (a write of the byte it holds), after checking that all are writable.
+    #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
     pub fn populate(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
-        self.res.populate_write(off, len).map_err(|e| SpaceError::os("populate", range.start().0, range.len(), e))
+        let err = |e| SpaceError::os("populate", range.start().0, range.len(), e);
+        if !crate::faults::no_populate_write() && self.res.populate_write(off, len).map_err(err)? {
+            return Ok(());
+        }
+        // The record's lock keeps every decommit and protection out until the pages are touched.
+        let rec = self.record();
+        let regions = self.own_regions(&rec, "populate", range)?;
+        let base = self.res.base();
+        if !covers(&regions, base + off, base + off + len) || regions.iter().any(|r| !r.write) {
+            return Err(err(std::io::Error::from_raw_os_error(libc::EFAULT))); // as the advice answers
+        }
+        // SAFETY: every page of the range is mapped writable (checked just above, by a region
+        // query), and the space's lock, held until this returns, keeps every decommit and
+        // protection of the space out; no Rust reference points into guest memory.
+        let touched = unsafe { self.res.touch_write(off, len) };
+        drop(rec);
+        touched.map_err(err)
     }
 
     /// Copies `data` into guest memory at `addr` (any alignment). An error, never a fault, where
@@ -454,13 +661,55 @@ impl Space {
         self.res.write(addr.0 as usize, data).map_err(|e| SpaceError::os("write", addr.0, len, e))
     }
 
-    /// Stores `data` at `addr` with the CPU, as guest code would. A page the protection forbids
-    /// faults (`SIGSEGV`): a write tracker handles the faults of its armed pages; any other is
-    /// fatal, as it would be for the guest. Use [`Space::write`] for a write that must not fault.
+    /// Stores `data` at `addr` with the CPU, as guest code would (one atomic byte store at a
+    /// time), after checking that the store cannot kill the process: every page must be the
+    /// space's own and committed writable (a write tracker may have taken write access away for
+    /// now: its handler gives it back). An error where not. The check is a region query, and no
+    /// decommit or protection runs until the store is done (it works inside
+    /// [`crate::watch::Tracker::host_write`] too); hot paths that know their pages use
+    /// [`Space::store_unchecked`].
+    #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
     pub fn store(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
         let len = data.len() as u64;
         self.check_bytes(addr, len)?;
-        self.res.store(addr.0 as usize, data).map_err(|e| SpaceError::os("store", addr.0, len, e))
+        if data.is_empty() {
+            return Ok(());
+        }
+        let page = page_size();
+        let (a, b) = (addr.0 / page * page, (addr.0 + len).next_multiple_of(page));
+        let pages = GuestRange::from_bounds(a, b)?;
+        let rec = self.record();
+        let regions = self.own_regions(&rec, "store", pages)?;
+        let base = self.res.base();
+        let writable = rec.prots.gaps(a, b).is_empty() && rec.prots.overlapping(a, b).all(|(_, _, p)| p.write);
+        if !writable || !covers(&regions, base + a as usize, base + b as usize) {
+            return Err(SpaceError::NotWritable { addr: addr.0, len });
+        }
+        // SAFETY: every page is the space's own and committed writable (checked just above); a
+        // page without write access now is one a write tracker armed, whose handler gives access
+        // back. The record's lock, held until this returns, keeps every decommit and protection
+        // out.
+        let stored = unsafe { self.res.store(addr.0 as usize, data) };
+        drop(rec);
+        stored.map_err(|e| SpaceError::os("store", addr.0, len, e))
+    }
+
+    /// Stores `data` at `addr` with the CPU, as guest code would (one atomic byte store at a time),
+    /// without [`Space::store`]'s check: a page the protection forbids faults (`SIGSEGV`), which
+    /// a write tracker handles for its armed pages; any other is fatal, as it would be for the
+    /// guest.
+    ///
+    /// # Safety
+    /// Every page of `addr..addr + data.len()` must stay committed writable (or armed by a write
+    /// tracker whose backend takes the fault: `mprotect`) for the whole call: no decommit or
+    /// protection may take it away meanwhile, on any thread. Otherwise the process dies of the
+    /// fault.
+    #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
+    pub unsafe fn store_unchecked(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
+        let len = data.len() as u64;
+        self.check_bytes(addr, len)?;
+        // SAFETY: the caller's contract is the one `Reservation::store` asks for.
+        unsafe { self.res.store(addr.0 as usize, data) }.map_err(|e| SpaceError::os("store", addr.0, len, e))
     }
 
     /// Copies guest memory at `addr` into `buf`. An error, never a fault, where a page is not
@@ -527,11 +776,16 @@ impl Space {
             return Err(SpaceError::PastSection { section: section.0, offset, len: range.len(), size: sec.size });
         }
         let fd = sec.fd.clone();
-        self.res
-            .map_shared(off, len, &fd, offset, prot.raw())
+        let mut rec = self.record_mut();
+        let regions = self.own_regions(&rec, "map section", range)?;
+        self.reserve_holes(range, &regions)
+            .and_then(|()| self.res.map_shared(off, len, &fd, offset, prot.raw()))
             .map_err(|e| SpaceError::os("map section", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
         st.views.insert(range.start().0, range.end().0, ViewEntry { section, offset });
+        rec.forget(range.start().0, range.end().0);
+        rec.set_prot(range.start().0, range.end().0, prot);
+        rec.shared.insert(range.start().0, range.end().0, ());
         st.tell(self, Change::Mapped { range, prot });
         Ok(())
     }
@@ -617,8 +871,14 @@ impl Space {
         st.views.overlapping(range.start().0, range.end().0).map(|(s, e, v)| view(s, e, v)).collect()
     }
 
+    /// How this space's region queries are answered: `PROCMAP_QUERY`, or the text of
+    /// `/proc/self/maps` where the kernel has no such ioctl (or fault injection asked for it).
+    pub fn region_queries(&self) -> Result<QueryPath, SpaceError> {
+        self.maps.path().map_err(|e| SpaceError::os("query regions", 0, self.window(), e))
+    }
+
     /// What the kernel has mapped over `range` (clipped to it), region by region, as guest
-    /// addresses: one region query per region.
+    /// addresses: one region query (per region with `PROCMAP_QUERY`).
     pub fn kernel_regions(&self, range: GuestRange) -> Result<Vec<Region>, SpaceError> {
         let (off, len) = self.check(range)?;
         let base = self.res.base();
@@ -654,6 +914,18 @@ impl Drop for Hold {
     fn drop(&mut self) {
         self.space.state().holds.remove(&self.id);
     }
+}
+
+/// Whether `regions` (in address order, clipped to `a..b`) leave no hole in host `a..b`.
+fn covers(regions: &[Region], a: usize, b: usize) -> bool {
+    let mut at = a;
+    for r in regions {
+        if r.start > at {
+            return false;
+        }
+        at = at.max(r.end);
+    }
+    at >= b
 }
 
 fn allocation(s: u64, e: u64, generation: u64) -> Allocation {

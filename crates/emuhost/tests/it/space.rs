@@ -63,13 +63,14 @@ fn the_default_window_is_512_gib_and_reserved() {
 }
 
 #[test]
-fn commit_is_one_system_call() {
+fn commit_is_one_system_call_after_one_region_query() {
     let s = space();
     let r = s.range(16 * MIB, 16 * MIB).unwrap();
     let before = calls();
     assert_eq!(s.commit(r, Prot::READ_WRITE).unwrap(), CommitPath::OneCall);
     let used = calls().since(&before);
-    assert_eq!((used.mprotect, used.query, used.total()), (1, 0, 1), "{used:?}");
+    // The query checks that the range still holds the space's own mappings only.
+    assert_eq!((used.mprotect, used.query, used.total()), (1, 1, 2), "{used:?}");
     s.write(GuestAddr(16 * MIB + 5), b"guest").unwrap();
     let mut b = [0u8; 5];
     s.read(GuestAddr(16 * MIB + 5), &mut b).unwrap();
@@ -77,21 +78,19 @@ fn commit_is_one_system_call() {
 }
 
 #[test]
-fn commit_walks_regions_where_the_one_call_fails() {
+fn commit_walks_regions_where_there_is_a_hole() {
     let s = space();
     let r = pages(&s, 0, 64);
     s.commit(pages(&s, 8, 4), Prot::READ).unwrap();
-    // A hole in the window: the one mprotect fails with ENOMEM over it.
+    // A hole in the window: one mprotect would fail with ENOMEM over it (and change the regions
+    // below it before failing). The region query before it finds the hole, so the range is walked
+    // at once: 0..8, 8..12, 12..20, the hole 20..22 (filled), and 22..64.
     unmap_behind(&s, pages(&s, 20, 2));
     let before = calls();
     let path = s.commit(r, Prot::READ_WRITE).unwrap();
     let used = calls().since(&before);
-    // The failed mprotect is not all-or-nothing (unlike VirtualAlloc): it changed the regions
-    // below the hole before it failed, so 0..20 is one region when the walk asks. Left: 0..20,
-    // the hole 20..22, and 22..64.
-    assert_eq!(path, CommitPath::RegionWalk { regions: 2, holes: 1 });
-    assert_eq!(used.mprotect, 1 + 2, "the failed one call, then one per region: {used:?}");
-    assert_eq!((used.query, used.mmap), (3, 1), "{used:?}");
+    assert_eq!(path, CommitPath::RegionWalk { regions: 4, holes: 1 });
+    assert_eq!((used.mprotect, used.mmap), (4, 1), "one call per region and hole: {used:?}");
     fill(&s, r, |p| p as u8 + 1);
     for p in 0..64 {
         assert_eq!(first_byte(&s, p * page()).unwrap(), p as u8 + 1);
@@ -345,4 +344,200 @@ fn bad_sections_and_windows_are_errors() {
     assert!(matches!(s.create_section(0), Err(SpaceError::ZeroLength { .. })));
     assert!(matches!(Space::with_window(page() + 1), Err(SpaceError::BadWindow { .. })));
     assert!(matches!(Space::with_window(0), Err(SpaceError::BadWindow { .. })));
+}
+
+/// Maps anonymous read-write memory at `range` where nothing is mapped (`MAP_FIXED_NOREPLACE`), as
+/// the process's allocator would after foreign code unmapped a hole there, and fills it with
+/// `byte`. Returns its host address.
+fn map_foreign(space: &Space, range: GuestRange, byte: u8) -> usize {
+    let host = space.host_addr(range.start()).unwrap();
+    let len = range.len() as usize;
+    // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped (the hole the test made); it
+    // replaces nothing.
+    let p = unsafe {
+        libc::mmap(
+            host as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, host, "the foreign mapping lands in the hole");
+    // SAFETY: the test just mapped these `len` bytes read-write; nothing else refers to them.
+    unsafe { std::ptr::write_bytes(p as *mut u8, byte, len) };
+    host
+}
+
+/// Whether the foreign memory of `range` (at host `host`) is still mapped read-write and holds
+/// `byte` everywhere.
+fn foreign_intact(space: &Space, range: GuestRange, host: usize, byte: u8) -> bool {
+    let regions = space.kernel_regions(range).unwrap();
+    if !(regions.len() == 1 && regions[0].read && regions[0].write && !regions[0].shared) {
+        return false;
+    }
+    // SAFETY: the test's own foreign mapping, still mapped readable (just checked); no one
+    // writes to it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(host as *const u8, range.len() as usize) };
+    bytes.iter().all(|b| *b == byte)
+}
+
+#[test]
+fn a_foreign_mapping_in_the_window_is_never_taken_over() {
+    let s = space();
+    s.commit(pages(&s, 0, 8), Prot::READ_WRITE).unwrap();
+    fill(&s, pages(&s, 0, 8), |p| p as u8 + 1);
+    let hole = pages(&s, 20, 4);
+    unmap_behind(&s, hole);
+    let foreign = map_foreign(&s, hole, 0xa5);
+    let sec = s.create_section(64 * page()).unwrap();
+    let named = |e: SpaceError, op: &str| {
+        let t = e.to_string();
+        assert!(matches!(e, SpaceError::Foreign { .. }), "{op}: {t}");
+        assert!(t.starts_with(&format!("{op} refused: guest range 0x14000+0x4000 holds a rw- private")), "{t}");
+    };
+    named(s.commit(pages(&s, 0, 64), Prot::READ_WRITE).unwrap_err(), "commit");
+    let e = s.commit(pages(&s, 22, 1), Prot::READ).unwrap_err();
+    assert!(e.to_string().starts_with("commit refused: guest range 0x16000+0x1000"), "{e}");
+    named(s.decommit(pages(&s, 16, 16)).unwrap_err(), "decommit");
+    named(s.protect(pages(&s, 16, 16), Prot::READ).unwrap_err(), "protect");
+    named(s.map_section(pages(&s, 16, 16), sec, 0, Prot::READ_WRITE).unwrap_err(), "map section");
+    named(s.zero(pages(&s, 16, 16)).unwrap_err(), "zero");
+    named(s.store(GuestAddr(20 * page()), &vec![1; 4 * page() as usize]).unwrap_err(), "store");
+    assert!(foreign_intact(&s, hole, foreign, 0xa5), "the foreign mapping and its bytes are untouched");
+    // Nothing of the space's own changed either.
+    assert_eq!(extents(&s), vec![(0, 8)]);
+    assert!(s.views().is_empty());
+    for p in 0..8 {
+        assert_eq!(first_byte(&s, p * page()).unwrap(), p as u8 + 1);
+    }
+    // Around the foreign mapping the space works as before.
+    s.commit(pages(&s, 24, 8), Prot::READ_WRITE).unwrap();
+    s.decommit(pages(&s, 0, 20)).unwrap();
+    assert!(foreign_intact(&s, hole, foreign, 0xa5));
+}
+
+#[test]
+fn a_hole_is_refilled_and_never_replaced_over() {
+    let s = space();
+    // A decommit or a view over a hole reserves it again, without MAP_FIXED over the hole.
+    unmap_behind(&s, pages(&s, 4, 2));
+    s.decommit(pages(&s, 0, 16)).unwrap();
+    assert_eq!(s.kernel_regions(pages(&s, 0, 16)).unwrap().len(), 1, "one reserved region again");
+    unmap_behind(&s, pages(&s, 4, 2));
+    let sec = s.create_section(16 * page()).unwrap();
+    s.map_section(pages(&s, 0, 16), sec, 0, Prot::READ_WRITE).unwrap();
+    assert_eq!(shared_regions(&s, pages(&s, 0, 16)), vec![(0, 16)]);
+    // A protection over a hole is an error, and changes nothing below the hole.
+    unmap_behind(&s, pages(&s, 40, 1));
+    let e = s.protect(pages(&s, 32, 16), Prot::READ_WRITE).unwrap_err();
+    assert!(e.to_string().starts_with("protect 0x20000+0x10000"), "{e}");
+    assert!(first_byte(&s, 32 * page()).is_err(), "the pages below the hole stay reserved");
+}
+
+#[test]
+fn store_checks_that_it_cannot_fault() {
+    let s = space();
+    s.commit(pages(&s, 0, 2), Prot::READ_WRITE).unwrap();
+    s.commit(pages(&s, 2, 1), Prot::READ).unwrap();
+    s.store(GuestAddr(page() - 2), b"abcd").unwrap();
+    let mut b = [0u8; 4];
+    s.read(GuestAddr(page() - 2), &mut b).unwrap();
+    assert_eq!(&b, b"abcd");
+    // A read-only page, a reserved page, a store running into either: errors, not SIGSEGV.
+    for (at, len) in [(2 * page(), 1), (2 * page() - 1, 2), (8 * page(), 1), (0, 3 * page())] {
+        let e = s.store(GuestAddr(at), &vec![1; len as usize]).unwrap_err();
+        assert!(matches!(e, SpaceError::NotWritable { .. }), "{e}");
+        assert!(e.to_string().starts_with(&format!("store {at:#x}+{len:#x} refused")), "{e}");
+    }
+    assert_eq!(first_byte(&s, 2 * page()).unwrap(), 0, "nothing was stored");
+    s.decommit(pages(&s, 0, 2)).unwrap();
+    assert!(matches!(s.store(GuestAddr(0), &[1]), Err(SpaceError::NotWritable { .. })));
+    assert!(s.store(GuestAddr(0), &[]).is_ok());
+}
+
+#[cfg(feature = "faults")]
+#[test]
+fn region_queries_read_proc_self_maps_where_procmap_query_is_missing() {
+    use emuhost::faults::{self, Plan};
+    use emuhost::space::QueryPath;
+    use emuhost::watch::{BackendKind, PageRun, Tracker};
+    // The way is chosen when the space is made: the scope need not outlive that.
+    let scope = faults::scoped(Plan { no_procmap_query: true, ..Plan::default() });
+    let s = std::sync::Arc::new(space());
+    drop(scope);
+    assert_eq!(s.region_queries().unwrap(), QueryPath::TextForced);
+
+    // kernel_regions: one read of the text, however many regions.
+    s.commit(pages(&s, 8, 4), Prot::READ).unwrap();
+    let sec = s.create_section(4 * page()).unwrap();
+    s.map_section(pages(&s, 16, 4), sec, 0, Prot::READ_WRITE).unwrap();
+    let before = calls();
+    let regions = s.kernel_regions(pages(&s, 0, 64)).unwrap();
+    assert_eq!(calls().since(&before).query, 1, "one read of /proc/self/maps");
+    let shape: Vec<_> =
+        regions.iter().map(|g| (g.start as u64 / page(), g.end as u64 / page(), g.read, g.write, g.shared)).collect();
+    assert_eq!(
+        shape,
+        vec![
+            (0, 8, false, false, false),
+            (8, 12, true, false, false),
+            (12, 16, false, false, false),
+            (16, 20, true, true, true),
+            (20, 64, false, false, false)
+        ]
+    );
+
+    // The commit walk over a hole, from one read of the text.
+    unmap_behind(&s, pages(&s, 30, 2));
+    let r = pages(&s, 24, 16);
+    let before = calls();
+    assert_eq!(s.commit(r, Prot::READ_WRITE).unwrap(), CommitPath::RegionWalk { regions: 2, holes: 1 });
+    assert_eq!(calls().since(&before).query, 1, "{:?}", calls().since(&before));
+    fill(&s, r, |p| p as u8);
+    assert_eq!(first_byte(&s, 31 * page()).unwrap(), 31);
+
+    // A foreign mapping is told apart from the text too.
+    let hole = pages(&s, 50, 2);
+    unmap_behind(&s, hole);
+    let foreign = map_foreign(&s, hole, 0x3c);
+    let e = s.commit(pages(&s, 48, 8), Prot::READ_WRITE).unwrap_err();
+    assert!(e.to_string().starts_with("commit refused: guest range 0x32000+0x2000 holds a rw- private"), "{e}");
+    assert!(foreign_intact(&s, hole, foreign, 0x3c));
+
+    // The mprotect tracker arms by the regions the text gives.
+    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
+    t.arm(r).unwrap();
+    assert!(s.kernel_regions(r).unwrap().iter().all(|g| g.read && !g.write), "armed pages are read-only");
+    s.store(GuestAddr(27 * page() + 5), &[9]).unwrap();
+    assert_eq!(t.collect(r).unwrap().runs, vec![PageRun { start: GuestAddr(27 * page()), pages: 1 }]);
+    assert_eq!(first_byte(&s, 27 * page() + 5).unwrap(), 9);
+}
+
+#[cfg(feature = "faults")]
+#[test]
+fn populate_touches_the_pages_where_madv_populate_write_is_missing() {
+    use emuhost::faults::{self, Plan};
+    let s = space();
+    let r = pages(&s, 256, 32);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.write(GuestAddr(260 * page()), b"kept").unwrap();
+    let _scope = faults::scoped(Plan { no_populate_write: true, ..Plan::default() });
+    assert!(!pagemap(&s, GuestAddr(256 * page())).0, "a fresh page is not present");
+    let before = calls();
+    s.populate(r).unwrap();
+    let used = calls().since(&before);
+    assert_eq!(used.madvise, 0, "no MADV_POPULATE_WRITE: {used:?}");
+    assert!((0..32).all(|p| pagemap(&s, GuestAddr((256 + p) * page())).0), "populated pages are present");
+    let mut b = [0u8; 4];
+    s.read(GuestAddr(260 * page()), &mut b).unwrap();
+    assert_eq!(&b, b"kept", "touching changes no byte");
+    assert_eq!(first_byte(&s, 256 * page()).unwrap(), 0);
+    // Reserved or read-only pages: an error naming the range, never a fault.
+    s.commit(pages(&s, 300, 1), Prot::READ).unwrap();
+    for (at, n) in [(299, 2), (1024, 2)] {
+        let e = s.populate(pages(&s, at, n)).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("populate {:#x}+{:#x}", at * page(), n * page())), "{e}");
+    }
 }

@@ -14,10 +14,37 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 
 use crate::sys::counters::{Call, count};
+
+/// Whether the kernel knows `MADV_POPULATE_WRITE` (5.14+), asked once.
+static POPULATE_WRITE: OnceLock<bool> = OnceLock::new();
+
+/// Asks `MADV_POPULATE_WRITE` of one fresh read-write page of our own: `EINVAL` there can only
+/// mean that the kernel does not know the advice (over guest pages it also means "not writable").
+fn populate_write_known() -> bool {
+    *POPULATE_WRITE.get_or_init(|| {
+        let len = page_size();
+        // SAFETY: a fresh anonymous mapping chosen by the kernel touches no existing memory.
+        let Ok(p) = (unsafe {
+            rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE)
+        }) else {
+            return true;
+        };
+        // SAFETY: the page was just mapped read-write by this function and nothing refers to it.
+        let known = unsafe { rustix::mm::madvise(p, len, Advice::LinuxPopulateWrite) } != Err(rustix::io::Errno::INVAL);
+        // SAFETY: the page is this function's own and is not used after.
+        let _ = unsafe { rustix::mm::munmap(p, len) };
+        if !known {
+            tracing::info!("MADV_POPULATE_WRITE: not in this kernel (before 5.14); populates touch each page");
+        }
+        known
+    })
+}
 
 /// Page protection, as the kernel takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -114,16 +141,6 @@ impl Reservation {
         unsafe { rustix::mm::mprotect(p, len, prot.mprotect_flags()) }.map_err(Into::into)
     }
 
-    /// A commit's `mprotect` of `off..off + len` (see [`Reservation::protect`]); the call fault
-    /// injection can make fail with `ENOMEM`.
-    pub fn commit(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
-        if crate::faults::fail_commit_call() {
-            self.span(off, len)?;
-            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
-        }
-        self.protect(off, len, prot)
-    }
-
     /// Returns `off..off + len` to reserved: fresh anonymous `PROT_NONE` `MAP_NORESERVE` pages
     /// replace whatever was there (private pages or a shared view) in one `mmap`.
     pub fn reset(&self, off: usize, len: usize) -> io::Result<()> {
@@ -143,14 +160,11 @@ impl Reservation {
     }
 
     /// Maps fresh anonymous pages with `prot` where nothing is mapped (a hole left by memory
-    /// released behind the reservation's back). `MAP_FIXED_NOREPLACE` refuses to touch any page
-    /// that is still mapped.
+    /// released behind the reservation's back). `MAP_FIXED_NOREPLACE` (Linux 4.17, the oldest
+    /// kernel emuhost runs on) refuses to touch any page that is mapped: `EEXIST` where something
+    /// else was mapped there meanwhile.
     pub fn fill_hole(&self, off: usize, len: usize, prot: RawProt) -> io::Result<()> {
         let p = self.span(off, len)?;
-        // Only a commit fills holes: a call fault injection may fail.
-        if crate::faults::fail_commit_call() {
-            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
-        }
         count(Call::Mmap);
         // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped, inside the `span`-checked
         // range this reservation owns; it never replaces a mapping.
@@ -178,14 +192,38 @@ impl Reservation {
         Ok(())
     }
 
-    /// Faults every page of `off..off + len` in, writable, ahead of use
-    /// (`MADV_POPULATE_WRITE`, Linux 5.14+).
-    pub fn populate_write(&self, off: usize, len: usize) -> io::Result<()> {
+    /// Faults every page of `off..off + len` in, writable, ahead of use (`MADV_POPULATE_WRITE`,
+    /// Linux 5.14+). `Ok(false)` where the kernel does not know the advice (asked once, of a
+    /// page of our own, and kept): the caller touches the pages instead.
+    pub fn populate_write(&self, off: usize, len: usize) -> io::Result<bool> {
         let p = self.span(off, len)?;
+        if !populate_write_known() {
+            return Ok(false);
+        }
         count(Call::Madvise);
         // SAFETY: POPULATE_WRITE only faults pages in (as a write of their own bytes would) inside
         // the `span`-checked range; it changes no byte and no mapping.
-        unsafe { rustix::mm::madvise(p, len, Advice::LinuxPopulateWrite) }.map_err(Into::into)
+        unsafe { rustix::mm::madvise(p, len, Advice::LinuxPopulateWrite) }?;
+        Ok(true)
+    }
+
+    /// Faults every page of `off..off + len` in, writable, by touching one byte of each: an
+    /// atomic read, then an atomic compare-and-swap of the same value (a write access that
+    /// changes no byte, whatever other threads store meanwhile).
+    ///
+    /// # Safety
+    /// Every page of the range must be mapped writable for the whole call (or the process dies of
+    /// `SIGSEGV`), and no Rust reference may point into it.
+    pub unsafe fn touch_write(&self, off: usize, len: usize) -> io::Result<()> {
+        let p = self.span(off, len)? as usize;
+        for at in (p..p + len).step_by(page_size()) {
+            // SAFETY: the byte lies in the `span`-checked range, writable by the caller's contract;
+            // every access emuhost makes to guest memory through the CPU is atomic (see `store`).
+            let b = unsafe { AtomicU8::from_ptr(at as *mut u8) };
+            let v = b.load(Relaxed);
+            let _ = b.compare_exchange(v, v, Relaxed, Relaxed);
+        }
+        Ok(())
     }
 
     /// Copies `data` into the reservation at `off` (any alignment). Fails with `EFAULT`, never
@@ -194,19 +232,24 @@ impl Reservation {
         self.copy(off, data.as_ptr() as *mut u8, data.len(), true)
     }
 
-    /// Stores `data` at `off` with the CPU, as guest code would: a page the protection forbids
-    /// raises `SIGSEGV` (which a write tracker handles, or the process dies of), unlike
-    /// [`Reservation::write`].
-    pub fn store(&self, off: usize, data: &[u8]) -> io::Result<()> {
+    /// Stores `data` at `off` with the CPU, as guest code would, one atomic byte store at a time
+    /// (other threads may store to the same bytes: atomic stores make that no data race). A page
+    /// the protection forbids raises `SIGSEGV`, unlike [`Reservation::write`].
+    ///
+    /// # Safety
+    /// Every page of the bytes must be writable for the whole call, or armed by a write tracker
+    /// whose `SIGSEGV` handler makes it writable; otherwise the process dies of the fault. No
+    /// Rust reference may point into the bytes.
+    pub unsafe fn store(&self, off: usize, data: &[u8]) -> io::Result<()> {
         let end = off.checked_add(data.len()).ok_or_else(einval)?;
         if end > self.len {
             return Err(einval());
         }
         for (i, b) in data.iter().enumerate() {
-            // SAFETY: the byte lies inside this reservation (checked above), which no Rust reference
-            // points into; a volatile store through the raw address is what guest code does. A
-            // forbidden page faults before any memory changes.
-            unsafe { std::ptr::write_volatile((self.base + off + i) as *mut u8, *b) };
+            // SAFETY: the byte lies inside this reservation (checked above), no Rust reference
+            // points into it, and it is writable (or its fault handled) by the caller's contract.
+            let at = unsafe { AtomicU8::from_ptr((self.base + off + i) as *mut u8) };
+            at.store(*b, Relaxed);
         }
         Ok(())
     }

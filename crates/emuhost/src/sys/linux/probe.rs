@@ -69,8 +69,8 @@ pub fn pagemap_scan() -> io::Result<()> {
 
 /// Whether the `PROCMAP_QUERY` ioctl answers.
 pub fn procmap_query() -> io::Result<()> {
-    let maps = super::query::Maps::open()?;
-    maps.query(0).map(|_| ())
+    let maps = super::query::Maps::open(false)?;
+    maps.ioctl(0).map(|_| ())
 }
 
 /// The transparent huge page mode (`always`, `madvise` or `never`), if the kernel has THP.

@@ -125,9 +125,9 @@ pub enum Change {
 }
 
 /// Told of every change of the space's mappings, after the system call (a release before it too)
-/// and with the space's lock held, so changes arrive in order and a layout read under the lock sees them all. `watch` uses
-/// it to keep armed tracking across commits, protections and view splits. An observer must not
-/// call back into the space.
+/// and with the space's lock held, so changes arrive in order and a layout read under the lock
+/// sees them all. `watch` uses it to keep armed tracking across commits, protections and view
+/// splits. An observer must not call back into the space.
 pub trait Observer: Send + Sync {
     fn changed(&self, space: &Space, change: Change);
 }

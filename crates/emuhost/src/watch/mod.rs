@@ -21,9 +21,9 @@
 //! armed again and reported written once (their content changed). A write before a decommit is
 //! reported by the next collect (the tracker reads the pages just before the release), decommitted
 //! pages committed again are reported once, and arming armed pages again keeps their writes. One
-//! tracker per space (a second is refused); dropping it gives armed pages their protection back. Transparent huge pages would
-//! make a write report its whole 2 MiB page, so arming asks the kernel not to use them there
-//! (`MADV_NOHUGEPAGE`; Wine does the same for its write watches).
+//! tracker per space (a second is refused); dropping it gives armed pages their protection back.
+//! Transparent huge pages would make a write report its whole 2 MiB page, so arming asks the
+//! kernel not to use them there (`MADV_NOHUGEPAGE`; Wine does the same for its write watches).
 //!
 //! The invariant above all: a write that happens after collect N is reported by collect N + 1.
 

@@ -311,13 +311,14 @@ impl Drop for Claim {
 /// A write tracker over one space (one at a time: a second is refused, see the README's table of
 /// tracking semantics). Dropping it gives armed pages back the protection the space gave them.
 pub struct Tracker {
-    space: Arc<Space>,
+    // Dropped in this order: the backend (its page-state table), the claim, then the space (so a
+    // new space cannot take the address while the claim is held).
     core: Arc<Core>,
+    _claim: Claim,
+    space: Arc<Space>,
     verify: bool,
     /// Collects started, raised under the lock as each begins.
     started: AtomicU64,
-    /// Last: given back after the backend (its page-state table) is gone.
-    _claim: Claim,
 }
 
 impl std::fmt::Debug for Tracker {

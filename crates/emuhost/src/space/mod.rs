@@ -134,16 +134,19 @@ pub enum Change {
     Committed { range: GuestRange, prot: Prot, path: CommitPath },
     /// `range` was given `prot`.
     Protected { range: GuestRange, prot: Prot },
+    /// `range` is about to be released (told before the system call, while its pages are still
+    /// there: a tracker keeps the writes to them).
+    Releasing { range: GuestRange },
     /// `range` was released: new reserved mappings replace it.
     Released { range: GuestRange },
     /// A shared view was mapped over `range` with `prot` (a new mapping).
     Mapped { range: GuestRange, prot: Prot },
 }
 
-/// Told of every change of the space's mappings, after the system call and with the space's lock
-/// held, so changes arrive in order and a layout read under the lock sees them all. `watch` uses
-/// it to keep armed tracking across commits, protections and view splits. An observer must not
-/// call back into the space.
+/// Told of every change of the space's mappings, after the system call (a release before it too)
+/// and with the space's lock held, so changes arrive in order and a layout read under the lock
+/// sees them all. `watch` uses it to keep armed tracking across commits, protections and view
+/// splits. An observer must not call back into the space.
 pub trait Observer: Send + Sync {
     fn changed(&self, space: &Space, change: Change);
 }
@@ -584,6 +587,7 @@ impl Space {
         st.refuse_held("decommit", range)?;
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "decommit", range)?;
+        st.tell(self, Change::Releasing { range });
         self.reserve_holes(range, &regions)
             .and_then(|()| self.res.reset(off, len))
             .map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;

@@ -163,11 +163,18 @@ impl Backend for MprotectBackend {
             let region_bits = segv::prot_bits(crate::sys::mm::RawProt { read: r.read, write: r.write, exec: r.exec });
             self.each((base + r.start).max(start), (base + r.end).min(end), |a, s| {
                 // A page armed before keeps the guest protection recorded then (the kernel's shows
-                // our write protection). The busy count of a handler at work is kept.
+                // our write protection) and its mark. The busy count of a handler at work is kept,
+                // and so is the mark it set: the handler is about to make the page writable, and
+                // a write after this arm returns would go unseen without the mark.
                 let old = s
                     .fetch_update(SeqCst, SeqCst, |old| {
                         let bits = if old & ARMED != 0 { old & PROT_MASK } else { region_bits };
-                        Some((old & BUSY_MASK) | ARMED | bits)
+                        let keep = match (old & BUSY_MASK != 0, old & ARMED != 0) {
+                            (true, _) => DIRTY,
+                            (false, true) => old & DIRTY,
+                            (false, false) => 0,
+                        };
+                        Some((old & BUSY_MASK) | ARMED | bits | keep)
                     })
                     .expect("always Some");
                 let bits = if old & ARMED != 0 { old & PROT_MASK } else { region_bits };
@@ -181,13 +188,21 @@ impl Backend for MprotectBackend {
         use std::sync::atomic::Ordering::SeqCst;
         let p = page_size();
         let mut runs = Vec::new();
+        // Protection first, state second: a write that faulted on the read-only page and whose
+        // handler runs after the state is cleared finds the page writable when it is retried
+        // (see `segv::disarmed`); the other order would leave an unarmed read-only page to it.
         self.each(start, end, |a, s| {
-            let old = s.fetch_and(BUSY_MASK, SeqCst);
-            if old & ARMED != 0 {
-                push_run(&mut runs, a, p, old & PROT_MASK);
+            let st = s.load(SeqCst);
+            if st & ARMED != 0 {
+                push_run(&mut runs, a, p, st & PROT_MASK);
             }
         });
-        self.protect_runs(&runs, |b| b)
+        self.protect_runs(&runs, |b| b)?;
+        segv::disarmed();
+        self.each(start, end, |_, s| {
+            s.fetch_and(BUSY_MASK, SeqCst);
+        });
+        Ok(())
     }
 
     fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {

@@ -18,9 +18,12 @@
 //!
 //! The tracker observes the space: a commit or protection over armed pages, a release, or a view
 //! split keeps the tracking of every other page, and pages mapped anew inside an armed range are
-//! armed again and reported written once (their content changed). Transparent huge pages would
-//! make a write report its whole 2 MiB page, so arming asks the kernel not to use them there
-//! (`MADV_NOHUGEPAGE`; Wine does the same for its write watches).
+//! armed again and reported written once (their content changed). A write before a decommit is
+//! reported by the next collect (the tracker reads the pages just before the release), decommitted
+//! pages committed again are reported once, and arming armed pages again keeps their writes. One
+//! tracker per space (a second is refused); dropping it gives armed pages their protection back.
+//! Transparent huge pages would make a write report its whole 2 MiB page, so arming asks the
+//! kernel not to use them there (`MADV_NOHUGEPAGE`; Wine does the same for its write watches).
 //!
 //! The invariant above all: a write that happens after collect N is reported by collect N + 1.
 
@@ -37,7 +40,7 @@ pub use bitmap::PageBitmap;
 pub use stress::{StressConfig, StressOps, StressReport, stress, stress_with};
 
 use crate::space::ranges::RangeMap;
-use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Space, SpaceError, page_size};
+use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Region, Space, SpaceError, page_size};
 use backend::Backend;
 
 /// The environment switch that forces a backend.
@@ -106,6 +109,11 @@ pub enum WatchError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "this space (host {base:#x}) has a write tracker already: one tracker per space; share it, and \
+         hand each consumer the pages a collect reports"
+    )]
+    SecondTracker { base: usize },
     #[error(
         "collect of {span} read written pages, but the kernel has {found} there ({VERIFY_SWITCH}=1 checks each collect against a region query)"
     )]
@@ -239,6 +247,13 @@ struct Inner {
     noaccess: RangeMap<()>,
     /// Allocations whose read failed, by start: (end, generation).
     failed: HashMap<u64, (u64, u64)>,
+    /// Armed pages released by the space: reported when committed or mapped again (new content).
+    unmapped: RangeMap<()>,
+    /// Host writes in flight ([`Tracker::host_write`]): a collect reports these pages and leaves
+    /// them writable.
+    hosting: Vec<(u64, u64)>,
+    /// Pages an arm met under a host write in flight: armed when the last such write ends.
+    deferred: RangeMap<()>,
 }
 
 /// A span to read: guest `start..end`, and the allocation it lies in, `(start, end, generation)`
@@ -255,19 +270,60 @@ fn clip(a: u64, b: u64, s: u64, e: u64) -> Option<(u64, u64)> {
     (x < y).then_some((x, y))
 }
 
-/// A write tracker over one space.
-pub struct Tracker {
-    space: Arc<Space>,
+/// What the space's observer and the tracker share. The space holds it weakly and may hold it
+/// (while it tells a change) past the tracker's drop, so the tracker's `Drop`, which takes the
+/// space's lock, never runs from inside the space.
+struct Core {
     backend: Box<dyn Backend>,
-    verify: bool,
     inner: Mutex<Inner>,
+}
+
+impl Core {
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The spaces that have a tracker, by host base (a live tracker keeps its space, so its base is
+/// unique among them).
+static TRACKED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// A space's claim to its one tracker, given back last when the tracker drops.
+struct Claim(usize);
+
+impl Claim {
+    fn take(base: usize) -> Result<Claim, WatchError> {
+        let mut t = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+        if t.contains(&base) {
+            return Err(WatchError::SecondTracker { base });
+        }
+        t.push(base);
+        Ok(Claim(base))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        TRACKED.lock().unwrap_or_else(|p| p.into_inner()).retain(|b| *b != self.0);
+    }
+}
+
+/// A write tracker over one space (one at a time: a second is refused, see the README's table of
+/// tracking semantics). Dropping it gives armed pages back the protection the space gave them.
+pub struct Tracker {
+    // Dropped in this order: the backend (its page-state table), the claim, then the space (so a
+    // new space cannot take the address while the claim is held).
+    core: Arc<Core>,
+    _claim: Claim,
+    space: Arc<Space>,
+    verify: bool,
     /// Collects started, raised under the lock as each begins.
     started: AtomicU64,
 }
 
 impl std::fmt::Debug for Tracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracker").field("backend", &self.backend.kind()).field("verify", &self.verify).finish()
+        f.debug_struct("Tracker").field("backend", &self.core.backend.kind()).field("verify", &self.verify).finish()
     }
 }
 
@@ -286,23 +342,19 @@ impl Tracker {
     }
 
     /// A tracker with the given backend and verify mode.
+    /// A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
     pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
+        let claim = Claim::take(space.host_base())?;
         let backend =
             backend::make(kind, space).map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
-        let t = Arc::new(Tracker {
-            space: space.clone(),
-            backend,
-            verify,
-            inner: Mutex::new(Inner::default()),
-            started: AtomicU64::new(0),
-        });
-        let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(t.clone() as Arc<dyn Observer>));
+        let core = Arc::new(Core { backend, inner: Mutex::new(Inner::default()) });
+        let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(core.clone() as Arc<dyn Observer>));
         space.observe(weak);
-        Ok(t)
+        Ok(Arc::new(Tracker { space: space.clone(), core, verify, started: AtomicU64::new(0), _claim: claim }))
     }
 
     pub fn kind(&self) -> BackendKind {
-        self.backend.kind()
+        self.core.backend.kind()
     }
 
     pub fn verifying(&self) -> bool {
@@ -318,7 +370,7 @@ impl Tracker {
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.core.inner()
     }
 
     fn host(&self, a: u64) -> usize {
@@ -330,36 +382,64 @@ impl Tracker {
     }
 
     /// Arms `range`: from now on, writes to its pages are reported by the next collect. Pages
-    /// written before are forgotten.
+    /// armed already keep their tracking: a write to them before this arm is still reported (an
+    /// emulator arms after every commit, and a commit over armed pages must not forget writes).
     pub fn arm(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
         self.space.with_layout(range, |_| {
             let regions = self.space.kernel_regions(range)?;
-            let mut inner = self.inner();
-            self.backend
-                .arm(self.host(range.start().0), self.host(range.end().0), &regions, self.space.host_base())
-                .map_err(|e| self.os("arm", range, e))?;
-            let (a, b) = (range.start().0, range.end().0);
-            add(&mut inner.armed, a, b);
-            inner.pending.remove(a, b, |_, _, _| ());
-            inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
-            Ok(())
+            self.arm_locked(&mut self.inner(), range, &regions)
         })
+    }
+
+    /// Arms the pages of `range` not armed yet (and those of allocations whose read failed, to
+    /// track them again), but not under a host write in flight: those wait for its end.
+    fn arm_locked(&self, inner: &mut Inner, range: GuestRange, regions: &[Region]) -> Result<(), WatchError> {
+        let (a, b) = (range.start().0, range.end().0);
+        let mut todo = inner.armed.gaps(a, b);
+        todo.extend(inner.failed.iter().filter_map(|(s, (e, _))| clip(a, b, *s, *e)));
+        let base = self.space.host_base();
+        for (s, e) in todo {
+            let (outside, inside) = split(s, e, &inner.hosting);
+            for (x, y) in inside {
+                add(&mut inner.deferred, x, y);
+            }
+            for (x, y) in outside {
+                self.core
+                    .backend
+                    .arm(self.host(x), self.host(y), regions, base)
+                    .map_err(|e| self.os("arm", range, e))?;
+                add(&mut inner.armed, x, y);
+            }
+        }
+        if self.kind() == BackendKind::Mprotect {
+            // Write-only pages lose their write to arming and look inaccessible (`---`): the guest's
+            // doing, for verify mode.
+            for r in regions.iter().filter(|r| r.write && !r.read && !r.exec) {
+                if let Some((x, y)) = clip(a, b, r.start as u64, r.end as u64) {
+                    add(&mut inner.noaccess, x, y);
+                }
+            }
+        }
+        inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
+        Ok(())
     }
 
     /// Stops tracking `range` (its pages get their protection back).
     pub fn disarm(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
         self.space.with_layout(range, |_| {
-            let mut inner = self.inner();
+            let mut guard = self.inner();
+            let inner = &mut *guard;
             let (a, b) = (range.start().0, range.end().0);
             let pieces: Vec<(u64, u64)> =
                 inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
             for (s, e) in pieces {
-                self.backend.disarm(self.host(s), self.host(e)).map_err(|err| self.os("disarm", range, err))?;
+                self.core.backend.disarm(self.host(s), self.host(e)).map_err(|err| self.os("disarm", range, err))?;
             }
-            inner.armed.remove(a, b, |_, _, _| ());
-            inner.pending.remove(a, b, |_, _, _| ());
+            for map in [&mut inner.armed, &mut inner.pending, &mut inner.unmapped, &mut inner.deferred] {
+                map.remove(a, b, |_, _, _| ());
+            }
             Ok(())
         })
     }
@@ -379,7 +459,8 @@ impl Tracker {
         let (a, b) = (range.start().0, range.end().0);
         for (s, e, _) in inner.armed.overlapping(a, b) {
             let (s, e) = clip(a, b, s, e).expect("overlapping");
-            self.backend
+            self.core
+                .backend
                 .prepare_host_write(self.host(s), self.host(e))
                 .map_err(|err| self.os("prepare", range, err))?;
         }
@@ -387,21 +468,26 @@ impl Tracker {
     }
 
     /// Runs `write`, a write by the host through the kernel over `range` ([`Space::write`],
-    /// [`Space::populate`], [`Space::zero`]), with the armed pages there prepared for it as
-    /// [`Tracker::prepare_host_write`] does. Where the backend needs that preparation (mprotect),
-    /// no collect runs between it and the write, so none arms the pages again in between (the
-    /// write would fail with `EFAULT`); the others need nothing and take no lock. `write` must
-    /// not commit, release, protect or map (those wait for the lock held here).
+    /// [`Space::populate`], [`Space::zero`], a `read(2)` into guest memory), with the armed pages
+    /// there prepared for it as [`Tracker::prepare_host_write`] does. No lock is held while `write`
+    /// runs, so it may block (a `read(2)` from a pipe another thread feeds) and collect, commit or
+    /// protect on any thread go on meanwhile. Where the backend needs the preparation (mprotect),
+    /// until `write` returns a collect reports the pages of `range` as written and leaves them
+    /// writable, and an arm there waits for its end; the next collect after it reads them as usual.
+    /// The other backends need nothing and record nothing.
     pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
-        if !self.backend.needs_host_write_prepare() {
+        if !self.core.backend.needs_host_write_prepare() {
             return Ok(write());
         }
         self.space.with_layout(range, |_| {
-            let inner = self.inner();
+            let mut inner = self.inner();
             self.prepare_locked(&inner, range)?;
-            Ok(write())
-        })
+            inner.hosting.push((range.start().0, range.end().0));
+            Ok::<(), WatchError>(())
+        })?;
+        let _end = HostWriteEnd { tracker: self, range };
+        Ok(write())
     }
 
     /// Collects the pages of `range` written since the last collect and arms them again.
@@ -433,6 +519,18 @@ impl Tracker {
                 }
             }
             spans.sort_by_key(|s| s.0);
+            // Pages under a host write in flight are reported, and not read: the read would arm
+            // them under the write (which would fail).
+            let mut hosted = Vec::new();
+            if !inner.hosting.is_empty() {
+                let mut rest = Vec::new();
+                for (s, e, alloc) in spans {
+                    let (outside, inside) = split(s, e, &inner.hosting);
+                    hosted.extend(inside);
+                    rest.extend(outside.into_iter().map(|(x, y)| (x, y, alloc)));
+                }
+                spans = rest;
+            }
             let mut host_runs = Vec::new();
             let mut out = Collected { seq, ..Collected::default() };
             for (s, e, alloc) in spans {
@@ -446,7 +544,7 @@ impl Tracker {
                 if self.verify {
                     self.verify_span(&inner, span)?;
                 }
-                if let Err(err) = self.backend.read(self.host(s), self.host(e), &mut host_runs) {
+                if let Err(err) = self.core.backend.read(self.host(s), self.host(e), &mut host_runs) {
                     if self.unexpected(&inner, span)?.is_some() {
                         out.untracked.push(span);
                         if let Some((start, end, generation)) = alloc {
@@ -464,6 +562,7 @@ impl Tracker {
                 inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
             inner.pending.remove(a, b, |_, _, _| ());
             guest.extend(pending);
+            guest.extend(hosted);
             out.runs = merge(guest, a, b);
             Ok(out)
         })
@@ -496,6 +595,62 @@ impl Tracker {
             None => Ok(()),
         }
     }
+}
+
+/// Ends a host write in flight (also when its closure panics): arms what an arm deferred to it.
+struct HostWriteEnd<'a> {
+    tracker: &'a Tracker,
+    range: GuestRange,
+}
+
+impl Drop for HostWriteEnd<'_> {
+    fn drop(&mut self) {
+        let t = self.tracker;
+        let (a, b) = (self.range.start().0, self.range.end().0);
+        t.space.with_layout(self.range, |_| {
+            let mut inner = t.inner();
+            if let Some(i) = inner.hosting.iter().position(|h| *h == (a, b)) {
+                inner.hosting.swap_remove(i);
+            }
+            let due: Vec<(u64, u64)> = inner
+                .deferred
+                .overlapping(a, b)
+                .filter_map(|(s, e, _)| clip(a, b, s, e))
+                .flat_map(|(s, e)| split(s, e, &inner.hosting).0)
+                .collect();
+            if due.is_empty() {
+                return;
+            }
+            let armed = t.space.kernel_regions(self.range).map_err(WatchError::from).and_then(|regions| {
+                for &(s, e) in &due {
+                    inner.deferred.remove(s, e, |_, _, _| ());
+                    // The host may have written them: report them once.
+                    add(&mut inner.pending, s, e);
+                    let part = GuestRange::from_bounds(s, e)?;
+                    t.arm_locked(&mut inner, part, &regions)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = armed {
+                tracing::warn!("write tracking: arming {} after a host write failed: {}", self.range, chain(&e));
+            }
+        });
+    }
+}
+
+/// Guest `(start, end)` pairs.
+type Pairs = Vec<(u64, u64)>;
+
+/// The parts of `s..e` outside and inside the ranges `over`.
+fn split(s: u64, e: u64, over: &[(u64, u64)]) -> (Pairs, Pairs) {
+    let mut inside = RangeMap::default();
+    for &(x, y) in over {
+        if let Some((x, y)) = clip(s, e, x, y) {
+            add(&mut inside, x, y);
+        }
+    }
+    let outside = inside.gaps(s, e);
+    (outside, inside.overlapping(s, e).map(|(x, y, _)| (x, y)).collect())
 }
 
 /// Sorts and merges guest `(start, end)` pairs into page runs, clipped to `a..b`.
@@ -534,27 +689,73 @@ pub fn verify_from_env() -> Result<bool, WatchError> {
     std::env::var(VERIFY_SWITCH).map_or(Ok(false), |v| parse_verify(&v))
 }
 
-impl Observer for Tracker {
-    fn changed(&self, _space: &Space, change: Change) {
+impl Drop for Tracker {
+    /// Gives armed pages back the protection the space gave them (with mprotect they would stay
+    /// read-only, and the next store would die), under the space's lock so no change of the space
+    /// runs in between.
+    fn drop(&mut self) {
+        let Ok(first) = self.space.range(0, page_size()) else { return };
+        self.space.with_layout(first, |_| {
+            let mut inner = self.inner();
+            let pieces: Vec<(u64, u64)> = inner.armed.iter().map(|(s, e, _)| (s, e)).collect();
+            for (s, e) in pieces {
+                if let Err(err) = self.core.backend.disarm(self.host(s), self.host(e)) {
+                    tracing::warn!("write tracking: giving {s:#x}..{e:#x} its protection back failed: {err}");
+                }
+            }
+            *inner = Inner::default();
+        });
+    }
+}
+
+impl Core {
+    /// The space is about to release `range`: the writes to its armed pages are kept for the next
+    /// collect (as Windows' write watch keeps them), since the release takes the record with it.
+    fn releasing(&self, inner: &mut Inner, space: &Space, range: GuestRange) {
+        let (a, b) = (range.start().0, range.end().0);
+        let base = space.host_base();
+        let pieces: Vec<(u64, u64)> = inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
+        for (s, e) in pieces {
+            let mut runs = Vec::new();
+            match self.backend.read(base + s as usize, base + e as usize, &mut runs) {
+                Ok(()) => {
+                    for (x, y) in runs {
+                        add(&mut inner.pending, (x - base) as u64, (y - base) as u64);
+                    }
+                }
+                // Unreadable (released behind the space's back): report it all, so nothing is lost.
+                Err(_) => add(&mut inner.pending, s, e),
+            }
+        }
+    }
+}
+
+impl Observer for Core {
+    fn changed(&self, space: &Space, change: Change) {
         let mut inner = self.inner();
         let (range, prot) = match change {
+            Change::Releasing { range } => return self.releasing(&mut inner, space, range),
             Change::Committed { range, prot, .. }
             | Change::Protected { range, prot }
             | Change::Mapped { range, prot } => (range, prot),
             Change::Released { range } => (range, Prot::NONE),
         };
         let (a, b) = (range.start().0, range.end().0);
+        // With mprotect, armed write-only pages look inaccessible (`---`): the guest's doing too.
+        let hidden =
+            if self.backend.kind() == BackendKind::Mprotect { !prot.read && !prot.exec } else { prot == Prot::NONE };
         match change {
             Change::Released { .. } => inner.noaccess.remove(a, b, |_, _, _| ()),
-            _ if prot == Prot::NONE => add(&mut inner.noaccess, a, b),
+            _ if hidden => add(&mut inner.noaccess, a, b),
             _ => inner.noaccess.remove(a, b, |_, _, _| ()),
         }
         if let Change::Released { .. } | Change::Mapped { .. } = change {
             inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
         }
+        let host = |x: u64| space.host_base() + x as usize;
         let pieces: Vec<(u64, u64)> = inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
         for (s, e) in pieces {
-            let (hs, he) = (self.host(s), self.host(e));
+            let (hs, he) = (host(s), host(e));
             let fresh =
                 matches!(change, Change::Mapped { .. } | Change::Committed { path: CommitPath::RegionWalk { .. }, .. });
             let result = match change {
@@ -572,8 +773,17 @@ impl Observer for Tracker {
                     add(&mut inner.pending, s, e);
                 }
             }
+            // Released pages are reported once when they are mapped again (their content is new),
+            // whichever backend; the writes before the release stay pending (see `releasing`).
             if let Change::Released { .. } = change {
-                inner.pending.remove(s, e, |_, _, _| ());
+                add(&mut inner.unmapped, s, e);
+            } else {
+                let back: Vec<(u64, u64)> =
+                    inner.unmapped.overlapping(s, e).filter_map(|(x, y, _)| clip(s, e, x, y)).collect();
+                for (x, y) in back {
+                    add(&mut inner.pending, x, y);
+                }
+                inner.unmapped.remove(s, e, |_, _, _| ());
             }
         }
     }

@@ -12,7 +12,7 @@ fn p() -> u64 {
 
 fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>)> {
     if let Err(e) = watch::self_test(kind) {
-        eprintln!("skipping: {} is not usable here: {e}", kind.name());
+        eprintln!("skipped: {} is not usable here: {e}", kind.name());
         return None;
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
@@ -93,6 +93,15 @@ conformance!(
     view_split_keeps_tracking,
     host_writes_after_prepare,
     no_lost_writes,
+    dropping_the_tracker_gives_the_pages_their_protection_back,
+    a_second_tracker_on_a_space_is_refused,
+    a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno,
+    arm_and_disarm_racing_writers_lose_nothing,
+    a_commit_and_arm_over_armed_pages_keep_their_writes,
+    a_write_before_a_decommit_is_reported,
+    decommitted_and_recommitted_pages_are_reported_once,
+    a_host_write_may_block_while_collects_go_on,
+    verify_accepts_write_only_pages,
 );
 
 fn one_page(kind: BackendKind) {
@@ -179,10 +188,10 @@ fn rearm(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), vec![2]);
     poke(&s, 2);
     assert_eq!(written(&t.collect(r).unwrap()), vec![2], "written again after the re-arm");
-    // Arming again forgets what was written before.
+    // Arming again keeps what was written before (pages armed already keep their tracking).
     poke(&s, 3);
     t.arm(r).unwrap();
-    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3]);
     // Disarmed pages are not reported, and stay writable.
     t.disarm(r).unwrap();
     poke(&s, 4);
@@ -432,15 +441,15 @@ fn bad_input_is_an_error_naming_it() {
 }
 
 /// The environment switch that marks a child process running one stress test alone.
-const CHILD: &str = "EMUHOST_TEST_WATCH_CHILD";
+const ALONE: &str = "EMUHOST_TEST_WATCH_CHILD";
 
 /// Runs this module's test `name` alone in a child process of this test binary (the map limit is
 /// the process's: tests beside it would be refused their mappings); panics unless it ran and
 /// passed.
-fn in_child(name: &str) {
+fn in_child_alone(name: &str) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([&format!("watch::{name}"), "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD, name)
+        .env(ALONE, name)
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -458,8 +467,8 @@ fn in_child(name: &str) {
 /// nothing crashes, and (mprotect) collects report pages of a block no write explains, which
 /// only that path makes.
 fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
-    if std::env::var_os(CHILD).is_none() {
-        return in_child(name);
+    if std::env::var_os(ALONE).is_none() {
+        return in_child_alone(name);
     }
     if let Err(e) = watch::self_test(kind) {
         eprintln!("skipped: {} is not usable here: {e}", kind.name());
@@ -486,4 +495,391 @@ fn mprotect_no_lost_writes_at_the_map_limit() {
 #[test]
 fn uffd_no_lost_writes_at_the_map_limit() {
     no_lost_writes_at_the_map_limit(BackendKind::Uffd, "uffd_no_lost_writes_at_the_map_limit")
+}
+
+/// The environment variable that makes the test binary run one test as a child.
+const CHILD: &str = "EMUHOST_WATCH_TEST_CHILD";
+
+/// Runs the test `watch::<kind>::<name>` in a child process, where a fault that kills the process
+/// fails this test alone; returns true in the child, where the caller runs the body.
+fn in_child(kind: BackendKind, name: &str) -> bool {
+    let full = format!("watch::{}::{name}", kind.name());
+    if std::env::var(CHILD).is_ok_and(|v| v == full) {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([&full, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &full)
+        .env_remove("EMUHOST_WATCH")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("test result: ok. 1 passed"),
+        "child {full} ({}):\n{text}",
+        out.status
+    );
+    eprintln!("{text}");
+    false
+}
+
+/// Issue 14, item 6: with mprotect, armed pages stayed read-only after the tracker went, and the
+/// next store to memory committed read-write died.
+fn dropping_the_tracker_gives_the_pages_their_protection_back(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.commit(pages(&s, 16, 4), Prot::READ).unwrap();
+    t.arm(pages(&s, 0, 20)).unwrap();
+    poke(&s, 3);
+    drop(t);
+    let regions = s.kernel_regions(pages(&s, 0, 20)).unwrap();
+    for g in &regions {
+        let want = if g.start < 16 * p() as usize { (true, true) } else { (true, false) };
+        assert_eq!((g.read, g.write), want, "the protection the space committed with: {regions:?}");
+    }
+    for pg in 0..16 {
+        poke(&s, pg);
+    }
+    // The space can have a tracker again, which tracks from its own arm on.
+    let t = Tracker::with_backend(&s, kind).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 9);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![9]);
+}
+
+/// Issue 14, item 7: a second tracker on a space is refused with an error naming the space (with
+/// mprotect, the handler stopped at the first tracker's table and a store to a page armed only by
+/// the second died; with uffd the second could not register).
+fn a_second_tracker_on_a_space_is_refused(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(pages(&s, 0, 8)).unwrap();
+    for other in [BackendKind::Uffd, BackendKind::Mprotect] {
+        let e = Tracker::with_backend(&s, other).unwrap_err();
+        assert!(matches!(e, WatchError::SecondTracker { base } if base == s.host_base()), "{e}");
+        assert!(e.to_string().contains(&format!("{:#x}", s.host_base())), "{e}");
+    }
+    // The first goes on tracking, and a tracker of another space is no second one.
+    poke(&s, 2);
+    poke(&s, 12);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![2]);
+    let (other, t2) = setup(kind).unwrap();
+    let r2 = pages(&other, 0, 4);
+    other.commit(r2, Prot::READ_WRITE).unwrap();
+    t2.arm(r2).unwrap();
+    poke(&other, 1);
+    assert_eq!(written(&t2.collect(r2).unwrap()), vec![1]);
+}
+
+static FOREIGN_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A handler installed before emuhost's, as a runtime's would be: it maps a missing page back (a
+/// fault it resolves), and for a signal sent by a process it resets the disposition to the
+/// default, as Rust's own stack-overflow handler does for anything that is not an overflow.
+extern "C" fn foreign_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    FOREIGN_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the kernel passes a valid siginfo; mmap and sigaction are async-signal-safe; the
+    // page mapped is the one that faulted, inside the test's own space.
+    unsafe {
+        if (*info).si_code > 0 {
+            let page = (*info).si_addr() as usize & !(p() as usize - 1);
+            libc::mmap(
+                page as *mut libc::c_void,
+                p() as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        } else {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Issue 14, item 8: a `SIGSEGV` sent by a process (`si_code <= 0`) was chained to the previous
+/// handler, which reset the disposition to the default, and the next write to an armed page killed
+/// the process; and the handler's failed `mprotect` of a page unmapped behind the space's back
+/// left `ENOMEM` in the interrupted code's `errno`. Runs in a child process (the failure is a
+/// signal death).
+fn a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno(kind: BackendKind) {
+    if !in_child(kind, "a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno") {
+        return;
+    }
+    // SAFETY: a zeroed sigaction filled in with a SA_SIGINFO handler; installed before emuhost's,
+    // which chains to it.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = foreign_segv as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+        libc::sigemptyset(&mut act.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()), 0);
+    }
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    // errno across a fault the handler could not resolve (an armed page unmapped behind the
+    // space's back, outside the range collected; the foreign handler maps it back).
+    let aside = pages(&s, 32, 4);
+    s.commit(aside, Prot::READ_WRITE).unwrap();
+    t.arm(aside).unwrap();
+    let host = s.host_addr(GuestAddr(33 * p())).unwrap();
+    // SAFETY: the page lies in the space's reservation and no reference into it is live; errno is
+    // the thread's own; the store lands on the page the foreign handler maps back.
+    unsafe {
+        assert_eq!(libc::munmap(host as *mut libc::c_void, p() as usize), 0);
+        let errno = libc::__errno_location();
+        errno.write_volatile(77);
+        (host as *mut u8).write_volatile(1);
+        assert_eq!(errno.read_volatile(), 77, "errno after a fault");
+    }
+    let calls = FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: tgkill to this thread; the handlers above handle it.
+    unsafe {
+        let errno = libc::__errno_location();
+        errno.write_volatile(78);
+        assert_eq!(libc::raise(libc::SIGSEGV), 0);
+        assert_eq!(errno.read_volatile(), 78, "errno after a sent SIGSEGV");
+    }
+    assert_eq!(FOREIGN_CALLS.load(std::sync::atomic::Ordering::SeqCst), calls + 1, "the sent signal is passed on");
+    t.collect(r).unwrap();
+    poke(&s, 3);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3], "tracking goes on");
+}
+
+/// Issue 14, item 10: an arm (and a disarm, arm) racing writers lost writes made entirely after
+/// the arm returned (arm cleared the mark of a page a handler was busy making writable). Each
+/// writer stamps every page it stored to with the arm's number it read before the store; every
+/// page stamped with the current number before a collect must be in that collect.
+fn arm_and_disarm_racing_writers_lose_nothing(kind: BackendKind) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    // In a child: a disarm racing a write used to kill the process (an unarmed page still
+    // read-only when the write's handler ran).
+    if !in_child(kind, "arm_and_disarm_racing_writers_lose_nothing") {
+        return;
+    }
+    let Some((s, t)) = setup(kind) else { return };
+    const PAGES: u64 = 64;
+    const CYCLES: u64 = 4000;
+    const WAIT_EVERY: u64 = 32;
+    let r = pages(&s, 0, PAGES);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let epoch = AtomicU64::new(0);
+    let stamps: Vec<AtomicU64> = (0..PAGES).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let mut lost = Vec::new();
+    let mut checked = 0;
+    std::thread::scope(|sc| {
+        for w in 0..2u64 {
+            let (s, epoch, stamps, stop) = (&s, &epoch, &stamps, &stop);
+            sc.spawn(move || {
+                while !stop.load(SeqCst) {
+                    for pg in (w..PAGES).step_by(2) {
+                        let e = epoch.load(SeqCst);
+                        poke(s, pg);
+                        stamps[pg as usize].store(e, SeqCst);
+                    }
+                }
+            });
+        }
+        for i in 1..=CYCLES {
+            if i % 2 == 0 {
+                t.disarm(r).unwrap();
+            }
+            t.arm(r).unwrap();
+            epoch.store(i, SeqCst);
+            // Now and then let a writer store after the arm, so stores are checked however the
+            // threads are scheduled (most cycles do not wait: they race the writers).
+            while i % WAIT_EVERY == 0 && !stamps.iter().any(|x| x.load(SeqCst) == i) {
+                std::thread::yield_now();
+            }
+            let due: Vec<u64> = (0..PAGES).filter(|&pg| stamps[pg as usize].load(SeqCst) == i).collect();
+            checked += due.len();
+            let got = written(&t.collect(r).unwrap());
+            lost.extend(due.iter().filter(|pg| !got.contains(pg)).map(|&pg| (i, pg)));
+        }
+        stop.store(true, SeqCst);
+    });
+    eprintln!("{}: {checked} stores made after an arm returned checked", kind.name());
+    assert!(checked as u64 >= CYCLES / WAIT_EVERY, "{checked} stores checked in {CYCLES} cycles");
+    assert!(
+        lost.is_empty(),
+        "{}: {} writes after an arm returned were not reported: {lost:?}",
+        kind.name(),
+        lost.len()
+    );
+}
+
+/// Issue 14, item 11: an emulator arms after every commit; a commit over armed pages followed by
+/// an arm forgot the writes made before it (both backends).
+fn a_commit_and_arm_over_armed_pages_keep_their_writes(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 3);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    // mprotect reports every page of a writable commit over armed pages (conservatively: the
+    // commit made them writable before the tracker heard of it); uffd reports the write alone.
+    let exact = kind != BackendKind::Mprotect;
+    let got = written(&t.collect(r).unwrap());
+    assert!(got.contains(&3) && (!exact || got == [3]), "the write before the recommit: {got:?}");
+    // A commit that grows the armed range: the old pages keep their writes, the new ones start
+    // clean.
+    poke(&s, 5);
+    let grown = pages(&s, 0, 24);
+    s.commit(grown, Prot::READ_WRITE).unwrap();
+    t.arm(grown).unwrap();
+    poke(&s, 20);
+    let got = written(&t.collect(grown).unwrap());
+    assert!(got.contains(&5) && got.contains(&20) && (!exact || got == [5, 20]), "{got:?}");
+    assert!(got.iter().all(|&pg| pg < 16 || pg == 20), "new pages start clean: {got:?}");
+    assert_eq!(written(&t.collect(grown).unwrap()), Vec::<u64>::new());
+    poke(&s, 18);
+    assert_eq!(written(&t.collect(grown).unwrap()), vec![18]);
+}
+
+/// Issue 14, item 12: a page written and then decommitted was not reported by the next collect.
+fn a_write_before_a_decommit_is_reported(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 3);
+    poke(&s, 9);
+    s.decommit(pages(&s, 2, 4)).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3, 9], "the write before the decommit, and no other page");
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    // A decommit of pages not written reports nothing.
+    s.decommit(pages(&s, 10, 2)).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+}
+
+/// Issue 14, item 12: with uffd a page written, decommitted and recommitted was not reported at
+/// all. Pages decommitted and committed again are reported once (their content is new), with a
+/// write before the decommit or not.
+fn decommitted_and_recommitted_pages_are_reported_once(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 3);
+    s.decommit(pages(&s, 2, 4)).unwrap();
+    s.commit(pages(&s, 2, 4), Prot::READ_WRITE).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), vec![2, 3, 4, 5]);
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new(), "once");
+    // With a collect between the decommit and the recommit.
+    s.decommit(pages(&s, 8, 2)).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    s.commit(pages(&s, 8, 2), Prot::READ_WRITE).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), vec![8, 9]);
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new(), "once");
+    // They are tracked again.
+    poke(&s, 4);
+    poke(&s, 9);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![4, 9]);
+}
+
+/// Issue 14, item 13: `host_write` held the space's lock across its closure, so a `read(2)` from a
+/// pipe that the collecting thread feeds deadlocked. The collect must return while the host write
+/// waits; it reports the page (the host may be writing it) and leaves it writable, so the read
+/// lands; the collect after it reports the page again, and tracking goes on. A watchdog feeds the
+/// pipe after a minute if the collect is still stuck (so a regression fails instead of hanging).
+fn a_host_write_may_block_while_collects_go_on(kind: BackendKind) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let target = pages(&s, 5, 1);
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe fills two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let inside = AtomicBool::new(false);
+    let collected = AtomicBool::new(false);
+    let by_watchdog = AtomicBool::new(false);
+    let feed = |what: &[u8]| {
+        // SAFETY: writes `what` into the pipe's write end, open until the end of the test.
+        unsafe { libc::write(fds[1], what.as_ptr() as *const libc::c_void, what.len()) }
+    };
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            t.host_write(target, || {
+                inside.store(true, SeqCst);
+                let dst = s.host_addr(target.start()).unwrap() as *mut libc::c_void;
+                // SAFETY: read(2) writes 5 bytes into a committed, read-write guest page that
+                // host_write prepared for the kernel's write.
+                unsafe { libc::read(fds[0], dst, 5) }
+            })
+            .unwrap()
+        });
+        let watchdog = sc.spawn(|| {
+            for _ in 0..600 {
+                if collected.load(SeqCst) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            by_watchdog.store(true, SeqCst);
+            feed(b"dog!!");
+        });
+        while !inside.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        let during = t.collect(r).map(|c| written(&c));
+        collected.store(true, SeqCst);
+        let waited = by_watchdog.load(SeqCst);
+        // Feed the reader before any assertion, so a failure does not leave it blocked.
+        let fed = feed(b"hello");
+        let read = reader.join().unwrap();
+        watchdog.join().unwrap();
+        assert!(!waited, "the collect waited for the host write");
+        let during = during.unwrap();
+        // With mprotect the page is reported while the host may be writing it; with uffd the
+        // write is reported once it happened, as any write.
+        if kind == BackendKind::Mprotect {
+            assert_eq!(during, vec![5], "a page under a host write is reported");
+        }
+        assert_eq!((fed, read), (5, 5), "the kernel's write into the watched page must not fail");
+    });
+    // SAFETY: closes the descriptors pipe() gave.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    let mut b = [0u8; 5];
+    s.read(target.start(), &mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    assert_eq!(written(&t.collect(r).unwrap()), vec![5], "reported by the collect after the write");
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    poke(&s, 5);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![5], "and tracked again");
+}
+
+/// Issue 14, item 14: verify mode took the `---` that arming makes of a write-only page (mprotect)
+/// for memory released behind the space's back.
+fn verify_accepts_write_only_pages(kind: BackendKind) {
+    let Some((s, _)) = setup(kind) else { return };
+    let t = Tracker::build(&s, kind, true).unwrap();
+    let write_only = Prot { read: false, write: true, exec: false };
+    // Committed write-only before the arm, and after it.
+    let (a, b) = (pages(&s, 0, 4), pages(&s, 4, 4));
+    s.commit(a, write_only).unwrap();
+    s.commit(b, Prot::READ_WRITE).unwrap();
+    let r = pages(&s, 0, 8);
+    t.arm(r).unwrap();
+    s.commit(pages(&s, 6, 2), write_only).unwrap();
+    t.collect(r).unwrap();
+    poke(&s, 1);
+    poke(&s, 7);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![1, 7]);
+    t.collect(r).unwrap();
 }

@@ -3,7 +3,10 @@
 //! Armed pages are made read-only. The first write faults; the handler finds the page in a
 //! registered tracker's page-state table, gives the page its guest protection back and marks it
 //! written, and the write is retried by the CPU. Faults that are not ours (an address no tracker
-//! armed, a page the guest itself made unwritable) go to the handler installed before ours.
+//! armed, a page the guest itself made unwritable) go to the handler installed before ours. A
+//! `SIGSEGV` sent by a process (`si_code <= 0`, `kill -SEGV`) is no fault: it is passed on, and
+//! our handler stays installed whatever the previous one does to the disposition. The handler
+//! keeps `errno` as it found it.
 //!
 //! The handler is async-signal-safe: it takes no lock and allocates nothing. It reads a fixed table
 //! of atomic pointers to page-state tables (one byte per page, in an anonymous `MAP_NORESERVE`
@@ -16,9 +19,12 @@
 //! it after. So a page is writable only while it is marked (or while the collect that took its mark
 //! is still running, which reports it), and a handler that stalls after marking cannot leave a
 //! writable page unmarked behind a collect.
+//! Arming follows the same rule: a page armed while a handler is busy with it (a disarm and an arm
+//! racing a write) keeps its mark, since the handler is about to make it writable.
 
+use std::cell::Cell;
 use std::io;
-use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 use super::mm::RawProt;
@@ -78,6 +84,39 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
 static REGISTER: Mutex<()> = Mutex::new(());
+/// Disarms so far (and tables dropped): see [`disarmed`].
+static DISARMS: AtomicU64 = AtomicU64::new(0);
+
+std::thread_local! {
+    /// The fault this thread last retried as possibly stale: (address, `DISARMS` then). Const
+    /// initialised and without a destructor, so the handler may read it.
+    static RETRIED: Cell<(usize, u64)> = const { Cell::new((usize::MAX, 0)) };
+}
+
+/// Says that armed pages were given their protection back and are about to leave the armed
+/// state (a disarm, a tracker's drop). A write that faulted on such a page while it was still
+/// read-only may reach the handler only after the page left the table: the handler then finds no
+/// armed page, and instead of passing the fault on it retries the write once (the page is
+/// writable now). A fault that repeats at the same address with no disarm in between is a real
+/// one and is passed on.
+pub fn disarmed() {
+    DISARMS.fetch_add(1, SeqCst);
+}
+
+/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]).
+fn retry_stale(addr: usize) -> bool {
+    let now = (addr, DISARMS.load(SeqCst));
+    if now.1 == 0 {
+        return false;
+    }
+    RETRIED
+        .try_with(|r| {
+            let fresh = r.get() != now;
+            r.set(now);
+            fresh
+        })
+        .unwrap_or(false)
+}
 
 /// A tracker's table, in the registry until dropped.
 #[derive(Debug)]
@@ -154,6 +193,7 @@ fn free(table: &Table) {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        disarmed();
         REGISTRY[self.slot].store(std::ptr::null_mut(), SeqCst);
         // A handler that loaded the pointer before the store above has ACTIVE raised until it is done.
         while ACTIVE.load(SeqCst) != 0 {
@@ -173,10 +213,7 @@ fn install() -> io::Result<()> {
             // before it can be read by the handler, since sigaction installs ours atomically after.
             unsafe {
                 let prev: *mut libc::sigaction = Box::into_raw(Box::new(std::mem::zeroed()));
-                let mut act: libc::sigaction = std::mem::zeroed();
-                act.sa_sigaction = on_segv as *const () as usize;
-                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
-                libc::sigemptyset(&mut act.sa_mask);
+                let act = our_action();
                 libc::sigaction(libc::SIGSEGV, std::ptr::null(), prev);
                 PREVIOUS.store(prev, SeqCst);
                 if libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()) != 0 {
@@ -268,7 +305,9 @@ pub fn take_written(state: &AtomicU16) -> (bool, bool) {
     }
 }
 
-/// Handles a write to an armed page; returns false for a fault that is not ours.
+/// Handles a write to an armed page; returns false for a fault that is not ours. The first table
+/// that has the page armed handles it: a space has one tracker at a time, but the table of a
+/// tracker being dropped may still be registered (its pages disarmed) beside its successor's.
 fn handle(addr: usize) -> bool {
     for slot in &REGISTRY {
         let t = slot.load(SeqCst);
@@ -277,7 +316,7 @@ fn handle(addr: usize) -> bool {
         }
         // SAFETY: a table in the registry stays alive while ACTIVE is raised (see Drop).
         let table = unsafe { &*t };
-        if table.slot(addr).is_none() {
+        if table.slot(addr).is_none_or(|s| s.load(SeqCst) & ARMED == 0) {
             continue;
         }
         return unprotect(table, addr & !((1usize << table.shift) - 1));
@@ -285,33 +324,102 @@ fn handle(addr: usize) -> bool {
     false
 }
 
-extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    ACTIVE.fetch_add(1, SeqCst);
-    // SAFETY: the kernel passes a valid siginfo for SIGSEGV; si_addr is the faulting address.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    let ours = handle(addr);
-    ACTIVE.fetch_sub(1, SeqCst);
-    if ours {
-        return;
+/// The `sigaction` that installs [`on_segv`].
+fn our_action() -> libc::sigaction {
+    // SAFETY: a zeroed `sigaction` is a valid value to fill in; sigemptyset only writes the mask
+    // (async-signal-safe, so this runs in the handler too).
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_segv as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+        libc::sigemptyset(&mut act.sa_mask);
+        act
     }
+}
+
+/// The thread's `errno`: the handler's own system calls must not change it for the code it
+/// interrupted.
+fn errno() -> *mut libc::c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot, valid for the thread's life.
+    unsafe { libc::__errno_location() }
+}
+
+extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: errno() points at this thread's errno.
+    let saved = unsafe { *errno() };
+    // SAFETY: the kernel passes a valid siginfo for SIGSEGV.
+    let code = unsafe { (*info).si_code };
+    // si_code <= 0: sent by a process (kill, tgkill, sigqueue), not a fault: there is no address
+    // to handle and nothing repeats after the handler returns.
+    if code > 0 {
+        ACTIVE.fetch_add(1, SeqCst);
+        // SAFETY: for a fault (si_code > 0) si_addr is the faulting address.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        let ours = handle(addr);
+        ACTIVE.fetch_sub(1, SeqCst);
+        if !ours && !retry_stale(addr) {
+            chain_fault(sig, info, ctx);
+        }
+    } else {
+        chain_sent(sig, info, ctx);
+    }
+    // SAFETY: as above.
+    unsafe { *errno() = saved };
+}
+
+/// Calls the previous handler if it is a function; returns whether it was one.
+fn call_previous(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) -> bool {
     let prev = PREVIOUS.load(SeqCst);
     // SAFETY: `prev` was filled by sigaction before our handler was installed and is never freed.
-    // Calling the previous handler with the arguments we got is what chaining means; for SIG_DFL
-    // we restore the default action and return, so the fault repeats and the process dies as it
-    // would have without us.
+    // Calling the previous handler with the arguments we got is what chaining means.
     unsafe {
         let p = &*prev;
-        if p.sa_flags & libc::SA_SIGINFO != 0 && p.sa_sigaction > 1 {
+        if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
+            return false;
+        }
+        if p.sa_flags & libc::SA_SIGINFO != 0 {
             let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 std::mem::transmute(p.sa_sigaction);
             f(sig, info, ctx);
-        } else if p.sa_sigaction == libc::SIG_DFL || p.sa_sigaction == libc::SIG_IGN {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
         } else {
             let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
             f(sig);
+        }
+    }
+    true
+}
+
+/// A fault that is not ours goes to the previous handler; for `SIG_DFL` we restore the default
+/// action and return, so the fault repeats and the process dies as it would have without us.
+fn chain_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    if !call_previous(sig, info, ctx) {
+        // SAFETY: a zeroed sigaction with SIG_DFL is the default action; sigaction is
+        // async-signal-safe.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A `SIGSEGV` sent by a process goes to the previous handler if it is a function. Such a handler
+/// (Rust's own stack-overflow handler, for one) may reset the disposition to the default so that a
+/// fault repeats fatally; for a sent signal nothing repeats, and the next write to an armed page
+/// would kill the process, so ours is put back. With no previous function the signal is ignored:
+/// a sent `SIGSEGV` is not a fault of any page, and tracking must go on.
+fn chain_sent(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    if !call_previous(sig, info, ctx) {
+        return;
+    }
+    // SAFETY: reading and setting the action of SIGSEGV with valid structs; sigaction is
+    // async-signal-safe.
+    unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut now);
+        if now.sa_sigaction == libc::SIG_DFL {
+            let act = our_action();
+            libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut());
         }
     }
 }

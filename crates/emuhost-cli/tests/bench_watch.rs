@@ -81,7 +81,6 @@ fn a_bad_emuhost_watch_or_rounds_is_exit_2_naming_it() {
 /// opening one fail): uffd is left out with its self-test's reason, and mprotect is measured.
 #[cfg(feature = "faults")]
 #[test]
-#[ignore = "fails until the fix of issue 14 item 10 (mprotect arm/disarm racing writers) is merged: the stress's disarm races kill the process"]
 fn without_userfaultfd_uffd_is_left_out_with_its_reason_and_mprotect_is_measured() {
     let out = bench_watch(&[("EMUHOST_FAULT_UFFD", "enosys")], &["--json"]);
     let (stdout, stderr) = text(&out);

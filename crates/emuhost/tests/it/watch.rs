@@ -376,11 +376,10 @@ fn uffd_no_lost_writes_with_arms_racing() {
 }
 
 #[test]
-#[ignore = "fails until the fix of issue 14 item 10 (mprotect arm/disarm racing writers) is merged"]
 fn mprotect_no_lost_writes_with_arms_racing() {
-    // On the branch without the fix: an arm racing a handler loses a write now and then, and a
-    // disarm racing a store kills the process (the page is disarmed before its protection is
-    // given back, so the fault is not the tracker's and goes to the default action).
+    // Before the fix of issue 14 item 10: an arm racing a handler lost a write now and then, and
+    // a disarm racing a store killed the process (the page was disarmed before its protection was
+    // given back, so the fault was not the tracker's and went to the default action).
     no_lost_writes_with_arms_racing(BackendKind::Mprotect)
 }
 

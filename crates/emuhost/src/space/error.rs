@@ -18,6 +18,17 @@ pub enum SpaceError {
         #[source]
         source: io::Error,
     },
+    #[error("guest window at host {base:#x}+{window:#x} with {guard:#x}-byte guard pages refused: {why}")]
+    BadPlacement { base: u64, window: u64, guard: u64, why: &'static str },
+    #[error("reserving host range {start:#x}..{end:#x} for the guest window (guard pages included) failed")]
+    ReserveAt {
+        start: u64,
+        end: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("adopting host range {base:#x}+{len:#x} as the guest window refused: {why}")]
+    Adopt { base: u64, len: u64, why: String },
     #[error("{op} {addr:#x}+{len:#x} failed")]
     Os {
         op: &'static str,

@@ -44,11 +44,29 @@ use ranges::RangeMap;
 /// The default guest window: 512 GiB.
 pub const DEFAULT_WINDOW: u64 = 512 << 30;
 
+/// Where the guest window is reserved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Where the kernel chooses.
+    #[default]
+    Anywhere,
+    /// At this host address (page-aligned), never replacing a mapping: where anything is mapped
+    /// in the range (guard pages included) the build fails naming it ([`SpaceError::ReserveAt`]).
+    At(usize),
+}
+
 /// How a space is made.
 #[derive(Clone, Debug)]
 pub struct SpaceConfig {
     /// Bytes of guest address space to reserve (a multiple of the page size).
     pub window: u64,
+    /// Where the window is reserved.
+    pub placement: Placement,
+    /// Bytes of guard pages (a multiple of the page size) reserved `PROT_NONE` below and above
+    /// the window: nothing else can be mapped there, and a run off either end of the window
+    /// faults. The space never commits them; they are unmapped with the window.
+    pub guard: u64,
     /// Commit in one system call, walking region by region only where it fails. `false` always
     /// walks (the old way; kept to measure against).
     pub one_call_commit: bool,
@@ -60,13 +78,30 @@ pub struct SpaceConfig {
 
 impl Default for SpaceConfig {
     fn default() -> Self {
-        Self { window: DEFAULT_WINDOW, one_call_commit: true, maps_text: false }
+        Self {
+            window: DEFAULT_WINDOW,
+            placement: Placement::Anywhere,
+            guard: 0,
+            one_call_commit: true,
+            maps_text: false,
+        }
     }
 }
 
 impl SpaceConfig {
     pub fn window(mut self, bytes: u64) -> Self {
         self.window = bytes;
+        self
+    }
+
+    /// Reserves the window at host address `base` ([`Placement::At`]).
+    pub fn at(mut self, base: usize) -> Self {
+        self.placement = Placement::At(base);
+        self
+    }
+
+    pub fn guard(mut self, bytes: u64) -> Self {
+        self.guard = bytes;
         self
     }
 
@@ -82,6 +117,28 @@ impl SpaceConfig {
 
     pub fn build(self) -> Result<Space, SpaceError> {
         Space::new(self)
+    }
+
+    /// Makes a space whose window is the caller's reservation `base..base + len` (host address,
+    /// page-aligned), instead of reserving one: `window`, `placement` and `guard` are not used
+    /// (asking for a placement or guards is an error: the caller's reservation is where it is,
+    /// and its guards are the caller's to make). The range must be mapped entirely, `PROT_NONE`,
+    /// private and anonymous, as a reservation is (`MAP_NORESERVE` keeps commits free of commit
+    /// charge); anything else is an error naming the part that is not ([`SpaceError::Adopt`]).
+    ///
+    /// On drop the window is not unmapped: every page the space committed, protected or mapped a
+    /// view over is decommitted (fresh `PROT_NONE`, private, `MAP_NORESERVE` pages, the bytes
+    /// dropped), so the caller gets its range back as a reservation, to unmap or reuse.
+    ///
+    /// # Safety
+    /// `base..base + len` must be a reservation the caller made; it must stay mapped for as long
+    /// as the space lives (trackers and holds keep it alive), and nothing else may map, unmap or
+    /// change protection in it meanwhile: the space maps over its pages (`MAP_FIXED`) as its own.
+    /// The checks above cannot tell a reservation the caller owns from someone else's.
+    #[allow(unsafe_code)] // adopting a reservation: see the Safety section
+    pub unsafe fn adopt(self, base: usize, len: u64) -> Result<Space, SpaceError> {
+        // SAFETY: the caller's contract is this fn's.
+        unsafe { Space::adopt(self, base, len) }
     }
 }
 
@@ -284,23 +341,95 @@ pub struct Space {
 }
 
 impl Space {
-    /// Reserves the window.
+    /// Reserves the window (and its guard pages) where the configuration places it.
     pub fn new(config: SpaceConfig) -> Result<Self, SpaceError> {
         let page = page_size();
         if config.window == 0 || !config.window.is_multiple_of(page) || usize::try_from(config.window).is_err() {
             return Err(SpaceError::BadWindow { size: config.window, page });
         }
-        let res = Reservation::new(config.window as usize)
-            .map_err(|source| SpaceError::Reserve { size: config.window, source })?;
+        let (window, guard) = (config.window, config.guard);
+        let base = match config.placement {
+            Placement::Anywhere => None,
+            Placement::At(b) => Some(b as u64),
+        };
+        let bad = |why| SpaceError::BadPlacement { base: base.unwrap_or(0), window, guard, why };
+        if !guard.is_multiple_of(page) {
+            return Err(bad("the guard is not a multiple of the page size"));
+        }
+        // The whole mapping, guards included, must fit the address space.
+        let total = guard.checked_mul(2).and_then(|g| g.checked_add(window)).filter(|t| usize::try_from(*t).is_ok());
+        let total = total.ok_or_else(|| bad("the window and its guards run past the address space"))?;
+        let res = match base {
+            None => Reservation::new(window as usize, guard as usize)
+                .map_err(|source| SpaceError::Reserve { size: window, source })?,
+            Some(b) => {
+                if !b.is_multiple_of(page) {
+                    return Err(bad("the base is not page-aligned"));
+                }
+                let start = b.checked_sub(guard).filter(|s| *s > 0);
+                let end = start.and_then(|s| s.checked_add(total)).filter(|e| usize::try_from(*e).is_ok());
+                let (Some(start), Some(end)) = (start, end) else {
+                    return Err(bad("the window and its guards run past either end of the address space"));
+                };
+                Reservation::at(b as usize, window as usize, guard as usize)
+                    .map_err(|source| SpaceError::ReserveAt { start, end, source })?
+            }
+        };
+        Self::with_reservation(res, &config)
+    }
+
+    /// A space over the caller's reservation `base..base + len`: see [`SpaceConfig::adopt`].
+    ///
+    /// # Safety
+    /// As [`SpaceConfig::adopt`].
+    #[allow(unsafe_code)] // adopting a reservation: see the Safety section
+    unsafe fn adopt(config: SpaceConfig, base: usize, len: u64) -> Result<Self, SpaceError> {
+        let page = page_size();
+        let refuse = |why: String| SpaceError::Adopt { base: base as u64, len, why };
+        if config.placement != Placement::Anywhere || config.guard != 0 {
+            return Err(refuse(
+                "a placement or guard pages were asked for; the caller's reservation is where it is, \
+                 its guards are the caller's to make"
+                    .into(),
+            ));
+        }
+        if base == 0 || len == 0 {
+            return Err(refuse("the range is null or empty".into()));
+        }
+        if !(base as u64).is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(refuse(format!("the range is not aligned to the {page:#x}-byte page")));
+        }
+        let Some(end) = usize::try_from(len).ok().and_then(|l| base.checked_add(l)) else {
+            return Err(refuse("the range runs past the end of the address space".into()));
+        };
         let maps = Maps::open(config.maps_text || crate::faults::no_procmap_query())
             .map_err(|source| SpaceError::os("open /proc/self/maps", 0, 0, source))?;
-        Ok(Self {
+        let regions = maps.regions(base, end).map_err(|e| SpaceError::os("query regions", 0, len, e))?;
+        if let Some(why) = not_a_reservation(&regions, base, end) {
+            return Err(refuse(why));
+        }
+        // SAFETY: the caller's contract is the one `Reservation::adopt` asks for; alignment and
+        // length were checked above (it checks them again).
+        let res = unsafe { Reservation::adopt(base, len as usize) }.map_err(|e| refuse(e.to_string()))?;
+        Ok(Self::from_parts(res, maps, &config))
+    }
+
+    /// A space over `res`, its region queries answered as `config` asks.
+    fn with_reservation(res: Reservation, config: &SpaceConfig) -> Result<Self, SpaceError> {
+        let maps = Maps::open(config.maps_text || crate::faults::no_procmap_query())
+            .map_err(|source| SpaceError::os("open /proc/self/maps", 0, 0, source))?;
+        Ok(Self::from_parts(res, maps, config))
+    }
+
+    fn from_parts(res: Reservation, maps: Maps, config: &SpaceConfig) -> Self {
+        // Every page starts reserved in the record: an adopted window was checked to be so.
+        Self {
             res,
             maps,
             one_call_commit: config.one_call_commit,
             state: Mutex::new(State::default()),
             record: RwLock::new(Record::default()),
-        })
+        }
     }
 
     /// A space with the default configuration (512 GiB, one-call commit).
@@ -316,6 +445,17 @@ impl Space {
     /// The host address of guest address 0.
     pub fn host_base(&self) -> usize {
         self.res.base()
+    }
+
+    /// The bytes of guard pages reserved beyond each end of the window (0 for none, and for an
+    /// adopted window).
+    pub fn guard(&self) -> u64 {
+        self.res.guard() as u64
+    }
+
+    /// Whether the window is the caller's reservation ([`SpaceConfig::adopt`]).
+    pub fn adopted(&self) -> bool {
+        self.res.adopted()
     }
 
     /// The host address of a guest address inside the window.
@@ -892,6 +1032,53 @@ impl Space {
             .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))?;
         Ok(regions.into_iter().map(|r| Region { start: r.start - base, end: r.end - base, ..r }).collect())
     }
+}
+
+impl Drop for Space {
+    /// An adopted window goes back to the caller reserved: each run of pages the space committed,
+    /// protected or mapped a view over is decommitted, as [`Space::decommit`] does (a run that
+    /// holds a foreign mapping is left as it is, with a warning). A window the space reserved is
+    /// unmapped with its guards when the reservation drops.
+    fn drop(&mut self) {
+        if !self.res.adopted() {
+            return;
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (a, b, _) in self.record().prots.iter() {
+            match runs.last_mut() {
+                Some(last) if last.1 == a => last.1 = b,
+                _ => runs.push((a, b)),
+            }
+        }
+        for (a, b) in runs {
+            let run = GuestRange::from_bounds(a, b).expect("the record is page-aligned");
+            if let Err(e) = self.decommit(run) {
+                tracing::warn!("dropping an adopted window: {run} is left as it is: {e}");
+            }
+        }
+    }
+}
+
+/// Why the kernel's `regions` over host `a..b` (clipped, in address order) are not one
+/// reservation (mapped entirely, `PROT_NONE`, private, anonymous), if they are not.
+fn not_a_reservation(regions: &[Region], a: usize, b: usize) -> Option<String> {
+    let mut at = a;
+    for r in regions {
+        if r.start > at {
+            return Some(format!("nothing is mapped at {at:#x}..{:#x}", r.start));
+        }
+        if r.read || r.write || r.exec || r.shared || r.file {
+            let prot = Prot { read: r.read, write: r.write, exec: r.exec };
+            let kind = if r.file { "file" } else { "anonymous" };
+            let shared = if r.shared { "shared" } else { "private" };
+            return Some(format!(
+                "{:#x}..{:#x} is a {prot:?} {shared} {kind} mapping, not a PROT_NONE private anonymous reservation",
+                r.start, r.end
+            ));
+        }
+        at = at.max(r.end);
+    }
+    (at < b).then(|| format!("nothing is mapped at {at:#x}..{b:#x}"))
 }
 
 /// Guest pages held mapped ([`Space::hold`]); dropping it lets them go.

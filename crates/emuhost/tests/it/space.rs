@@ -541,3 +541,277 @@ fn populate_touches_the_pages_where_madv_populate_write_is_missing() {
         assert!(e.to_string().starts_with(&format!("populate {:#x}+{:#x}", at * page(), n * page())), "{e}");
     }
 }
+
+/// Host address space low in the user half, far below where the kernel places mappings (top
+/// down from below the stack), so nothing else in the process lands there while a test runs.
+const LOW: usize = 0x2000_0000_0000;
+
+/// The `i`th of 16 bases 4 GiB apart that test `slot` tries (slots lie 64 GiB apart).
+fn low_base(slot: usize, i: usize) -> usize {
+    LOW + (slot * 16 + i) * (4 << 30)
+}
+
+/// Builds `config` (at most a 2 GiB window) at the first free base of `slot` (a parallel test may
+/// hold one).
+fn at_free_base(config: SpaceConfig, slot: usize) -> Space {
+    for i in 0..16 {
+        let base = low_base(slot, i);
+        match config.clone().at(base).build() {
+            Ok(s) => return s,
+            Err(SpaceError::ReserveAt { ref source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("no free base from {:#x}", low_base(slot, 0));
+}
+
+/// Maps `len` bytes at host `at` with `prot` where nothing is mapped (`MAP_FIXED_NOREPLACE`), as a
+/// caller reserving its own window would; `None` where something is mapped there.
+fn map_at(at: usize, len: usize, prot: libc::c_int, shared: bool) -> Option<usize> {
+    let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped; it replaces nothing.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            prot,
+            kind | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && p as usize == at).then_some(at)
+}
+
+/// A caller's own reservation of `len` bytes at a free low address (`slot` keeps tests apart).
+fn caller_reservation(len: usize, prot: libc::c_int, shared: bool, slot: usize) -> usize {
+    (0..16)
+        .find_map(|i| map_at(low_base(slot, i), len, prot, shared))
+        .expect("a free low address for the caller's reservation")
+}
+
+fn unmap(at: usize, len: usize) {
+    // SAFETY: the test's own mapping; nothing refers to it.
+    assert_eq!(unsafe { libc::munmap(at as *mut libc::c_void, len) }, 0);
+}
+
+/// The lines of `/proc/self/maps` over host `a..b` as (start, end, perms), clipped to it.
+fn maps(a: usize, b: usize) -> Vec<(usize, usize, String)> {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_ascii_whitespace();
+            let (s, e) = f.next()?.split_once('-')?;
+            let (s, e) = (usize::from_str_radix(s, 16).ok()?, usize::from_str_radix(e, 16).ok()?);
+            let perms = f.next()?.to_string();
+            (s < b && e > a).then_some((s.max(a), e.min(b), perms))
+        })
+        .collect()
+}
+
+/// Whether host `a..b` is mapped entirely as `PROT_NONE` private memory (a reservation).
+fn reserved(a: usize, b: usize) -> bool {
+    let m = maps(a, b);
+    let covered = m.first().is_some_and(|r| r.0 == a)
+        && m.last().is_some_and(|r| r.1 == b)
+        && m.windows(2).all(|w| w[0].1 == w[1].0);
+    covered && m.iter().all(|r| r.2 == "---p")
+}
+
+#[test]
+fn a_window_at_a_chosen_base_is_used_there() {
+    let s = at_free_base(SpaceConfig::default().window(1 << 30), 0);
+    let base = s.host_base();
+    assert!((0..16).any(|i| base == low_base(0, i)), "the window is at the base asked for: {base:#x}");
+    assert!(reserved(base, base + (1 << 30)), "{:x?}", maps(base, base + (1 << 30)));
+    let r = pages(&s, 16, 4);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.store(GuestAddr(16 * page() + 3), b"at base").unwrap();
+    let mut b = [0u8; 7];
+    s.read(GuestAddr(16 * page() + 3), &mut b).unwrap();
+    assert_eq!(&b, b"at base");
+    // SAFETY: the committed page holds the bytes just stored; a read through its host address.
+    assert_eq!(unsafe { *((base + 16 * page() as usize + 3) as *const u8) }, b'a');
+    assert_eq!(maps(base + 16 * page() as usize, base + 20 * page() as usize)[0].2, "rw-p");
+    drop(s);
+    // Dropped: the range is free again (nothing else maps down here).
+    let again = map_at(base, 1 << 30, libc::PROT_NONE, false).expect("the window was unmapped");
+    unmap(again, 1 << 30);
+}
+
+#[test]
+fn an_occupied_base_is_refused_naming_it_and_left_intact() {
+    let len = 8 * page() as usize;
+    let mine = caller_reservation(len, libc::PROT_READ | libc::PROT_WRITE, false, 1);
+    // SAFETY: the test's own read-write mapping of `len` bytes.
+    unsafe { std::ptr::write_bytes(mine as *mut u8, 0x6b, len) };
+    let window = 16 * page();
+    let cases = [
+        // Over the start of the mapping, over its end, and the guard pages alone over it.
+        (mine - 4 * page() as usize, 0, mine - 4 * page() as usize, mine + 12 * page() as usize),
+        (mine + 4 * page() as usize, 0, mine + 4 * page() as usize, mine + 20 * page() as usize),
+        (
+            mine + len + 2 * page() as usize,
+            4 * page(),
+            mine + len - 2 * page() as usize,
+            mine + len + 22 * page() as usize,
+        ),
+    ];
+    for (base, guard, start, end) in cases {
+        let e = SpaceConfig::default().window(window).guard(guard).at(base).build().unwrap_err();
+        assert!(
+            matches!(&e, SpaceError::ReserveAt { source, .. } if source.raw_os_error() == Some(libc::EEXIST)),
+            "{e:?}"
+        );
+        assert!(e.to_string().starts_with(&format!("reserving host range {start:#x}..{end:#x}")), "{e}");
+        let said = std::error::Error::source(&e).unwrap().to_string();
+        assert!(said.contains("File exists"), "{said}");
+    }
+    assert_eq!(maps(mine, mine + len), vec![(mine, mine + len, "rw-p".to_string())], "still mapped as it was");
+    // SAFETY: the test's own mapping, still mapped read-write (checked just above).
+    let bytes = unsafe { std::slice::from_raw_parts(mine as *const u8, len) };
+    assert!(bytes.iter().all(|b| *b == 0x6b), "its bytes are untouched");
+    unmap(mine, len);
+    // A base that is not page-aligned, or guards that run below address 0, are refused too.
+    let e = SpaceConfig::default().window(window).at(LOW + 1).build().unwrap_err();
+    assert!(e.to_string().contains(&format!("at host {:#x}+{window:#x}", LOW + 1)), "{e}");
+    assert!(e.to_string().ends_with("not page-aligned"), "{e}");
+    let e = SpaceConfig::default().window(window).guard(2 * page()).at(page() as usize).build().unwrap_err();
+    assert!(matches!(e, SpaceError::BadPlacement { .. }), "{e}");
+    let e = SpaceConfig::default().window(window).guard(page() + 1).build().unwrap_err();
+    assert!(matches!(e, SpaceError::BadPlacement { .. }), "{e}");
+}
+
+#[test]
+fn guard_pages_are_reserved_around_the_window() {
+    let guard = 4 * page();
+    let window = 64 * page();
+    for (slot, anywhere) in [(2, false), (0, true)] {
+        let config = SpaceConfig::default().window(window).guard(guard);
+        let s = if anywhere { config.build().unwrap() } else { at_free_base(config, slot) };
+        assert_eq!(s.guard(), guard);
+        let (base, g, w) = (s.host_base(), guard as usize, window as usize);
+        // Committed, the window's pages are told apart from the guards around it.
+        s.commit(s.range(0, window).unwrap(), Prot::READ_WRITE).unwrap();
+        let m = maps(base - g, base + w + g);
+        assert_eq!(
+            m,
+            vec![
+                (base - g, base, "---p".into()),
+                (base, base + w, "rw-p".into()),
+                (base + w, base + w + g, "---p".into())
+            ],
+            "anywhere: {anywhere}"
+        );
+        // Nothing else can be mapped there, and the space does not reach past its window.
+        assert!(map_at(base - g, page() as usize, libc::PROT_READ, false).is_none(), "the low guard is taken");
+        assert!(map_at(base + w + g - page() as usize, page() as usize, libc::PROT_READ, false).is_none());
+        let e = s.store(GuestAddr(window - 2), b"over").unwrap_err();
+        assert!(matches!(e, SpaceError::OutOfWindow { .. }), "{e}");
+        let mut b = [0u8; 1];
+        let local = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 1 };
+        let remote = libc::iovec { iov_base: (base + w) as *mut libc::c_void, iov_len: 1 };
+        // SAFETY: reads one byte of this process into `b`; the kernel fails rather than fault.
+        let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        assert_eq!(r, -1, "a guard page is not readable");
+        assert_eq!(first_byte(&s, window - 1).unwrap(), 0);
+        drop(s);
+        if !anywhere {
+            // Unmapped with the window (nothing else maps down here).
+            let again = map_at(base - g, w + 2 * g, libc::PROT_NONE, false).expect("the guards were unmapped");
+            unmap(again, w + 2 * g);
+        }
+    }
+}
+
+#[test]
+fn an_adopted_reservation_is_used_and_given_back_reserved() {
+    use emuhost::watch::{self, PageRun, Tracker};
+    let len = 256 * page() as usize;
+    let base = caller_reservation(len, libc::PROT_NONE, false, 3);
+    // SAFETY: the test made the reservation, keeps it mapped until after the space is dropped,
+    // and maps nothing else in it meanwhile.
+    let s = std::sync::Arc::new(unsafe { SpaceConfig::default().adopt(base, len as u64) }.unwrap());
+    assert!(s.adopted() && s.guard() == 0);
+    assert_eq!((s.host_base(), s.window()), (base, len as u64));
+    let r = pages(&s, 8, 32);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.store(GuestAddr(8 * page() + 1), b"adopted").unwrap();
+    let mut b = [0u8; 7];
+    s.read(GuestAddr(8 * page() + 1), &mut b).unwrap();
+    assert_eq!(&b, b"adopted");
+    s.decommit(pages(&s, 30, 2)).unwrap();
+    assert!(first_byte(&s, 30 * page()).is_err(), "decommitted");
+    s.protect(pages(&s, 12, 1), Prot::READ).unwrap();
+    let sec = s.create_section(4 * page()).unwrap();
+    s.map_section(pages(&s, 100, 4), sec, 0, Prot::READ_WRITE).unwrap();
+    s.write(GuestAddr(100 * page()), b"view").unwrap();
+    // A tracker with the backend the machine chooses works on it.
+    let t = Tracker::new(&s).unwrap();
+    let armed = pages(&s, 16, 8);
+    t.arm(armed).unwrap();
+    s.store(GuestAddr(20 * page() + 9), &[1]).unwrap();
+    let runs = t.collect(armed).unwrap().runs;
+    assert_eq!(runs, vec![PageRun { start: GuestAddr(20 * page()), pages: 1 }], "{:?}", watch::choose().ok());
+    assert!(!reserved(base, base + len), "in use, the pages are committed");
+    drop(t);
+    drop(s);
+    // Given back: still mapped, all of it PROT_NONE and private (the view is gone too).
+    assert!(reserved(base, base + len), "{:x?}", maps(base, base + len));
+    // Decommitted, not just protected: made accessible again, the pages hold zeros.
+    // SAFETY: the test's own reservation, which no one else uses now.
+    assert_eq!(unsafe { libc::mprotect(base as *mut libc::c_void, len, libc::PROT_READ) }, 0);
+    for at in [8 * page() as usize + 1, 12 * page() as usize, 20 * page() as usize + 9, 100 * page() as usize] {
+        // SAFETY: readable (just made so) and the test's own.
+        assert_eq!(unsafe { *((base + at) as *const u8) }, 0, "at {at:#x}");
+    }
+    unmap(base, len);
+}
+
+#[test]
+fn adopt_refuses_what_is_not_a_reservation_naming_it() {
+    let p = page() as usize;
+    let adopt = |base: usize, len: usize| {
+        // SAFETY: the test's own mappings, kept mapped until the test unmaps them; each call is
+        // refused (asserted), so no space ever uses them.
+        unsafe { SpaceConfig::default().adopt(base, len as u64) }.unwrap_err()
+    };
+    let refused = |e: SpaceError, base: usize, len: usize, why: &str| {
+        let t = e.to_string();
+        assert!(matches!(e, SpaceError::Adopt { .. }), "{t}");
+        assert!(t.starts_with(&format!("adopting host range {base:#x}+{len:#x} as the guest window refused: ")), "{t}");
+        assert!(t.contains(why), "{t}");
+    };
+    // A hole in the middle.
+    let base = caller_reservation(16 * p, libc::PROT_NONE, false, 4);
+    unmap(base + 4 * p, 2 * p);
+    let gap = format!("nothing is mapped at {:#x}..{:#x}", base + 4 * p, base + 6 * p);
+    refused(adopt(base, 16 * p), base, 16 * p, &gap);
+    unmap(base, 16 * p);
+    // Nothing at all.
+    refused(adopt(base, 16 * p), base, 16 * p, &format!("nothing is mapped at {base:#x}..{:#x}", base + 16 * p));
+    // Accessible memory, and shared memory, are not reservations.
+    let rw = caller_reservation(8 * p, libc::PROT_READ | libc::PROT_WRITE, false, 4);
+    refused(adopt(rw, 8 * p), rw, 8 * p, &format!("{rw:#x}..{:#x} is a rw- private anonymous mapping", rw + 8 * p));
+    let shared = caller_reservation(8 * p, libc::PROT_NONE, true, 5);
+    refused(adopt(shared, 8 * p), shared, 8 * p, "is a --- shared");
+    // A reservation with one committed page in it.
+    let part = caller_reservation(8 * p, libc::PROT_NONE, false, 6);
+    // SAFETY: the test's own reservation.
+    assert_eq!(unsafe { libc::mprotect((part + 3 * p) as *mut libc::c_void, p, libc::PROT_READ) }, 0);
+    refused(adopt(part, 8 * p), part, 8 * p, &format!("{:#x}..{:#x} is a r-- private", part + 3 * p, part + 4 * p));
+    // Bad ranges, and guards or a placement asked of an adopted window.
+    refused(adopt(part + 1, 8 * p), part + 1, 8 * p, "not aligned");
+    refused(adopt(part, 0), part, 0, "null or empty");
+    refused(adopt(usize::MAX - p + 1, 2 * p), usize::MAX - p + 1, 2 * p, "runs past the end");
+    // SAFETY: as above; refused.
+    let e = unsafe { SpaceConfig::default().guard(page()).adopt(part, 8 * p as u64) }.unwrap_err();
+    refused(e, part, 8 * p, "guard pages");
+    // Nothing was changed.
+    assert_eq!(maps(rw, rw + 8 * p), vec![(rw, rw + 8 * p, "rw-p".to_string())]);
+    assert_eq!(maps(shared, shared + 8 * p), vec![(shared, shared + 8 * p, "---s".to_string())]);
+    assert_eq!(maps(part + 3 * p, part + 4 * p), vec![(part + 3 * p, part + 4 * p, "r--p".to_string())]);
+    for (at, n) in [(rw, 8), (shared, 8), (part, 8)] {
+        unmap(at, n * p);
+    }
+}

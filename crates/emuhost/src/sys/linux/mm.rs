@@ -1,7 +1,7 @@
 //! One anonymous reservation and what is done to pages inside it.
 //!
 //! The reservation is `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)`: address
-//! space only, no memory and no commit charge. A commit is an `mprotect` to a usable protection
+//! space only, no memory and no commit charge (or the caller's own, adopted). A commit is an `mprotect` to a usable protection
 //! (with `MAP_NORESERVE` the kernel charges nothing when the mapping becomes writable, and pages
 //! are faulted in at first touch). A reset is a `MAP_FIXED` anonymous `PROT_NONE` mapping over the
 //! range: it drops the pages (and any shared view there) in one call and leaves the range reserved.
@@ -79,11 +79,15 @@ pub fn page_size() -> usize {
     rustix::param::page_size()
 }
 
-/// An anonymous `PROT_NONE` reservation, unmapped on drop.
+/// An anonymous `PROT_NONE` reservation: the window `base..base + len`, with `guard` bytes of
+/// reserved pages beyond each end where asked (part of the same mapping; no method reaches them).
+/// One it made is unmapped on drop, guards too; an adopted one (the caller's) is left mapped.
 #[derive(Debug)]
 pub struct Reservation {
     base: usize,
     len: usize,
+    guard: usize,
+    adopted: bool,
 }
 
 fn einval() -> io::Error {
@@ -91,23 +95,73 @@ fn einval() -> io::Error {
 }
 
 impl Reservation {
-    /// Reserves `len` bytes of address space (no memory, no commit charge).
-    pub fn new(len: usize) -> io::Result<Self> {
-        if len == 0 || !len.is_multiple_of(page_size()) {
+    /// Reserves `len` bytes of address space (no memory, no commit charge) where the kernel
+    /// chooses, with `guard` bytes of reserved pages below and above it.
+    pub fn new(len: usize, guard: usize) -> io::Result<Self> {
+        Self::reserve(None, len, guard)
+    }
+
+    /// Reserves `base..base + len` with `guard` bytes of reserved pages below and above it, never
+    /// replacing a mapping: `EEXIST` where anything is mapped in the range, guards included.
+    pub fn at(base: usize, len: usize, guard: usize) -> io::Result<Self> {
+        Self::reserve(Some(base), len, guard)
+    }
+
+    /// Reserves a window of `len` bytes with `guard` bytes of reserved pages below and above it,
+    /// in one mapping: at `base` (the window's address; the mapping starts `guard` below it) or,
+    /// with `None`, where the kernel chooses. At a base `MAP_FIXED_NOREPLACE` (Linux 4.17) never
+    /// replaces a mapping.
+    fn reserve(base: Option<usize>, len: usize, guard: usize) -> io::Result<Self> {
+        let page = page_size();
+        if len == 0 || !len.is_multiple_of(page) || !guard.is_multiple_of(page) {
             return Err(einval());
         }
+        let total = guard.checked_mul(2).and_then(|g| g.checked_add(len)).ok_or_else(einval)?;
+        let (hint, flags) = match base {
+            None => (0, MapFlags::PRIVATE | MapFlags::NORESERVE),
+            Some(b) => {
+                let start = b.checked_sub(guard).filter(|s| *s != 0 && s.is_multiple_of(page)).ok_or_else(einval)?;
+                start.checked_add(total).ok_or_else(einval)?;
+                (start, MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED_NOREPLACE)
+            }
+        };
         count(Call::Mmap);
-        // SAFETY: a null hint without MAP_FIXED lets the kernel choose free address space; no
-        // existing memory is affected.
-        let p = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::empty(),
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
-            )
-        }?;
-        Ok(Self { base: p as usize, len })
+        // SAFETY: without MAP_FIXED the kernel chooses free address space, and MAP_FIXED_NOREPLACE
+        // maps only where nothing is mapped: no existing memory is affected either way.
+        let p = unsafe { rustix::mm::mmap_anonymous(hint as *mut libc::c_void, total, ProtFlags::empty(), flags) }?;
+        if hint != 0 && p as usize != hint {
+            // A kernel before 4.17 takes MAP_FIXED_NOREPLACE for a hint and maps elsewhere.
+            // SAFETY: the mapping was just made by this function and nothing refers to it.
+            let _ = unsafe { rustix::mm::munmap(p, total) };
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        Ok(Self { base: p as usize + guard, len, guard, adopted: false })
+    }
+
+    /// Takes the caller's reservation `base..base + len` as the window (page-aligned, non-empty,
+    /// not wrapping; `EINVAL` otherwise). It is not unmapped on drop.
+    ///
+    /// # Safety
+    /// The range must be a reservation the caller made, mapped for as long as the `Reservation`
+    /// lives, in which nothing else maps or unmaps meanwhile: the methods map over it
+    /// (`MAP_FIXED`) and change its protection as if they owned it.
+    pub unsafe fn adopt(base: usize, len: usize) -> io::Result<Self> {
+        let page = page_size();
+        if base == 0 || len == 0 || !base.is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(einval());
+        }
+        base.checked_add(len).ok_or_else(einval)?;
+        Ok(Self { base, len, guard: 0, adopted: true })
+    }
+
+    /// Whether the window is the caller's ([`Reservation::adopt`]).
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The bytes of guard pages reserved beyond each end of the window.
+    pub fn guard(&self) -> usize {
+        self.guard
     }
 
     /// The host address of offset 0.
@@ -347,10 +401,13 @@ pub fn read_host(remote: usize, buf: &mut [u8]) -> io::Result<()> {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if self.adopted {
+            return; // the caller's: it unmaps it
+        }
         count(Call::Munmap);
-        // SAFETY: the reservation owns `base..base + len` (it mapped it) and is being dropped, so
-        // nothing uses the range afterwards.
-        let _ = unsafe { rustix::mm::munmap(self.base as *mut libc::c_void, self.len) };
+        // SAFETY: the reservation owns the window and its guards (it mapped them) and is being
+        // dropped, so nothing uses the range afterwards.
+        let _ = unsafe { rustix::mm::munmap((self.base - self.guard) as *mut libc::c_void, self.len + 2 * self.guard) };
     }
 }
 

@@ -226,7 +226,7 @@ mod tests {
         }
         // A reservation of our own with three regions in it, and the code of this test binary.
         let page = page_size();
-        let res = Reservation::new(16 * page).unwrap();
+        let res = Reservation::new(16 * page, 0).unwrap();
         res.protect(4 * page, 4 * page, RawProt { read: true, write: true, exec: false }).unwrap();
         let code = parse_line as *const () as usize;
         for (a, b) in [(res.base(), res.base() + 16 * page), (code, code + 1)] {

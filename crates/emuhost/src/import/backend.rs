@@ -198,7 +198,8 @@ pub trait Backend: Send + Sync {
     }
 
     /// Copies `len` bytes from `from` at `from_off` to `to` at `to_off` through the GPU and waits.
-    /// `Ok(false)` where the backend has no GPU path (pin). On a CPU driver (lavapipe) the copy is
+    /// `Ok(false)` where the backend has no GPU path (pin; Vulkan on the caller's device, whose
+    /// queues emuhost does not use). On a CPU driver (lavapipe) the copy is
     /// a CPU store: into a page the guest made not writable it faults as a guest store would.
     fn gpu_copy(
         &self,

@@ -256,8 +256,8 @@ impl Vulkan {
     ///   physical device is the instance's and the device was created from it.
     /// - The instance was created with `apiVersion` 1.1 or later, and the device with every
     ///   extension in `enabled_extensions` (the list is what emuhost checks; it cannot ask the
-    ///   device what was enabled), among them `VK_EXT_external_memory_host` (on Vulkan 1.0
-    ///   devices also `VK_KHR_external_memory`, core in 1.1).
+    ///   device what was enabled), among them `VK_EXT_external_memory_host` (it needs
+    ///   `VK_KHR_external_memory`, core in Vulkan 1.1).
     /// - The device and instance live until the backend and every import made by it are dropped
     ///   (an import may outlive the importer and the backend: it frees its memory on drop). Drop
     ///   them before `vkDestroyDevice`.

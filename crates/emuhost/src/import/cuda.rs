@@ -6,8 +6,9 @@
 //! a panic. The calls run in device 0's primary context, pushed on the calling thread around each
 //! call (a context is current per thread). An embedder gives its own context instead
 //! ([`Cuda::from_context`]): registrations are made there, and a binding gives the device pointer
-//! of its bytes ([`crate::import::Bound::cuda_ptr`]). A GPU copy between two registrations goes through their
-//! device pointers (`cuMemHostGetDevicePointer`, `cuMemcpyDtoD`), then `cuCtxSynchronize`.
+//! of its bytes ([`crate::import::Bound::cuda_ptr`]). A GPU copy between two registrations goes
+//! through their device pointers (`cuMemHostGetDevicePointer`, `cuMemcpyDtoD`), then
+//! `cuCtxSynchronize`.
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every driver call is FFI through
@@ -15,9 +16,9 @@
 //! (`cuda.h`, the `_v2` entry points its macros select). The library stays loaded while the
 //! pointers are used and the primary context stays retained while the backend or any import lives
 //! (both sit in the driver state that each keeps an `Arc` of), or, with the caller's context
-//! ([`Cuda::from_context`]), the caller keeps it alive that long (the constructor's contract); a registration is undone when its
-//! import is dropped, and the import keeps its [`HostSpan`], which holds the pages mapped until
-//! then. Every `unsafe` block carries a `// SAFETY:` line.
+//! ([`Cuda::from_context`]), the caller keeps it alive that long (the constructor's contract); a
+//! registration is undone when its import is dropped, and the import keeps its [`HostSpan`],
+//! which holds the pages mapped until then. Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};

@@ -2,15 +2,15 @@
 //!
 //! The loader (`libvulkan.so.1`) is found at run time (`ash::Entry::load`), so nothing Vulkan is
 //! needed to build; the instance is the process's one ([`crate::gpu::vulkan`]), made once and
-//! kept, and each backend makes and destroys only its device. Or the backend is built on the
-//! caller's instance and device ([`Vulkan::from_caller`], raw handles and the caller's
-//! `vkGetInstanceProcAddr`): emuhost then makes no instance or device, destroys neither, and
-//! submits nothing to the caller's queues; the caller keeps the device alive past every import. The device is the best one
+//! kept, and each backend makes and destroys only its device. The device is the best one
 //! offering the extension (discrete GPU, then integrated, virtual, CPU: Mesa's lavapipe on a
-//! machine without a GPU). An import asks `vkGetMemoryHostPointerPropertiesEXT` which memory
-//! types can hold the pointer, makes a transfer buffer over the range
-//! (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type both allow with
-//! `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for the GPU.
+//! machine without a GPU). Or the backend is built on the caller's instance and device
+//! ([`Vulkan::from_caller`], raw handles and the caller's `vkGetInstanceProcAddr`): emuhost then
+//! makes no instance or device, destroys neither, and submits nothing to the caller's queues; the
+//! caller keeps the device alive past every import. An import asks
+//! `vkGetMemoryHostPointerPropertiesEXT` which memory types can hold the pointer, makes a buffer
+//! over the range (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type both allow
+//! with `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for the GPU.
 //! Pointer and size must be multiples of `minImportedHostPointerAlignment`. The device's limits
 //! are kept in a budget: `maxMemoryAllocationCount` live allocations, each heap's size, and
 //! `maxMemoryAllocationSize` for one.
@@ -20,11 +20,11 @@
 //! it passes were made by the same instance and device, which outlive them (the device is kept
 //! by the backend and by every import, each an `Arc`: an import frees its memory when dropped, and
 //! the last of them to go waits for the device to go idle and destroys it where emuhost made it;
-//! the caller's device outlives them by `from_caller`'s contract; a copy refuses imports of another
-//! device; the instance is the process's and is never destroyed); the command pool and the queue,
-//! which Vulkan requires to be externally synchronized, are used only under one lock; and a host pointer given to the driver lies in a
-//! mapping that stays mapped until the memory made of it is freed (the import keeps its
-//! [`HostSpan`], which holds the pages).
+//! the caller's device outlives them by `from_caller`'s contract; a copy refuses imports of
+//! another device; the instance is the process's and is never destroyed); the command pool and
+//! the queue, which Vulkan requires to be externally synchronized, are used only under one lock;
+//! and a host pointer given to the driver lies in a mapping that stays mapped until the memory
+//! made of it is freed (the import keeps its [`HostSpan`], which holds the pages).
 //! Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 

@@ -202,7 +202,7 @@ struct Limits {
 
 impl Vulkan {
     /// Makes a device with `VK_EXT_external_memory_host` from the process's instance (made on
-    /// the first call: [`crate::gpu::vulkan`]).
+    /// the first call: `gpu::vulkan`).
     pub fn open() -> Result<Vulkan, ImportError> {
         let instance = &crate::gpu::vulkan::shared()?.instance;
         let c = Self::choose(instance)?;
@@ -296,7 +296,7 @@ impl Vulkan {
         Ok(Self::assemble(device, host_ptr, None, limits, caller.buffer_usage, false))
     }
 
-    /// The best device with the extension, Vulkan 1.1 and a queue ([`crate::gpu::vulkan::best`]),
+    /// The best device with the extension, Vulkan 1.1 and a queue (`gpu::vulkan::best`),
     /// or why there is none, naming each device passed over.
     fn choose(instance: &ash::Instance) -> Result<Chosen, ImportError> {
         let mut seen = Vec::new();

@@ -15,6 +15,7 @@ pub mod faults;
 #[cfg(not(feature = "faults"))]
 #[path = "faults_disabled.rs"]
 pub mod faults;
+mod gpu;
 pub mod import;
 pub mod sched;
 pub mod space;

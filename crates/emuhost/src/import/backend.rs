@@ -153,6 +153,23 @@ impl BudgetCell {
     }
 }
 
+/// The device objects of an import that a renderer uses, as raw handles: valid while the import
+/// lives (the importer releases its imports in [`crate::import::Importer::release_all`], when it
+/// is dropped, and, with a backend that refuses a page in two imports (CUDA), at a re-import that
+/// takes the import in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GpuHandle {
+    /// No device object (pin).
+    None,
+    /// The import's `VkDeviceMemory` and the `VkBuffer` made over all of it (bound at offset 0),
+    /// raw (`ash::vk::Handle::from_raw` gives them back).
+    Vulkan { memory: u64, buffer: u64 },
+    /// The import's start as a device pointer (`cuMemHostGetDevicePointer`) in the backend's
+    /// context.
+    Cuda { device_ptr: u64 },
+}
+
 /// What every backend does.
 pub trait Backend: Send + Sync {
     /// One live import.
@@ -181,7 +198,8 @@ pub trait Backend: Send + Sync {
     }
 
     /// Copies `len` bytes from `from` at `from_off` to `to` at `to_off` through the GPU and waits.
-    /// `Ok(false)` where the backend has no GPU path (pin). On a CPU driver (lavapipe) the copy is
+    /// `Ok(false)` where the backend has no GPU path (pin; Vulkan on the caller's device, whose
+    /// queues emuhost does not use). On a CPU driver (lavapipe) the copy is
     /// a CPU store: into a page the guest made not writable it faults as a guest store would.
     fn gpu_copy(
         &self,
@@ -195,6 +213,11 @@ pub trait Backend: Send + Sync {
     /// A backend's own check that an import holds (pin: every page resident).
     fn check(&self, _import: &Self::Import) -> Result<(), ImportError> {
         Ok(())
+    }
+
+    /// The import's device objects, for the renderer.
+    fn handle(&self, _import: &Self::Import) -> GpuHandle {
+        GpuHandle::None
     }
 
     /// Whether a page may be in two live imports at once. `cuMemHostRegister` refuses pages
@@ -403,6 +426,15 @@ impl Backend for AnyBackend {
         }
     }
 
+    fn handle(&self, import: &AnyImport) -> GpuHandle {
+        match (self, import) {
+            (AnyBackend::Vulkan(b), AnyImport::Vulkan(i)) => b.handle(i),
+            (AnyBackend::Cuda(b), AnyImport::Cuda(i)) => b.handle(i),
+            (AnyBackend::Pin(b), AnyImport::Pin(i)) => b.handle(i),
+            _ => GpuHandle::None,
+        }
+    }
+
     fn check(&self, import: &AnyImport) -> Result<(), ImportError> {
         match (self, import) {
             (AnyBackend::Vulkan(b), AnyImport::Vulkan(i)) => b.check(i),
@@ -448,6 +480,10 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
 
     fn check(&self, import: &B::Import) -> Result<(), ImportError> {
         (**self).check(import)
+    }
+
+    fn handle(&self, import: &B::Import) -> GpuHandle {
+        (**self).handle(import)
     }
 
     fn overlapping_imports(&self) -> bool {

@@ -4,17 +4,21 @@
 //! The driver library (`libcuda.so.1`) is loaded at run time with `libloading`: no CUDA SDK is
 //! needed to build, and a machine without the driver gets an error naming what is missing, never
 //! a panic. The calls run in device 0's primary context, pushed on the calling thread around each
-//! call (a context is current per thread). A GPU copy between two registrations goes through their
-//! device pointers (`cuMemHostGetDevicePointer`, `cuMemcpyDtoD`), then `cuCtxSynchronize`.
+//! call (a context is current per thread). An embedder gives its own context instead
+//! ([`Cuda::from_context`]): registrations are made there, and a binding gives the device pointer
+//! of its bytes ([`crate::import::Bound::cuda_ptr`]). A GPU copy between two registrations goes
+//! through their device pointers (`cuMemHostGetDevicePointer`, `cuMemcpyDtoD`), then
+//! `cuCtxSynchronize`.
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every driver call is FFI through
 //! function pointers whose C signatures are written out below from the CUDA driver API
 //! (`cuda.h`, the `_v2` entry points its macros select). The library stays loaded while the
 //! pointers are used and the primary context stays retained while the backend or any import lives
-//! (both sit in the driver state that each keeps an `Arc` of); a registration is undone when its
-//! import is dropped, and the import keeps its [`HostSpan`], which holds the pages mapped until
-//! then. Every `unsafe` block carries a `// SAFETY:` line.
+//! (both sit in the driver state that each keeps an `Arc` of), or, with the caller's context
+//! ([`Cuda::from_context`]), the caller keeps it alive that long (the constructor's contract); a
+//! registration is undone when its import is dropped, and the import keeps its [`HostSpan`],
+//! which holds the pages mapped until then. Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -23,7 +27,7 @@ use std::sync::Arc;
 use libloading::Library;
 
 use super::ImportError;
-use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
+use super::backend::{Backend, BackendKind, Budget, BudgetCell, GpuHandle, HostSpan};
 use crate::space::page_size;
 
 type CuResult = c_uint;
@@ -43,6 +47,7 @@ struct Api {
     primary_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
     primary_release: unsafe extern "C" fn(CuDevice) -> CuResult,
     push: unsafe extern "C" fn(CuContext) -> CuResult,
+    ctx_get_device: unsafe extern "C" fn(*mut CuDevice) -> CuResult,
     pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
     register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
     unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
@@ -64,6 +69,9 @@ struct Driver {
     api: Api,
     ctx: CuContext,
     device: CuDevice,
+    /// Whether the context is device 0's primary one, retained here (and released on drop);
+    /// not when it is the caller's.
+    retained: bool,
     budget: BudgetCell,
     // Last: the function pointers above point into it.
     _lib: Library,
@@ -132,6 +140,71 @@ unsafe fn sym<T: Copy>(lib: &Library, name: &'static str) -> Result<T, ImportErr
 impl Cuda {
     /// Loads `libcuda.so.1`, initialises the driver and retains device 0's primary context.
     pub fn open() -> Result<Cuda, ImportError> {
+        let (lib, api) = Self::load()?;
+        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Driver::error(&api, op, r)) };
+        // SAFETY: plain driver calls with out-pointers to locals that live across them.
+        let (device, ctx) = unsafe {
+            check("cuInit", (api.init)(0))?;
+            let mut device: CuDevice = 0;
+            check("cuDeviceGet", (api.device_get)(&mut device, 0))?;
+            let mut ctx: CuContext = std::ptr::null_mut();
+            check("cuDevicePrimaryCtxRetain", (api.primary_retain)(&mut ctx, device))?;
+            (device, ctx)
+        };
+        let name = Self::name(&api, device);
+        let drv = Driver { api, ctx, device, retained: true, budget: BudgetCell::new(Budget::default()), _lib: lib };
+        Ok(Cuda { drv: Arc::new(drv), name })
+    }
+
+    /// A backend registering in the caller's context `ctx` (a `CUcontext`): emuhost retains and
+    /// releases nothing, and pushes `ctx` on the calling thread around each of its driver calls.
+    /// A binding gives the device pointer of its bytes in that context
+    /// ([`crate::import::Bound::cuda_ptr`]).
+    ///
+    /// # Safety
+    /// `ctx` is a valid CUDA context of the `libcuda.so.1` this process has loaded, and stays valid
+    /// (not destroyed, its primary context not reset or released by its last holder) until the
+    /// backend and every import it made are dropped (an import unregisters its pages in `ctx` when
+    /// dropped, and may outlive the importer). The caller unregisters no range emuhost registered.
+    pub unsafe fn from_context(ctx: *mut c_void) -> Result<Cuda, ImportError> {
+        if ctx.is_null() {
+            return Err(unavailable("the caller's CUcontext is null"));
+        }
+        let (lib, api) = Self::load()?;
+        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Driver::error(&api, op, r)) };
+        // SAFETY: plain driver calls; `ctx` is valid (the caller vouches for it) and is popped
+        // again after the device is read.
+        let device = unsafe {
+            check("cuInit", (api.init)(0))?;
+            check("cuCtxPushCurrent", (api.push)(ctx))?;
+            let mut device: CuDevice = 0;
+            let r = (api.ctx_get_device)(&mut device);
+            let mut popped: CuContext = std::ptr::null_mut();
+            (api.pop)(&mut popped);
+            check("cuCtxGetDevice", r)?;
+            device
+        };
+        let name = Self::name(&api, device);
+        let drv = Driver { api, ctx, device, retained: false, budget: BudgetCell::new(Budget::default()), _lib: lib };
+        Ok(Cuda { drv: Arc::new(drv), name })
+    }
+
+    /// The device's name.
+    fn name(api: &Api, device: CuDevice) -> String {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer outlives the call and its length is passed; the driver writes a
+        // NUL-terminated name into it on success.
+        unsafe {
+            if (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, device) == 0 {
+                CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+            } else {
+                format!("CUDA device {device}")
+            }
+        }
+    }
+
+    /// Loads the driver library and its entry points.
+    fn load() -> Result<(Library, Api), ImportError> {
         // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
         let lib = unsafe { Library::new("libcuda.so.1") }
             .or_else(|first| {
@@ -148,6 +221,7 @@ impl Cuda {
                 primary_retain: sym(&lib, "cuDevicePrimaryCtxRetain")?,
                 primary_release: sym(&lib, "cuDevicePrimaryCtxRelease_v2")?,
                 push: sym(&lib, "cuCtxPushCurrent_v2")?,
+                ctx_get_device: sym(&lib, "cuCtxGetDevice")?,
                 pop: sym(&lib, "cuCtxPopCurrent_v2")?,
                 register: sym(&lib, "cuMemHostRegister_v2")?,
                 unregister: sym(&lib, "cuMemHostUnregister")?,
@@ -157,24 +231,7 @@ impl Cuda {
                 error_name: sym(&lib, "cuGetErrorName")?,
             }
         };
-        let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Driver::error(&api, op, r)) };
-        // SAFETY: plain driver calls with out-pointers to locals that live across them.
-        let (device, ctx, name) = unsafe {
-            check("cuInit", (api.init)(0))?;
-            let mut device: CuDevice = 0;
-            check("cuDeviceGet", (api.device_get)(&mut device, 0))?;
-            let mut buf = [0 as c_char; 256];
-            let name = if (api.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, device) == 0 {
-                CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
-            } else {
-                "CUDA device 0".into()
-            };
-            let mut ctx: CuContext = std::ptr::null_mut();
-            check("cuDevicePrimaryCtxRetain", (api.primary_retain)(&mut ctx, device))?;
-            (device, ctx, name)
-        };
-        let drv = Driver { api, ctx, device, budget: BudgetCell::new(Budget::default()), _lib: lib };
-        Ok(Cuda { drv: Arc::new(drv), name })
+        Ok((lib, api))
     }
 }
 
@@ -270,6 +327,10 @@ impl Backend for Cuda {
         }
     }
 
+    fn handle(&self, import: &CudaImport) -> GpuHandle {
+        GpuHandle::Cuda { device_ptr: import.device_ptr }
+    }
+
     fn gpu_copy(
         &self,
         from: &CudaImport,
@@ -278,14 +339,18 @@ impl Backend for Cuda {
         to_off: u64,
         len: u64,
     ) -> Result<bool, ImportError> {
+        // Another context's device pointers are not this context's to use.
+        if !Arc::ptr_eq(&from.drv, &self.drv) || !Arc::ptr_eq(&to.drv, &self.drv) {
+            return Err(ImportError::Verify { backend: "cuda", what: "a copy of an import of another context".into() });
+        }
         let inside = |off: u64, i: &CudaImport| off.checked_add(len).is_some_and(|e| e <= i.span.len() as u64);
         if len == 0 || !inside(fo, from) || !inside(to_off, to) {
             return Err(ImportError::Verify { backend: "cuda", what: format!("copy of {len:#x} bytes out of range") });
         }
         let drv = &self.drv;
         drv.in_context(|| {
-            // SAFETY: both device pointers map live registrations (each import keeps its own; every
-            // backend uses device 0's one primary context, where the pointers are valid) and the
+            // SAFETY: both device pointers map live registrations (each import keeps its own) of
+            // this backend's context (checked above), where the pointers are valid, and the
             // region lies inside both (checked above); synchronize waits for the copy before the
             // host reads.
             unsafe {
@@ -302,6 +367,10 @@ impl Backend for Cuda {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The caller's context is the caller's.
+        if !self.retained {
+            return;
+        }
         // SAFETY: releases the primary context retained at open, after the backend and every
         // import are gone; the library is still loaded.
         unsafe { (self.api.primary_release)(self.device) };

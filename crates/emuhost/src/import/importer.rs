@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::backend::{Backend, HostSpan};
+use super::backend::{Backend, GpuHandle, HostSpan};
 use super::plan::{PlanConfig, Planned, binding_cover, cover, plan};
 use super::pools::{PoolId, Pools};
 use super::{ImportError, switch_u64};
@@ -131,13 +131,32 @@ impl Stats {
     }
 }
 
-/// What served a binding: the import `range`, and whether it was made for this binding.
+/// What served a binding: the import `range`, whether it was made for this binding, and what a
+/// renderer needs to use the bound bytes: the import's device objects and where in them the
+/// binding starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bound {
     pub range: Planned,
     pub made: bool,
     /// The range was the spanned one.
     pub spanned: bool,
+    /// The import's device memory (and buffer) or device pointer, raw: valid while the import
+    /// lives ([`GpuHandle`]).
+    pub handle: GpuHandle,
+    /// Where the binding's first byte lies in the import's memory (and buffer): the binding's
+    /// address less the import's start. (The import may start below `range.lo` where a backend
+    /// that refuses overlaps took other imports in.)
+    pub offset: u64,
+}
+
+impl Bound {
+    /// The device pointer of the binding's first byte (CUDA).
+    pub fn cuda_ptr(&self) -> Option<u64> {
+        match self.handle {
+            GpuHandle::Cuda { device_ptr } => Some(device_ptr + self.offset),
+            _ => None,
+        }
+    }
 }
 
 struct Live<I> {
@@ -163,8 +182,9 @@ impl<I> State<I> {
         self.imports.range((from, 0)..(hi, 0)).map(|(&(l, _), v)| (l, v))
     }
 
-    fn covering(&self, lo: u64, hi: u64) -> Option<Planned> {
-        self.near(lo, hi).find(|(l, v)| *l <= lo && hi <= v.hi).map(|(l, v)| Planned { lo: l, hi: v.hi })
+    /// A live import covering `lo..hi`: its range and the import.
+    fn covering(&self, lo: u64, hi: u64) -> Option<(Planned, &I)> {
+        self.near(lo, hi).find(|(l, v)| *l <= lo && hi <= v.hi).map(|(l, v)| (Planned { lo: l, hi: v.hi }, &v.import))
     }
 
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
@@ -400,9 +420,10 @@ impl<B: Backend> Importer<B> {
     pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
         let plain = self.in_window(binding_cover(addr, size, self.cfg.plan.chunk)?, addr, size);
         let mut st = self.state();
-        if let Some(range) = st.covering(addr, addr + size) {
+        if let Some((range, import)) = st.covering(addr, addr + size) {
+            let handle = self.backend.handle(import);
             st.stats.reuses += 1;
-            return Ok(Bound { range, made: false, spanned: false });
+            return Ok(Bound { range, made: false, spanned: false, handle, offset: addr - range.lo });
         }
         let spanned = self.in_window(plan(&st.pools, self.cfg.plan, addr, size, true)?, addr, size);
         let tries: &[(Planned, bool)] =
@@ -419,7 +440,9 @@ impl<B: Backend> Importer<B> {
                 st.cooling.remove(&range);
             }
             match self.import(&mut st, range) {
-                Ok(()) => return Ok(Bound { range, made: true, spanned: is_span }),
+                Ok((lo, handle)) => {
+                    return Ok(Bound { range, made: true, spanned: is_span, handle, offset: addr - lo });
+                }
                 Err(e) => {
                     st.stats.failures += 1;
                     if !self.cfg.cooling.is_zero() {
@@ -438,7 +461,9 @@ impl<B: Backend> Importer<B> {
         Err(last.expect("at least one range was tried or cooling"))
     }
 
-    fn import(&self, st: &mut State<B::Import>, r: Planned) -> Result<(), ImportError> {
+    /// Imports `r` (or, where overlaps are refused, the union of `r` and the imports it overlaps):
+    /// the import's start and device objects.
+    fn import(&self, st: &mut State<B::Import>, r: Planned) -> Result<(u64, GpuHandle), ImportError> {
         // Where the device refuses a page in two imports (CUDA), the re-import takes in the
         // imports it overlaps: they are released first, and the new import covers them all.
         let mut r = r;
@@ -472,6 +497,7 @@ impl<B: Backend> Importer<B> {
         }
         let import = self.backend.import(span).map_err(wrap)?;
         let took = t.elapsed();
+        let handle = self.backend.handle(&import);
         st.seq += 1;
         let seq = st.seq;
         st.imports.insert((r.lo, seq), Live { hi: r.hi, import });
@@ -492,7 +518,7 @@ impl<B: Backend> Importer<B> {
             s.imports,
             s.time.as_secs_f64() * 1e3
         );
-        Ok(())
+        Ok((r.lo, handle))
     }
 
     /// The figures so far.

@@ -28,12 +28,11 @@ mod pin;
 mod plan;
 mod pools;
 pub mod pools_file;
-pub(crate) mod vk_instance;
 pub(crate) mod vulkan;
 
 pub use backend::{
-    AnyBackend, AnyImport, Backend, BackendChoice, BackendKind, Budget, BudgetCell, HostSpan, Picked, error_chain,
-    verify,
+    AnyBackend, AnyImport, Backend, BackendChoice, BackendKind, Budget, BudgetCell, GpuHandle, HostSpan, Picked,
+    error_chain, verify,
 };
 pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
@@ -41,7 +40,7 @@ pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, PopulateAhead
 pub use pin::{Pin, Pinned};
 pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan, reference};
 pub use pools::{Pool, PoolId, Pools};
-pub use vulkan::{Vulkan, VulkanImport};
+pub use vulkan::{CallerDevice, Vulkan, VulkanImport};
 
 /// An unsigned switch's value: `None` when unset or empty.
 fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, ImportError> {

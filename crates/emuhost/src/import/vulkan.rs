@@ -1,13 +1,16 @@
 //! Vulkan: guest pages imported as device memory with `VK_EXT_external_memory_host`.
 //!
 //! The loader (`libvulkan.so.1`) is found at run time (`ash::Entry::load`), so nothing Vulkan is
-//! needed to build; the instance is the process's one ([`super::vk_instance`]), made once and
+//! needed to build; the instance is the process's one ([`crate::gpu::vulkan`]), made once and
 //! kept, and each backend makes and destroys only its device. The device is the best one
 //! offering the extension (discrete GPU, then integrated, virtual, CPU: Mesa's lavapipe on a
-//! machine without a GPU). An import asks `vkGetMemoryHostPointerPropertiesEXT` which memory
-//! types can hold the pointer, makes a transfer buffer over the range
-//! (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type both allow with
-//! `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for the GPU.
+//! machine without a GPU). Or the backend is built on the caller's instance and device
+//! ([`Vulkan::from_caller`], raw handles and the caller's `vkGetInstanceProcAddr`): emuhost then
+//! makes no instance or device, destroys neither, and submits nothing to the caller's queues; the
+//! caller keeps the device alive past every import. An import asks
+//! `vkGetMemoryHostPointerPropertiesEXT` which memory types can hold the pointer, makes a buffer
+//! over the range (`VkExternalMemoryBufferCreateInfo`), and allocates memory of a type both allow
+//! with `VkImportMemoryHostPointerInfoEXT`: the driver pins the pages and maps them for the GPU.
 //! Pointer and size must be multiples of `minImportedHostPointerAlignment`. The device's limits
 //! are kept in a budget: `maxMemoryAllocationCount` live allocations, each heap's size, and
 //! `maxMemoryAllocationSize` for one.
@@ -16,22 +19,22 @@
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. The handles
 //! it passes were made by the same instance and device, which outlive them (the device is kept
 //! by the backend and by every import, each an `Arc`: an import frees its memory when dropped, and
-//! the last of them to go waits for the device to go idle and destroys it; a copy refuses imports
-//! of another device; the instance is the process's and is never destroyed); the command pool and the queue, which Vulkan requires to be externally
-//! synchronized, are used only under one lock; and a host pointer given to the driver lies in a
-//! mapping that stays mapped until the memory made of it is freed (the import keeps its
-//! [`HostSpan`], which holds the pages).
+//! the last of them to go waits for the device to go idle and destroys it where emuhost made it;
+//! the caller's device outlives them by `from_caller`'s contract; a copy refuses imports of
+//! another device; the instance is the process's and is never destroyed); the command pool and
+//! the queue, which Vulkan requires to be externally synchronized, are used only under one lock;
+//! and a host pointer given to the driver lies in a mapping that stays mapped until the memory
+//! made of it is freed (the import keeps its [`HostSpan`], which holds the pages).
 //! Every `unsafe` block carries a `// SAFETY:` line.
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
+use std::ffi::{CStr, c_void};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
 use super::ImportError;
-use super::backend::{Backend, BackendKind, Budget, BudgetCell, HostSpan};
-use super::vk_instance::InstanceError;
+use super::backend::{Backend, BackendKind, Budget, BudgetCell, GpuHandle, HostSpan};
 
 const HOST: vk::ExternalMemoryHandleTypeFlags = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
 
@@ -48,7 +51,8 @@ struct Queue {
     pool: vk::CommandPool,
 }
 
-/// The Vulkan backend: one device (of the process's instance) and one queue.
+/// The Vulkan backend: one device (its own, of the process's instance, with one queue; or the
+/// caller's, [`Vulkan::from_caller`]).
 pub struct Vulkan {
     dev: Arc<Device>,
     align: u64,
@@ -61,10 +65,16 @@ pub struct Vulkan {
 struct Device {
     device: ash::Device,
     host_ptr: ash::ext::external_memory_host::Device,
-    queue: Mutex<Queue>,
+    /// The queue of a device emuhost made; none on the caller's (its queues are the caller's to
+    /// synchronise: emuhost submits nothing there).
+    queue: Option<Mutex<Queue>>,
     memory: vk::PhysicalDeviceMemoryProperties,
     heap_used: Mutex<Vec<u64>>,
     budget: BudgetCell,
+    /// The usage of the buffer made over each import.
+    usage: vk::BufferUsageFlags,
+    /// Whether emuhost made the device, and so destroys it.
+    owned: bool,
 }
 
 impl std::fmt::Debug for Vulkan {
@@ -73,7 +83,62 @@ impl std::fmt::Debug for Vulkan {
     }
 }
 
-/// Device memory made of a host range, and a transfer buffer over it: freed when dropped.
+/// The caller's Vulkan objects an importer is built on ([`Vulkan::from_caller`]): emuhost makes
+/// no instance or device then, and submits nothing to the device's queues.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct CallerDevice<'a> {
+    /// The caller's `vkGetInstanceProcAddr` (an embedder may load Vulkan its own way).
+    pub get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
+    pub instance: vk::Instance,
+    pub physical_device: vk::PhysicalDevice,
+    pub device: vk::Device,
+    /// The extensions the device was created with: `VK_EXT_external_memory_host` must be one.
+    pub enabled_extensions: &'a [&'a CStr],
+    /// The usage of the `VkBuffer` made over each import (default: transfer source and
+    /// destination). The buffer is made with `VkExternalMemoryBufferCreateInfo` (host allocation).
+    pub buffer_usage: vk::BufferUsageFlags,
+}
+
+impl std::fmt::Debug for CallerDevice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use ash::vk::Handle as _;
+        f.debug_struct("CallerDevice")
+            .field("instance", &format_args!("{:#x}", self.instance.as_raw()))
+            .field("physical_device", &format_args!("{:#x}", self.physical_device.as_raw()))
+            .field("device", &format_args!("{:#x}", self.device.as_raw()))
+            .field("enabled_extensions", &self.enabled_extensions)
+            .field("buffer_usage", &format_args!("{:#x}", self.buffer_usage.as_raw()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> CallerDevice<'a> {
+    pub fn new(
+        get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
+        instance: vk::Instance,
+        physical_device: vk::PhysicalDevice,
+        device: vk::Device,
+        enabled_extensions: &'a [&'a CStr],
+    ) -> Self {
+        Self {
+            get_instance_proc_addr,
+            instance,
+            physical_device,
+            device,
+            enabled_extensions,
+            buffer_usage: vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
+        }
+    }
+
+    /// The usage of the buffer made over each import.
+    pub fn buffer_usage(mut self, usage: vk::BufferUsageFlags) -> Self {
+        self.buffer_usage = usage;
+        self
+    }
+}
+
+/// Device memory made of a host range, and a buffer over it: freed when dropped.
 pub struct VulkanImport {
     dev: Arc<Device>,
     /// Holds the pages until the memory made of them is freed (dropped after `Drop::drop`).
@@ -86,6 +151,18 @@ pub struct VulkanImport {
     pub memory_type: u32,
     /// `memoryTypeBits` from `vkGetMemoryHostPointerPropertiesEXT`.
     pub host_type_bits: u32,
+}
+
+impl VulkanImport {
+    /// The `VkDeviceMemory` made of the range (valid while the import lives).
+    pub fn memory(&self) -> vk::DeviceMemory {
+        self.memory
+    }
+
+    /// The `VkBuffer` over the whole range, bound at offset 0 (valid while the import lives).
+    pub fn buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
 }
 
 impl std::fmt::Debug for VulkanImport {
@@ -101,52 +178,131 @@ impl Drop for VulkanImport {
     fn drop(&mut self) {
         self.dev.destroy_buffer(self.buffer);
         // SAFETY: the memory was made by this device, which `self.dev` keeps alive; its buffer is
-        // gone and no command is pending (copies wait for their fence).
+        // gone and no command of emuhost's is pending (copies wait for their fence; on the
+        // caller's device, the caller's commands are the caller's to have finished).
         unsafe { self.dev.device.free_memory(self.memory, None) };
         self.dev.give_heap(self.heap, self.len);
         self.dev.budget.give(self.len);
     }
 }
 
-/// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
-pub(crate) fn rank(t: vk::PhysicalDeviceType) -> u32 {
-    match t {
-        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
-        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
-        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
-        vk::PhysicalDeviceType::CPU => 3,
-        _ => 4,
-    }
-}
-
 struct Chosen {
     pd: vk::PhysicalDevice,
     family: u32,
+}
+
+/// What the import needs to know of a physical device.
+struct Limits {
+    align: u64,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    budget: Budget,
     name: String,
+    driver: String,
 }
 
 impl Vulkan {
     /// Makes a device with `VK_EXT_external_memory_host` from the process's instance (made on
-    /// the first call: `import::vk_instance`).
+    /// the first call: `gpu::vulkan`).
     pub fn open() -> Result<Vulkan, ImportError> {
-        let shared = super::vk_instance::shared().map_err(|e| match e {
-            InstanceError::Loader(e) => unavailable(format!("no Vulkan loader: {e}")),
-            InstanceError::Vulkan { op, code } => ImportError::Vulkan { op, code },
-        })?;
-        let parts = Self::with_instance(&shared.instance)?;
-        Ok(Self::assemble(parts))
+        let instance = &crate::gpu::vulkan::shared()?.instance;
+        let c = Self::choose(instance)?;
+        let limits = Self::limits(instance, c.pd)?;
+        let prio = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(c.family).queue_priorities(&prio)];
+        let exts = [ash::ext::external_memory_host::NAME.as_ptr()];
+        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&exts);
+        // SAFETY: `info` and what it points to live across the call; `c.pd` came from this instance.
+        let device = unsafe { instance.create_device(c.pd, &info, None) }.map_err(vk_err("vkCreateDevice"))?;
+        let destroy = |device: &ash::Device| {
+            // SAFETY: nothing made from the device lives any more.
+            unsafe { device.destroy_device(None) }
+        };
+        let host_ptr = match Self::host_ptr_fns(instance, &device) {
+            Ok(h) => h,
+            Err(e) => {
+                destroy(&device);
+                return Err(e);
+            }
+        };
+        // SAFETY: the family was created with one queue.
+        let queue = unsafe { device.get_device_queue(c.family, 0) };
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(c.family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER | vk::CommandPoolCreateFlags::TRANSIENT);
+        // SAFETY: the device is live.
+        let pool = match unsafe { device.create_command_pool(&pool_info, None) } {
+            Ok(p) => p,
+            Err(code) => {
+                destroy(&device);
+                return Err(ImportError::Vulkan { op: "vkCreateCommandPool", code });
+            }
+        };
+        let usage = vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST;
+        Ok(Self::assemble(device, host_ptr, Some(Queue { queue, pool }), limits, usage, true))
     }
 
+    /// An importer's backend on the caller's device: imports are made on `caller.device` and
+    /// freed there, each with a buffer of `caller.buffer_usage`; emuhost makes no instance or
+    /// device and submits no command ([`Backend::gpu_copy`] says `Ok(false)`). A binding gives the
+    /// memory, the buffer and the offset ([`crate::import::Bound`]).
+    ///
+    /// Refused (`Unavailable`) where `VK_EXT_external_memory_host` is not among
+    /// `caller.enabled_extensions`, the physical device is below Vulkan 1.1, or its functions are
+    /// missing.
+    ///
+    /// # Safety
+    /// - `get_instance_proc_addr` is the loader's (or a layer's) `vkGetInstanceProcAddr`, and
+    ///   `instance`, `physical_device` and `device` are valid handles that belong together: the
+    ///   physical device is the instance's and the device was created from it.
+    /// - The instance was created with `apiVersion` 1.1 or later, and the device with every
+    ///   extension in `enabled_extensions` (the list is what emuhost checks; it cannot ask the
+    ///   device what was enabled), among them `VK_EXT_external_memory_host` (it needs
+    ///   `VK_KHR_external_memory`, core in Vulkan 1.1).
+    /// - The device and instance live until the backend and every import made by it are dropped
+    ///   (an import may outlive the importer and the backend: it frees its memory on drop). Drop
+    ///   them before `vkDestroyDevice`.
+    /// - Vulkan's external synchronisation: the caller destroys no memory or buffer an import
+    ///   made (they are freed by the import), has no command using them pending when the import
+    ///   is dropped (releases happen in [`crate::import::Importer::release_all`], when the
+    ///   importer is dropped, and with a backend that refuses overlapping imports at a re-import),
+    ///   and does not call `vkDestroyDevice` while any emuhost call runs.
+    pub unsafe fn from_caller(caller: &CallerDevice<'_>) -> Result<Vulkan, ImportError> {
+        let host = ash::ext::external_memory_host::NAME;
+        if !caller.enabled_extensions.contains(&host) {
+            return Err(unavailable(format!(
+                "the caller's device was not created with {} (enabled: {:?})",
+                host.to_string_lossy(),
+                caller.enabled_extensions
+            )));
+        }
+        let static_fn = ash::StaticFn { get_instance_proc_addr: caller.get_instance_proc_addr };
+        // SAFETY: the caller vouches for the function and the instance handle.
+        let instance = unsafe { ash::Instance::load(&static_fn, caller.instance) };
+        // SAFETY: as above; the name is NUL-terminated.
+        let p2 =
+            unsafe { (caller.get_instance_proc_addr)(caller.instance, c"vkGetPhysicalDeviceProperties2".as_ptr()) };
+        if p2.is_none() {
+            return Err(unavailable("the caller's instance has no vkGetPhysicalDeviceProperties2 (Vulkan 1.1)"));
+        }
+        // SAFETY: the physical device is the instance's (the caller vouches for it).
+        let version = unsafe { instance.get_physical_device_properties(caller.physical_device) }.api_version;
+        if version < vk::API_VERSION_1_1 {
+            return Err(unavailable(format!("the caller's physical device is Vulkan {version:#x}, below 1.1")));
+        }
+        let limits = Self::limits(&instance, caller.physical_device)?;
+        // SAFETY: the device was created from this instance (the caller vouches for it).
+        let device = unsafe { ash::Device::load(instance.fp_v1_0(), caller.device) };
+        let host_ptr = Self::host_ptr_fns(&instance, &device)?;
+        Ok(Self::assemble(device, host_ptr, None, limits, caller.buffer_usage, false))
+    }
+
+    /// The best device with the extension, Vulkan 1.1 and a queue (`gpu::vulkan::best`),
+    /// or why there is none, naming each device passed over.
     fn choose(instance: &ash::Instance) -> Result<Chosen, ImportError> {
-        // SAFETY: the instance is live.
-        let pds = unsafe { instance.enumerate_physical_devices() }.map_err(vk_err("vkEnumeratePhysicalDevices"))?;
-        let mut best: Option<(u32, Chosen)> = None;
         let mut seen = Vec::new();
-        for pd in pds {
-            // SAFETY: `pd` came from this instance.
-            let props = unsafe { instance.get_physical_device_properties(pd) };
+        let best = crate::gpu::vulkan::best(instance, |pd, props| {
             let name = props.device_name_as_c_str().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
-            // SAFETY: as above.
+            // SAFETY: `pd` came from this instance.
             let exts = unsafe { instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
             let has = exts.iter().any(|e| e.extension_name_as_c_str() == Ok(ash::ext::external_memory_host::NAME));
             // SAFETY: as above.
@@ -162,36 +318,34 @@ impl Vulkan {
                 if has { "" } else { ", no VK_EXT_external_memory_host" },
                 if family.is_some() { "" } else { ", no queue" }
             ));
-            if let (true, Some(family)) = (ok, family) {
-                let r = rank(props.device_type);
-                if best.as_ref().is_none_or(|(b, _)| r < *b) {
-                    best = Some((r, Chosen { pd, family: family as u32, name }));
-                }
-            }
-        }
+            family.filter(|_| ok).map(|f| f as u32)
+        })
+        .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
         match best {
-            Some((_, c)) => Ok(c),
+            Some((pd, family)) => Ok(Chosen { pd, family }),
             None if seen.is_empty() => Err(unavailable("no Vulkan device")),
             None => Err(unavailable(format!("no device with VK_EXT_external_memory_host: {}", seen.join("; ")))),
         }
     }
 
-    fn with_instance(instance: &ash::Instance) -> Result<Parts, ImportError> {
-        let c = Self::choose(instance)?;
+    /// The physical device's name, driver, import alignment, memory and limits (Vulkan 1.1).
+    fn limits(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Result<Limits, ImportError> {
         let mut host = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
         let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
-        let (limits, version) = {
+        let (limits, version, name) = {
             let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut host).push_next(&mut m3);
-            // The driver properties are core in 1.2; ask only there.
-            // SAFETY: `c.pd` came from this instance.
-            let v = unsafe { instance.get_physical_device_properties(c.pd) }.api_version;
+            // SAFETY: `pd` came from this instance.
+            let v = unsafe { instance.get_physical_device_properties(pd) }.api_version;
             if v >= vk::API_VERSION_1_2 {
                 p2 = p2.push_next(&mut driver);
             }
-            // SAFETY: `p2`'s chain points to structures that live across the call.
-            unsafe { instance.get_physical_device_properties2(c.pd, &mut p2) };
-            (p2.properties.limits, v)
+            // SAFETY: `pd` came from this instance (Vulkan 1.1, checked by the callers); the chain
+            // lives across the call.
+            unsafe { instance.get_physical_device_properties2(pd, &mut p2) };
+            let name =
+                p2.properties.device_name_as_c_str().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+            (p2.properties.limits, v, name)
         };
         let driver = if version >= vk::API_VERSION_1_2 {
             let n = driver.driver_name_as_c_str().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
@@ -204,39 +358,8 @@ impl Vulkan {
         if !align.is_power_of_two() {
             return Err(unavailable(format!("minImportedHostPointerAlignment {align:#x} is not a power of two")));
         }
-        // SAFETY: `c.pd` came from this instance.
-        let memory = unsafe { instance.get_physical_device_memory_properties(c.pd) };
-        let prio = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(c.family).queue_priorities(&prio)];
-        let exts = [ash::ext::external_memory_host::NAME.as_ptr()];
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&exts);
-        // SAFETY: `info` and what it points to live across the call; `c.pd` came from this instance.
-        let device = unsafe { instance.create_device(c.pd, &info, None) }.map_err(vk_err("vkCreateDevice"))?;
-        let destroy = |device: &ash::Device| {
-            // SAFETY: nothing made from the device lives any more.
-            unsafe { device.destroy_device(None) }
-        };
-        // SAFETY: the device is live and the name is NUL-terminated.
-        let f =
-            unsafe { instance.get_device_proc_addr(device.handle(), c"vkGetMemoryHostPointerPropertiesEXT".as_ptr()) };
-        if f.is_none() {
-            destroy(&device);
-            return Err(unavailable("vkGetMemoryHostPointerPropertiesEXT is missing"));
-        }
-        let host_ptr = ash::ext::external_memory_host::Device::new(instance, &device);
-        // SAFETY: the family was created with one queue.
-        let queue = unsafe { device.get_device_queue(c.family, 0) };
-        let pool_info = vk::CommandPoolCreateInfo::default()
-            .queue_family_index(c.family)
-            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER | vk::CommandPoolCreateFlags::TRANSIENT);
-        // SAFETY: the device is live.
-        let pool = match unsafe { device.create_command_pool(&pool_info, None) } {
-            Ok(p) => p,
-            Err(code) => {
-                destroy(&device);
-                return Err(ImportError::Vulkan { op: "vkCreateCommandPool", code });
-            }
-        };
+        // SAFETY: `pd` came from this instance.
+        let memory = unsafe { instance.get_physical_device_memory_properties(pd) };
         let heaps = &memory.memory_heaps[..memory.memory_heap_count as usize];
         let largest = heaps.iter().map(|h| h.size).max().unwrap_or(0);
         let budget = Budget {
@@ -246,20 +369,43 @@ impl Vulkan {
             count: 0,
             bytes: 0,
         };
-        Ok(Parts { device, host_ptr, queue: Queue { queue, pool }, align, memory, budget, name: c.name, driver })
+        Ok(Limits { align, memory, budget, name, driver })
     }
 
-    fn assemble(p: Parts) -> Vulkan {
-        let heaps = p.memory.memory_heap_count as usize;
+    /// The extension's device function, checked to be there (calling a missing one would abort).
+    fn host_ptr_fns(
+        instance: &ash::Instance,
+        device: &ash::Device,
+    ) -> Result<ash::ext::external_memory_host::Device, ImportError> {
+        // SAFETY: the device is live and the name is NUL-terminated.
+        let f =
+            unsafe { instance.get_device_proc_addr(device.handle(), c"vkGetMemoryHostPointerPropertiesEXT".as_ptr()) };
+        if f.is_none() {
+            return Err(unavailable("vkGetMemoryHostPointerPropertiesEXT is missing"));
+        }
+        Ok(ash::ext::external_memory_host::Device::new(instance, device))
+    }
+
+    fn assemble(
+        device: ash::Device,
+        host_ptr: ash::ext::external_memory_host::Device,
+        queue: Option<Queue>,
+        l: Limits,
+        usage: vk::BufferUsageFlags,
+        owned: bool,
+    ) -> Vulkan {
+        let heaps = l.memory.memory_heap_count as usize;
         let dev = Device {
-            device: p.device,
-            host_ptr: p.host_ptr,
-            queue: Mutex::new(p.queue),
-            memory: p.memory,
+            device,
+            host_ptr,
+            queue: queue.map(Mutex::new),
+            memory: l.memory,
             heap_used: Mutex::new(vec![0; heaps]),
-            budget: BudgetCell::new(p.budget),
+            budget: BudgetCell::new(l.budget),
+            usage,
+            owned,
         };
-        Vulkan { dev: Arc::new(dev), align: p.align, name: p.name, driver: p.driver }
+        Vulkan { dev: Arc::new(dev), align: l.align, name: l.name, driver: l.driver }
     }
 
     /// The device's name.
@@ -368,8 +514,10 @@ impl Device {
         })
     }
 
-    fn copy(&self, from: vk::Buffer, to: vk::Buffer, region: vk::BufferCopy) -> Result<(), ImportError> {
-        let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+    /// Copies through the GPU and waits; `Ok(false)` on the caller's device (no queue of ours).
+    fn copy(&self, from: vk::Buffer, to: vk::Buffer, region: vk::BufferCopy) -> Result<bool, ImportError> {
+        let Some(q) = &self.queue else { return Ok(false) };
+        let q = q.lock().unwrap_or_else(|p| p.into_inner());
         let info = vk::CommandBufferAllocateInfo::default()
             .command_pool(q.pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -419,19 +567,8 @@ impl Device {
             self.device.free_command_buffers(q.pool, &[cmd]);
             self.device.destroy_fence(fence, None);
         }
-        out
+        out.map(|()| true)
     }
-}
-
-struct Parts {
-    device: ash::Device,
-    host_ptr: ash::ext::external_memory_host::Device,
-    queue: Queue,
-    align: u64,
-    memory: vk::PhysicalDeviceMemoryProperties,
-    budget: Budget,
-    name: String,
-    driver: String,
 }
 
 impl Backend for Vulkan {
@@ -467,12 +604,17 @@ impl Backend for Vulkan {
         let mut ext = vk::ExternalMemoryBufferCreateInfo::default().handle_types(HOST);
         let info = vk::BufferCreateInfo::default()
             .size(len)
-            .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST)
+            .usage(self.dev.usage)
             .sharing_mode(vk::SharingMode::EXCLUSIVE)
             .push_next(&mut ext);
         // SAFETY: `info`'s chain lives across the call; the device is live.
         let buffer = unsafe { self.dev.device.create_buffer(&info, None) }.map_err(vk_err("vkCreateBuffer"))?;
         self.dev.import_into(span, buffer).inspect_err(|_| self.dev.destroy_buffer(buffer))
+    }
+
+    fn handle(&self, import: &VulkanImport) -> GpuHandle {
+        use ash::vk::Handle as _;
+        GpuHandle::Vulkan { memory: import.memory.as_raw(), buffer: import.buffer.as_raw() }
     }
 
     fn gpu_copy(
@@ -497,22 +639,22 @@ impl Backend for Vulkan {
                 what: format!("copy of {len:#x} bytes out of range"),
             });
         }
-        self.dev.copy(
-            from.buffer,
-            to.buffer,
-            vk::BufferCopy { src_offset: from_off, dst_offset: to_off, size: len },
-        )?;
-        Ok(true)
+        self.dev.copy(from.buffer, to.buffer, vk::BufferCopy { src_offset: from_off, dst_offset: to_off, size: len })
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
-        let q = self.queue.get_mut().unwrap_or_else(|p| p.into_inner());
+        // The caller's device is the caller's to destroy, and emuhost made nothing on it that
+        // lives (each import freed its memory and buffer when dropped).
+        if !self.owned {
+            return;
+        }
+        let Some(q) = self.queue.as_mut().map(|q| q.get_mut().unwrap_or_else(|p| p.into_inner())) else { return };
         // SAFETY: `&mut self`: the backend and every import (each holding an `Arc` of the device)
         // are gone, so nothing made from the device lives and no other thread uses it; after the
         // wait no command is pending, so the pool and then the device can go, in that order. The
-        // instance stays (the process's, [`super::vk_instance`]).
+        // instance stays (the process's, [`crate::gpu::vulkan`]).
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_command_pool(q.pool, None);

@@ -14,7 +14,7 @@
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`: every Vulkan call is FFI. Each
 //! `unsafe` block carries a `// SAFETY:` line. What they share: every handle passed was made by
-//! the process's instance (never destroyed: `import::vk_instance`) or this `Driver`'s device and
+//! the process's instance (never destroyed: `gpu::vulkan`) or this `Driver`'s device and
 //! is destroyed only in `Drop` (or, for the objects of one pipeline creation, at the end of
 //! `create_compute`, after their last use); every create-info structure and the slices it points
 //! to live on the stack until the call returns.
@@ -66,17 +66,11 @@ impl Driver {
     /// (discrete GPU, integrated, virtual, CPU) where `None`. Make the cache next
     /// ([`Driver::make_cache`]), once its file was checked against [`Driver::info`].
     pub fn open(index: Option<usize>) -> Result<Driver, PrepareError> {
-        use crate::import::vk_instance::{InstanceError, shared};
-        let shared = shared().map_err(|e| match e {
-            InstanceError::Loader(e) => PrepareError::Loader(e),
-            InstanceError::Vulkan { op, code } => PrepareError::Vulkan { what: op, result: code },
-        })?;
+        let shared = crate::gpu::vulkan::shared()?;
         Self::open_device(&shared.instance, index)
     }
 
     fn open_device(instance: &ash::Instance, index: Option<usize>) -> Result<Driver, PrepareError> {
-        // SAFETY: `instance` is live.
-        let pdevs = unsafe { instance.enumerate_physical_devices() }.map_err(vkerr("vkEnumeratePhysicalDevices"))?;
         let compute_family = |pd: vk::PhysicalDevice| {
             // SAFETY: `pd` came from this instance.
             let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
@@ -86,13 +80,14 @@ impl Driver {
         let props = |pd: vk::PhysicalDevice| unsafe { instance.get_physical_device_properties(pd) };
         let (pd, family) = match index {
             Some(i) => {
+                // SAFETY: `instance` is live.
+                let pdevs =
+                    unsafe { instance.enumerate_physical_devices() }.map_err(vkerr("vkEnumeratePhysicalDevices"))?;
                 let pd = *pdevs.get(i).ok_or(PrepareError::NoSuchDevice { index: i, count: pdevs.len() })?;
                 (pd, compute_family(pd).ok_or(PrepareError::NoComputeDevice)?)
             }
-            None => pdevs
-                .iter()
-                .filter_map(|&pd| compute_family(pd).map(|f| (pd, f)))
-                .min_by_key(|(pd, _)| crate::import::vulkan::rank(props(*pd).device_type))
+            None => crate::gpu::vulkan::best(instance, |pd, _| compute_family(pd))
+                .map_err(vkerr("vkEnumeratePhysicalDevices"))?
                 .ok_or(PrepareError::NoComputeDevice)?,
         };
         let p = props(pd);

@@ -4,6 +4,7 @@
 #[cfg(feature = "faults")]
 mod faults;
 mod import;
+mod import_caller;
 mod prepare;
 mod replay;
 mod sched;

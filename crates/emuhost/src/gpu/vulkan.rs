@@ -1,3 +1,9 @@
+//! The one Vulkan setup of the crate, used by the import backend ([`crate::import::Vulkan`]) and
+//! the shader preparation ([`crate::prepare`]): the process's loader and instance, the choice of
+//! a physical device ([`best`], by [`rank`]) and the mapping of an instance's failure into each
+//! one's error type. An importer built on the caller's device ([`crate::import::Vulkan::from_caller`])
+//! uses none of the instance: it loads the caller's functions from the caller's handles.
+//!
 //! One Vulkan loader and one instance for the whole process, made on first use and kept until
 //! the process exits; the import backend and the shader preparation make their devices from it.
 //!
@@ -36,6 +42,60 @@ pub(crate) enum InstanceError {
 
 static SHARED: Mutex<Option<&'static Shared>> = Mutex::new(None);
 static MADE: AtomicU64 = AtomicU64::new(0);
+
+impl From<InstanceError> for crate::import::ImportError {
+    fn from(e: InstanceError) -> Self {
+        match e {
+            InstanceError::Loader(e) => {
+                crate::import::ImportError::Unavailable { backend: "vulkan", why: format!("no Vulkan loader: {e}") }
+            }
+            InstanceError::Vulkan { op, code } => crate::import::ImportError::Vulkan { op, code },
+        }
+    }
+}
+
+impl From<InstanceError> for crate::prepare::PrepareError {
+    fn from(e: InstanceError) -> Self {
+        match e {
+            InstanceError::Loader(e) => crate::prepare::PrepareError::Loader(e),
+            InstanceError::Vulkan { op, code } => crate::prepare::PrepareError::Vulkan { what: op, result: code },
+        }
+    }
+}
+
+/// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
+pub(crate) fn rank(t: vk::PhysicalDeviceType) -> u32 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 3,
+        _ => 4,
+    }
+}
+
+/// The best-ranked physical device of `instance` that `fits` accepts (it returns what the caller
+/// needs of the device, e.g. its queue family), the first of equals in the loader's order.
+/// `fits` sees every device, so a caller can also note why one was passed over.
+pub(crate) fn best<T>(
+    instance: &ash::Instance,
+    mut fits: impl FnMut(vk::PhysicalDevice, &vk::PhysicalDeviceProperties) -> Option<T>,
+) -> Result<Option<(vk::PhysicalDevice, T)>, vk::Result> {
+    // SAFETY: the instance is live.
+    let pds = unsafe { instance.enumerate_physical_devices() }?;
+    let mut best: Option<(u32, vk::PhysicalDevice, T)> = None;
+    for pd in pds {
+        // SAFETY: `pd` came from this instance.
+        let props = unsafe { instance.get_physical_device_properties(pd) };
+        if let Some(t) = fits(pd, &props) {
+            let r = rank(props.device_type);
+            if best.as_ref().is_none_or(|(b, _, _)| r < *b) {
+                best = Some((r, pd, t));
+            }
+        }
+    }
+    Ok(best.map(|(_, pd, t)| (pd, t)))
+}
 
 /// The process's instance, made on the first call.
 pub(crate) fn shared() -> Result<&'static Shared, InstanceError> {
@@ -80,7 +140,7 @@ mod vulkan_gate;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::vulkan::Vulkan;
+    use crate::import::Vulkan;
 
     /// Backends made and dropped one after another (and beside the other tests' ones) share one
     /// instance: with an instance each, the loader unloads and reloads every driver per backend,

@@ -7,6 +7,7 @@ mod import;
 mod prepare;
 mod replay;
 mod sched;
+mod settings;
 mod space;
 mod trace;
 #[path = "../support/vulkan.rs"]

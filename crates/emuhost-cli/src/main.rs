@@ -89,8 +89,6 @@ pub fn stdout(args: std::fmt::Arguments) {
 pub enum Outcome {
     Ok,
     CheckFailed,
-    /// A child process's exit status, passed on.
-    Exit(u8),
 }
 
 /// Colour codes in log lines only where stderr is a terminal, and not where `NO_COLOR` is set to
@@ -99,38 +97,47 @@ fn log_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// The settings a command runs with: the environment's switches, and for a replay its flags' on
+/// top (applied in this process: no child is needed).
+fn settings(cli: &Cli) -> anyhow::Result<emuhost::settings::Settings> {
+    let mut s = switches::from_env()?;
+    if let Command::Replay(a) = &cli.command {
+        a.apply(&mut s)?;
+    }
+    Ok(s)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A bad switch is refused before any work, the log filter's included.
-    if let Err(e) = switches::check_env() {
-        eprintln!("emuhost: error: {e:#}");
-        return ExitCode::from(2);
-    }
-    // A fault switch with a bad value, or set in a build without fault injection, is bad input.
-    if let Err(e) = emuhost::faults::from_env() {
-        eprintln!("emuhost: error: {e}");
-        return ExitCode::from(2);
-    }
-    let filter = std::env::var(switches::LOG).unwrap_or_else(|_| "info".into());
+    // The settings: the environment's switches, then those a replay's flags set. A bad one is
+    // refused before any work (exit 2), the log filter's and the fault switches' included.
+    let settings = match settings(&cli) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("emuhost: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    // Before any hook runs: the fault switches hold for the whole process.
+    emuhost::faults::install(&settings.faults);
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&settings.log).unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(log_colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")))
         .init();
     let result = match cli.command {
-        Command::Replay(a) => replay::run(a),
+        Command::Replay(a) => replay::run(a, settings),
         Command::Ab(a) => ab::run(a),
-        Command::Probe { json } => probe::run(json),
+        Command::Probe { json } => probe::run(json, &settings),
         Command::Policy(a) => policy::run(a),
-        Command::Plan(a) => plan::run(a),
-        Command::Bench { which } => bench::run(which),
+        Command::Plan(a) => plan::run(a, &settings),
+        Command::Bench { which } => bench::run(which, &settings),
         Command::Trace { which } => trace::run(which),
         Command::Prepare(a) => prepare::run(a),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::CheckFailed) => ExitCode::from(1),
-        Ok(Outcome::Exit(code)) => ExitCode::from(code),
         Err(e) => {
             eprintln!("emuhost: error: {e:#}");
             ExitCode::from(2)

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use emuhost::import::{ImportConfig, Pools, plan, pools_file};
+use emuhost::settings::Settings;
 
 use crate::Outcome;
 
@@ -47,8 +48,8 @@ pub fn read_pools(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
     pools_file::parse(&text).map_err(|e| anyhow::anyhow!("{}:{}: {}", path.display(), e.line, e.what))
 }
 
-pub fn run(a: Args) -> anyhow::Result<Outcome> {
-    let mut cfg = ImportConfig::from_env()?.plan;
+pub fn run(a: Args, settings: &Settings) -> anyhow::Result<Outcome> {
+    let mut cfg = ImportConfig::from_settings(settings).plan;
     if let Some(mb) = a.chunk_mib {
         cfg.chunk = mb
             .checked_mul(1 << 20)

@@ -2,6 +2,7 @@
 
 use emuhost::import::{AnyBackend, Backend, BackendChoice, error_chain};
 use emuhost::probe::{Offer, Probe};
+use emuhost::settings::Settings;
 use emuhost::watch;
 use serde_json::json;
 
@@ -21,9 +22,9 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
     }
 }
 
-pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
+pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let p = Probe::run();
-    let tracking = watch::choose();
+    let tracking = watch::choose(settings);
     let tried: Vec<(String, String)> =
         [watch::BackendKind::Uffd, watch::BackendKind::Mprotect, watch::BackendKind::SoftDirty]
             .into_iter()
@@ -31,7 +32,7 @@ pub fn run(as_json: bool) -> anyhow::Result<Outcome> {
                 (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string()))
             })
             .collect();
-    let import = import_backend();
+    let import = import_backend(settings.import_backend);
     if as_json {
         let v = json!({
             "kernel": p.kernel,
@@ -93,9 +94,12 @@ struct ImportProbe {
 
 /// Which import backend `EMUHOST_IMPORT_BACKEND` (auto: Vulkan, then CUDA, then pin) picks here,
 /// after its start-up check, and why the ones before it were passed over.
-fn import_backend() -> ImportProbe {
-    let choice = std::env::var("EMUHOST_IMPORT_BACKEND").unwrap_or_else(|_| "auto".into());
-    let picked = BackendChoice::from_env().and_then(AnyBackend::pick);
+fn import_backend(choice: BackendChoice) -> ImportProbe {
+    let picked = AnyBackend::pick(choice);
+    let choice = match choice {
+        BackendChoice::Auto => "auto",
+        BackendChoice::Only(k) => k.name(),
+    };
     match picked {
         Ok(p) => {
             let b = &p.backend;

@@ -8,13 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use emuhost::settings::Settings;
 use emuhost::trace::{ReplayConfig, ReplayReport, replay_default, replay_file};
 use serde_json::{Value, json};
 
 use crate::Outcome;
-
-/// Set when this process is the child that a flag-set switch re-ran.
-const CHILD: &str = "EMUHOST_REPLAY_CHILD";
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -58,9 +56,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// The switches the flags set.
-    fn switches(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let mut out = Vec::new();
+    /// Sets the switches the flags name in `s`, each checked (an error names the flag, the switch
+    /// and the value).
+    pub fn apply(&self, s: &mut Settings) -> anyhow::Result<()> {
         for (value, flag, name) in [
             (&self.import_backend, "--import-backend", "EMUHOST_IMPORT_BACKEND"),
             (&self.watch, "--watch", "EMUHOST_WATCH"),
@@ -68,19 +66,20 @@ impl Args {
             (&self.short_sleep_timer, "--short-sleep-timer", "EMUHOST_SHORT_SLEEP_TIMER"),
         ] {
             if let Some(v) = value {
-                crate::switches::check(name, v).context(flag)?;
-                out.push((name.to_string(), v.clone()));
+                crate::switches::set(s, name, v).context(flag)?;
             }
         }
         for kv in &self.set {
-            out.push(crate::switches::parse(kv).context("--set")?);
+            let (k, v) = crate::switches::parse(kv).context("--set")?;
+            crate::switches::set(s, &k, &v).context("--set")?;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
-pub fn run(a: Args) -> anyhow::Result<Outcome> {
-    let switches = a.switches()?;
+/// Replays with `settings` (the environment's switches and this command's flags), in this
+/// process.
+pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
     let soak = a.soak.as_deref().map(crate::soak::parse_duration).transpose()?;
     if soak.is_some() && (a.csv.is_some() || a.plot.is_some()) {
         bail!("--soak reports loops, not frames: leave out --csv and --plot");
@@ -93,42 +92,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         plot_kind(p)?;
         crate::switches::check_output("--plot", p)?;
     }
-    // Switches are read from the environment (once per process, as an emulator would): a flag
-    // that sets one runs the replay again in a child process with it set.
-    if !switches.is_empty() && std::env::var_os(CHILD).is_none() {
-        let exe = std::env::current_exe().context("finding this program to run the replay")?;
-        let mut cmd = std::process::Command::new(exe);
-        cmd.arg("replay").env(CHILD, "1");
-        if let Some(t) = &a.trace {
-            cmd.arg(t);
-        }
-        for (flag, on) in [("--paced", a.paced), ("--json", a.json), ("--no-trim", a.no_trim)] {
-            if on {
-                cmd.arg(flag);
-            }
-        }
-        if let Some(p) = &a.csv {
-            cmd.arg("--csv").arg(p);
-        }
-        if let Some(p) = &a.plot {
-            cmd.arg("--plot").arg(p);
-        }
-        if let Some(d) = &a.soak {
-            cmd.arg("--soak").arg(d);
-        }
-        cmd.envs(switches);
-        let status = cmd.status().context("running the replay")?;
-        return match status.code() {
-            Some(0) => Ok(Outcome::Ok),
-            Some(1) => Ok(Outcome::CheckFailed),
-            Some(code) => Ok(Outcome::Exit(code as u8)),
-            None => {
-                use std::os::unix::process::ExitStatusExt;
-                bail!("the replay was killed by signal {}", status.signal().unwrap_or(0))
-            }
-        };
-    }
-    let cfg = ReplayConfig { paced: a.paced, ..Default::default() };
+    let cfg = ReplayConfig { paced: a.paced, settings, ..Default::default() };
     if let Some(d) = soak {
         return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }

@@ -1,46 +1,34 @@
-//! The `EMUHOST_*` switches as the CLI sees them: the library's, plus `EMUHOST_LOG` (the log
-//! filter, which only the CLI reads). Each value is checked before any work starts.
+//! The `EMUHOST_*` switches as the CLI takes them: from the environment and from flags, into one
+//! [`Settings`] (the library's table, `EMUHOST_LOG` included) that every command is given. Each
+//! value is checked before any work starts; the log filter is checked here too, since the CLI is
+//! what applies it.
 
 use anyhow::bail;
+use emuhost::settings::{self, LOG_SWITCH, SettingError, Settings};
 
-/// The log filter switch.
-pub const LOG: &str = "EMUHOST_LOG";
+/// Other `EMUHOST_*` names that are not switches of a run: read by the test suite and CI.
+const NOT_SWITCHES: &[&str] = &["EMUHOST_TEST_FAULT_CHILD", "EMUHOST_TEST_WATCH_CHILD", "EMUHOST_TEST_SETTINGS_CHILD"];
 
-/// Other `EMUHOST_*` names that are not switches of a run: set by emuhost itself for a child
-/// process, or read by the test suite.
-const NOT_SWITCHES: &[&str] = &[
-    "EMUHOST_REPLAY_CHILD",
-    "EMUHOST_REQUIRE_VULKAN",
-    "EMUHOST_REQUIRE_CUDA",
-    "EMUHOST_FUZZ_SECONDS",
-    "EMUHOST_TEST_FAULT_CHILD",
-];
-
-/// Every switch a replay honours, in the README's order.
-pub fn names() -> Vec<&'static str> {
-    let mut v = vec![LOG];
-    v.extend(emuhost::switches::names());
-    v
+/// Sets the switch `name` to `value` in `s`: an unknown name or a value emuhost would refuse is
+/// an error naming it.
+pub fn set(s: &mut Settings, name: &str, value: &str) -> anyhow::Result<()> {
+    match s.set(name, value) {
+        Err(SettingError::Unknown { .. }) => {
+            bail!("{name:?} is not a switch emuhost reads (one of {})", settings::names().join(", "))
+        }
+        r => r?,
+    }
+    if name == LOG_SWITCH
+        && let Err(e) = tracing_subscriber::EnvFilter::try_new(value)
+    {
+        bail!("{LOG_SWITCH}={value:?} is not a log filter: {e}");
+    }
+    Ok(())
 }
 
-/// Checks one switch's value: an unknown name or a value emuhost would refuse is an error naming it.
+/// Checks one switch's value against the library's parser.
 pub fn check(name: &str, value: &str) -> anyhow::Result<()> {
-    if name == LOG {
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(value) {
-            bail!("{LOG}={value:?} is not a log filter: {e}");
-        }
-        return Ok(());
-    }
-    if emuhost::faults::SWITCHES.contains(&name) {
-        // Checked by `emuhost::faults::from_env` where the process starts (exit 2 naming it).
-        return Ok(());
-    }
-    match emuhost::switches::check(name, value) {
-        Err(emuhost::switches::SwitchError::Unknown { .. }) => {
-            bail!("{name:?} is not a switch emuhost reads (one of {})", names().join(", "))
-        }
-        r => Ok(r?),
-    }
+    set(&mut Settings::default(), name, value)
 }
 
 /// Parses `KEY=VALUE` and checks it.
@@ -53,19 +41,21 @@ pub fn parse(kv: &str) -> anyhow::Result<(String, String)> {
     Ok((k.to_string(), v.to_string()))
 }
 
-/// Checks every switch set in the environment. An `EMUHOST_*` name that is not a switch is only
-/// warned of (the environment is shared with other programs), with the closest switch's name.
-pub fn check_env() -> anyhow::Result<()> {
+/// The settings the environment's switches make (the CLI is where the environment is read). An
+/// `EMUHOST_*` name that is not a switch is only warned of (the environment is shared with other
+/// programs).
+pub fn from_env() -> anyhow::Result<Settings> {
+    let mut s = Settings::default();
     for (k, v) in std::env::vars_os() {
         let Some(k) = k.to_str().filter(|k| k.starts_with("EMUHOST_")) else { continue };
         let Some(v) = v.to_str() else { bail!("{k} is not valid UTF-8") };
-        if names().contains(&k) {
-            check(k, v)?;
-        } else if !NOT_SWITCHES.contains(&k) && !emuhost::faults::SWITCHES.contains(&k) {
+        if settings::names().contains(&k) {
+            set(&mut s, k, v)?;
+        } else if !NOT_SWITCHES.contains(&k) && !settings::TEST_SWITCHES.iter().any(|(n, _)| *n == k) {
             eprintln!("emuhost: warning: {k} is not a switch emuhost reads; see the README's table");
         }
     }
-    Ok(())
+    Ok(s)
 }
 
 /// Checks that a file can be written at `p` before the work that fills it starts: its folder exists
@@ -102,15 +92,10 @@ mod tests {
             let e = format!("{:#}", parse(kv).unwrap_err());
             assert!(e.starts_with(says), "{kv}: {e}");
         }
-        assert!(names().contains(&"EMUHOST_LOG") && names().contains(&"EMUHOST_IMPORT_POPULATE_AHEAD"));
-    }
-
-    #[test]
-    fn the_readme_table_lists_every_switch() {
-        let readme = include_str!("../../../README.md");
-        for name in names() {
-            assert!(readme.contains(&format!("| `{name}` |")), "{name} is missing from the README's switch table");
-        }
+        let mut s = Settings::default();
+        set(&mut s, "EMUHOST_LOG", "debug").unwrap();
+        set(&mut s, "EMUHOST_IMPORT_SPAN_MB", "0").unwrap();
+        assert_eq!((s.log.as_str(), s.import.plan.span_cap), ("debug", 0));
     }
 
     #[test]

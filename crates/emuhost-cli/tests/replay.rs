@@ -213,3 +213,57 @@ fn trace_stats_sums_do_not_wrap() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("35184372088832.0 MiB"), "{text}");
 }
+
+/// `emuhost` started through the dynamic loader (`ld.so emuhost ...`): its `/proc/self/exe` is
+/// the loader, so a replay that re-ran itself to apply a switch would start the loader with
+/// `replay` as the program and fail. `None` where the loader is not at a known path.
+fn through_the_loader() -> Option<Command> {
+    let loader = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let mut c = Command::new(loader);
+    c.arg(env!("CARGO_BIN_EXE_emuhost")).env("EMUHOST_LOG", "warn").env("EMUHOST_IMPORT_BACKEND", "pin");
+    Some(c)
+}
+
+#[test]
+fn a_switch_set_by_flag_applies_in_this_process() {
+    let Some(mut base) = through_the_loader() else {
+        eprintln!("skipped: no dynamic loader at a known path to start emuhost through");
+        return;
+    };
+    let t = trace_file("in-process", SMALL);
+    // Unset, the defaults: spans on (one import), the rule by processor count.
+    let v = json(&through_the_loader().unwrap().arg("replay").arg(&t).arg("--json").output().unwrap());
+    assert_eq!(v["imports"], 1);
+    assert!(v["sleep_rule"].as_str().unwrap().contains("EMUHOST_SHORT_SLEEP_TIMER unset"), "{v}");
+    // Set by flag, each takes effect, with no second process (started through the loader, a
+    // re-run of this program would fail).
+    let out = base
+        .args(["replay", "--json", "--span-mb", "0", "--set", "EMUHOST_WATCH=mprotect"])
+        .args(["--set", "EMUHOST_SHORT_SLEEP_TIMER=off", "--set", "EMUHOST_VERIFY_COLLECT=on"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!((v["imports"].as_u64(), v["reimports"].as_u64()), (Some(3), Some(1)), "{v}");
+    assert_eq!(v["watch_backend"], "mprotect");
+    assert!(v["sleep_rule"].as_str().unwrap().contains("EMUHOST_SHORT_SLEEP_TIMER is set and off"), "{v}");
+    // A flag overrides the environment.
+    let v = json(
+        &emuhost()
+            .env("EMUHOST_WATCH", "uffd")
+            .args(["replay", "--json", "--watch", "mprotect"])
+            .arg(&t)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(v["watch_backend"], "mprotect");
+    // A bad value by flag: exit 2 naming the flag, the switch and the value, before any work.
+    let out =
+        through_the_loader().unwrap().args(["replay", "--set", "EMUHOST_IMPORT_CHUNK_MB=3"]).arg(&t).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--set: EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no replay ran");
+}

@@ -12,7 +12,7 @@
 //! It explains what `emuhost replay --soak` shows with a short trace: each loop's threads are
 //! new, and NVIDIA 580.159.04 keeps about 300 bytes for each thread that has imported.
 
-use emuhost::import::{AnyBackend, Backend, BackendChoice, HostSpan};
+use emuhost::import::{AnyBackend, Backend, HostSpan};
 use emuhost::space::{Prot, Space};
 use emuhost::trace::{memory, trim_heap};
 
@@ -40,7 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(a) => a.parse().map_err(|_| format!("the run count {a:?} is not a whole number"))?,
         None => 300,
     };
-    let choice = BackendChoice::from_env()?;
+    // The caller asks for the environment's switches (`EMUHOST_IMPORT_BACKEND`).
+    let choice = emuhost::settings::Settings::from_env()?.import_backend;
     let backend = AnyBackend::pick(choice)?.backend;
     println!("backend: {}", backend.describe());
     rounds("open and drop a backend", n, || drop(AnyBackend::pick(choice).expect("opening the backend again")));

@@ -18,7 +18,8 @@
 //!
 //! A plan set from code ([`scoped`]) holds for the calling thread until its [`Scope`] drops, so
 //! tests running beside each other do not see each other's faults. The `EMUHOST_FAULT_*` switches
-//! set one plan for the whole process (read at the first hook, or by [`from_env`]). Counts (the
+//! set one plan for the whole process ([`install`], given them by
+//! [`Settings`](crate::settings::Settings)). Counts (the
 //! Nth import) are per plan.
 //!
 //! A schedule names 1-based call numbers: `N` (the Nth), `N-M` (the Nth to the Mth), `N-` (the
@@ -162,52 +163,46 @@ pub struct Plan {
     pub no_populate_write: bool,
 }
 
-impl Plan {
-    /// The plan the `EMUHOST_FAULT_*` switches describe (`None` where no fault is asked for), and
-    /// whether `EMUHOST_FAULT_FOREIGN_SEGV` asks for a foreign handler.
-    pub fn from_env() -> Result<(Option<Plan>, bool), FaultError> {
-        Self::from_vars(|name| std::env::var(name).ok())
-    }
+/// The `EMUHOST_FAULT_*` switches as [`Settings`](crate::settings::Settings) carries them: the
+/// plan they describe and whether a foreign `SIGSEGV` handler is asked for. [`install`] makes it
+/// the process's plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FaultSettings {
+    pub plan: Plan,
+    /// `EMUHOST_FAULT_FOREIGN_SEGV`.
+    pub foreign: bool,
+}
 
-    /// [`Plan::from_env`] with the switches' values given.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<(Option<Plan>, bool), FaultError> {
-        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let bad = |name: &'static str, value: &str, why: String| FaultError::BadSwitch {
-            name,
-            value: value.to_string(),
-            why,
-        };
-        let mut plan = Plan::default();
-        if let Some(v) = get(IMPORT_SWITCH) {
-            plan.import = v.parse().map_err(|why| bad(IMPORT_SWITCH, &v, why))?;
+impl FaultSettings {
+    /// Sets the fault switch `name` to `value` (empty: unset); a bad value is an error naming both.
+    pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), FaultError> {
+        let bad = |why: String| FaultError::BadSwitch { name, value: value.to_string(), why };
+        let v = value.trim();
+        let flag = || crate::settings::on_off(v).ok_or_else(|| bad("expected 1 or 0".into()));
+        let plan = &mut self.plan;
+        match name {
+            IMPORT_SWITCH => plan.import = v.parse().map_err(bad)?,
+            IMPORT_ABOVE_SWITCH if v.is_empty() => plan.import_above = None,
+            IMPORT_ABOVE_SWITCH => {
+                let mb: u64 = v.parse().map_err(|_| bad("MiB as an integer".into()))?;
+                plan.import_above = Some(mb.checked_mul(1 << 20).ok_or_else(|| bad("too large".into()))?);
+            }
+            COMMIT_SWITCH => plan.commit_enomem = v.parse().map_err(bad)?,
+            UFFD_SWITCH => {
+                plan.uffd = match v.to_ascii_lowercase().as_str() {
+                    "" => None,
+                    "eperm" => Some(UffdFault::Eperm),
+                    "enosys" => Some(UffdFault::Enosys),
+                    _ => return Err(bad("expected eperm or enosys".into())),
+                }
+            }
+            FOREIGN_SEGV_SWITCH => self.foreign = flag()?,
+            NO_PROCMAP_QUERY_SWITCH => plan.no_procmap_query = flag()?,
+            NO_POPULATE_WRITE_SWITCH => plan.no_populate_write = flag()?,
+            _ => return Err(bad("not a fault switch".into())),
         }
-        if let Some(v) = get(IMPORT_ABOVE_SWITCH) {
-            let mb: u64 = v.trim().parse().map_err(|_| bad(IMPORT_ABOVE_SWITCH, &v, "MiB as an integer".into()))?;
-            plan.import_above =
-                Some(mb.checked_mul(1 << 20).ok_or_else(|| bad(IMPORT_ABOVE_SWITCH, &v, "too large".into()))?);
-        }
-        if let Some(v) = get(COMMIT_SWITCH) {
-            plan.commit_enomem = v.parse().map_err(|why| bad(COMMIT_SWITCH, &v, why))?;
-        }
-        if let Some(v) = get(UFFD_SWITCH) {
-            plan.uffd = Some(match v.trim().to_ascii_lowercase().as_str() {
-                "eperm" => UffdFault::Eperm,
-                "enosys" => UffdFault::Enosys,
-                _ => return Err(bad(UFFD_SWITCH, &v, "expected eperm or enosys".into())),
-            });
-        }
-        let flag = |name: &'static str| match get(name) {
-            None => Ok(false),
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "0" | "false" | "off" | "no" => Ok(false),
-                "1" | "true" | "on" | "yes" => Ok(true),
-                _ => Err(bad(name, &v, "expected 1 or 0".into())),
-            },
-        };
-        let foreign = flag(FOREIGN_SEGV_SWITCH)?;
-        plan.no_procmap_query = flag(NO_PROCMAP_QUERY_SWITCH)?;
-        plan.no_populate_write = flag(NO_POPULATE_WRITE_SWITCH)?;
-        Ok(((plan != Plan::default()).then_some(plan), foreign))
+        Ok(())
     }
 }
 
@@ -256,30 +251,34 @@ struct Process {
     foreign: bool,
 }
 
-static PROCESS: OnceLock<Result<Process, FaultError>> = OnceLock::new();
+/// The process's plan: the one [`install`] was given, or none (the environment is not read).
+static PROCESS: OnceLock<Process> = OnceLock::new();
 
-fn process() -> &'static Result<Process, FaultError> {
-    PROCESS.get_or_init(|| {
-        let (plan, foreign) = Plan::from_env()?;
+fn process() -> &'static Process {
+    PROCESS.get_or_init(|| Process { plan: None, foreign: false })
+}
+
+/// Makes `settings` the process's fault plan (the `EMUHOST_FAULT_*` switches hold for the whole
+/// process). Only the first call, made before any hook ran, takes effect: false where the
+/// process's plan was already fixed (and is not this one).
+pub fn install(settings: &FaultSettings) -> bool {
+    let FaultSettings { plan, foreign } = settings.clone();
+    let plan = (plan != Plan::default()).then_some(plan);
+    let p = PROCESS.get_or_init(|| {
         if let Some(p) = &plan {
             tracing::warn!("fault injection on for this process: {p:?}");
         }
         if foreign {
             tracing::warn!("fault injection: a foreign SIGSEGV before each collect ({FOREIGN_SEGV_SWITCH}=1)");
         }
-        Ok(Process { plan: plan.map(|plan| Arc::new(Active { plan, ..Active::default() })), foreign })
-    })
-}
-
-/// Reads the `EMUHOST_FAULT_*` switches into the process's plan (once; later calls return the
-/// first answer). An error names the bad switch and value; the hooks then inject nothing.
-pub fn from_env() -> Result<(), FaultError> {
-    process().as_ref().map(|_| ()).map_err(Clone::clone)
+        Process { plan: plan.clone().map(|plan| Arc::new(Active { plan, ..Active::default() })), foreign }
+    });
+    p.plan.as_ref().map(|a| &a.plan) == plan.as_ref() && p.foreign == foreign
 }
 
 /// What the process's plan (the switches') has done, if there is one.
 pub fn process_tally() -> Option<Tally> {
-    process().as_ref().ok()?.plan.as_ref().map(|a| a.tally())
+    process().plan.as_ref().map(|a| a.tally())
 }
 
 /// A plan in force on the thread that made it, until dropped (the plan before it comes back).
@@ -316,14 +315,7 @@ fn active() -> Option<Arc<Active>> {
     if let Some(a) = SCOPED.with(|s| s.borrow().clone()) {
         return Some(a);
     }
-    match process() {
-        Ok(p) => p.plan.clone(),
-        Err(e) => {
-            static SAID: OnceLock<()> = OnceLock::new();
-            SAID.get_or_init(|| tracing::error!("fault injection off: {e}"));
-            None
-        }
-    }
+    process().plan.clone()
 }
 
 /// Counts an import of `len` bytes; whether it must fail.
@@ -388,7 +380,7 @@ pub(crate) fn unfaulted<R>(f: impl FnOnce() -> R) -> R {
 /// Called just before emuhost installs its `SIGSEGV` handler: with `EMUHOST_FAULT_FOREIGN_SEGV=1`
 /// the foreign handler goes in first.
 pub(crate) fn before_segv_install() {
-    if process().as_ref().is_ok_and(|p| p.foreign)
+    if process().foreign
         && let Err(e) = ForeignPage::install()
     {
         tracing::error!("fault injection: the foreign SIGSEGV handler could not be installed: {e}");
@@ -398,7 +390,7 @@ pub(crate) fn before_segv_install() {
 /// Called at each collect: with `EMUHOST_FAULT_FOREIGN_SEGV=1`, faults once on the foreign page;
 /// an error where its handler did not resolve the fault exactly once.
 pub(crate) fn at_collect() -> io::Result<()> {
-    if !process().as_ref().is_ok_and(|p| p.foreign) {
+    if !process().foreign {
         return Ok(());
     }
     let page = ForeignPage::install()?;
@@ -434,28 +426,31 @@ mod tests {
 
     #[test]
     fn switches_make_a_plan_and_a_bad_value_is_named() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            move |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+        let set = |pairs: &[(&'static str, &str)]| {
+            let mut f = FaultSettings::default();
+            pairs.iter().try_for_each(|&(k, v)| f.set(k, v)).map(|()| f)
         };
-        assert_eq!(Plan::from_vars(vars(&[])).unwrap(), (None, false));
-        let (plan, foreign) = Plan::from_vars(vars(&[
+        assert_eq!(set(&[]).unwrap(), FaultSettings::default());
+        let f = set(&[
             (IMPORT_SWITCH, "3"),
             (IMPORT_ABOVE_SWITCH, "16"),
             (COMMIT_SWITCH, "1-2"),
             (UFFD_SWITCH, "ENOSYS"),
             (FOREIGN_SEGV_SWITCH, "1"),
-        ]))
+        ])
         .unwrap();
-        let plan = plan.unwrap();
-        assert!(foreign);
+        let plan = f.plan;
+        assert!(f.foreign);
         assert_eq!(plan.import, Schedule::nth(3));
         assert_eq!(plan.import_above, Some(16 << 20));
         assert_eq!(plan.commit_enomem, Schedule::calls(1, 2));
         assert_eq!(plan.uffd, Some(UffdFault::Enosys));
-        let e = Plan::from_vars(vars(&[(UFFD_SWITCH, "sometimes")])).unwrap_err();
+        let e = set(&[(UFFD_SWITCH, "sometimes")]).unwrap_err();
         assert!(e.to_string().contains("EMUHOST_FAULT_UFFD=\"sometimes\""), "{e}");
-        let e = Plan::from_vars(vars(&[(IMPORT_SWITCH, "0")])).unwrap_err();
+        let e = set(&[(IMPORT_SWITCH, "0")]).unwrap_err();
         assert!(e.to_string().contains("EMUHOST_FAULT_IMPORT=\"0\""), "{e}");
+        // Empty is unset.
+        assert_eq!(set(&[(UFFD_SWITCH, "eperm"), (UFFD_SWITCH, " ")]).unwrap(), FaultSettings::default());
     }
 
     #[test]

@@ -10,13 +10,23 @@ pub use common::*;
 /// Whether this build can inject faults.
 pub const ENABLED: bool = false;
 
-/// Refuses a set fault switch (naming it) so that a run meant to be under a fault does not pass
-/// silently without one; `Ok` where none is set.
-pub fn from_env() -> Result<(), FaultError> {
-    match SWITCHES.iter().find(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty())) {
-        Some(&name) => Err(FaultError::NotBuilt { name }),
-        None => Ok(()),
+/// The `EMUHOST_FAULT_*` switches as [`Settings`](crate::settings::Settings) carries them: in
+/// this build, none can be set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FaultSettings {}
+
+impl FaultSettings {
+    /// Refuses a set fault switch (naming it) so that a run meant to be under a fault does not
+    /// pass silently without one; an empty value is unset.
+    pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), FaultError> {
+        if value.is_empty() { Ok(()) } else { Err(FaultError::NotBuilt { name }) }
     }
+}
+
+/// Nothing to install in this build: always true.
+pub fn install(_settings: &FaultSettings) -> bool {
+    true
 }
 
 #[inline(always)]

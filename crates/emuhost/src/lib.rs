@@ -5,7 +5,8 @@
 //! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin).
-//! - [`switches`]: every `EMUHOST_*` switch the library reads, and a check of a value.
+//! - [`settings`]: every `EMUHOST_*` switch, typed ([`settings::Settings`]); the library reads the
+//!   environment only in [`settings::Settings::from_env`].
 //!
 //! Only `sys/` (OS calls) and the GPU FFI opt out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
@@ -18,8 +19,8 @@ pub mod faults;
 mod gpu;
 pub mod import;
 pub mod sched;
+pub mod settings;
 pub mod space;
-pub mod switches;
 mod sys;
 pub mod trace;
 pub mod watch;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use emuhost::import::{AnyBackend, Backend, BackendChoice, HostSpan, ImportConfig, Importer, PopulateAhead, Stats};
+use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, Importer, PopulateAhead, Stats};
 use emuhost::space::{Prot, Space, page_size};
 use serde_json::json;
 
@@ -38,14 +38,14 @@ pub struct Args {
     json: bool,
 }
 
-pub fn run(a: Args) -> anyhow::Result<Outcome> {
+pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
     if cfg!(debug_assertions) {
         eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
     }
     if let Some(bad) = a.sizes_mib.iter().find(|&&s| s == 0 || s > 64 << 10) {
         anyhow::bail!("--sizes-mib {bad}: sizes from 1 to 65536 MiB");
     }
-    let picked = AnyBackend::pick(BackendChoice::from_env()?).context("opening an import backend")?;
+    let picked = AnyBackend::pick(settings.import_backend).context("opening an import backend")?;
     let backend = Arc::new(picked.backend);
     let what = format!("{}: {}", backend.kind().name(), backend.describe());
     if !a.json {
@@ -62,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let session = if a.no_session {
         serde_json::Value::Null
     } else {
-        let s = session_arms(&backend, a.seed, a.session_rounds)?;
+        let s = session_arms(&backend, a.seed, a.session_rounds, ImportConfig::from_settings(settings))?;
         if !a.json {
             s.print();
         }
@@ -403,8 +403,7 @@ impl SessionResult {
     }
 }
 
-fn session_arms(b: &Arc<AnyBackend>, seed: u64, rounds: u32) -> anyhow::Result<SessionResult> {
-    let base = ImportConfig::from_env()?;
+fn session_arms(b: &Arc<AnyBackend>, seed: u64, rounds: u32, base: ImportConfig) -> anyhow::Result<SessionResult> {
     let s = session(seed, base.plan.chunk);
     let cfgs = [
         (

@@ -36,13 +36,13 @@ pub enum Which {
     Prepare(prepare::Args),
 }
 
-pub fn run(which: Which) -> anyhow::Result<Outcome> {
+pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
     match which {
         Which::Space(a) => space::run(a),
-        Which::Watch(a) => watch::run(a),
+        Which::Watch(a) => watch::run(a, settings),
         Which::Sleep(a) => sched::run(a),
         Which::Workers(a) => sched::run_workers(a),
-        Which::Import(a) => import::run(a),
+        Which::Import(a) => import::run(a, settings),
         Which::Prepare(a) => prepare::run(a),
     }
 }

@@ -137,11 +137,11 @@ fn backends(switch: Option<&str>) -> anyhow::Result<(Vec<BackendKind>, LeftOut)>
     Ok((keep, left))
 }
 
-pub fn run(a: Args) -> anyhow::Result<Outcome> {
+pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
     if cfg!(debug_assertions) {
         eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
     }
-    let (kinds, left_out) = backends(std::env::var(watch::WATCH_SWITCH).ok().as_deref())?;
+    let (kinds, left_out) = backends(settings.watch.map(BackendKind::name))?;
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();
     for _ in 0..a.rounds {

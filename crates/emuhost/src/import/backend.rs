@@ -292,13 +292,6 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
-impl BackendChoice {
-    /// `EMUHOST_IMPORT_BACKEND` (default `auto`).
-    pub fn from_env() -> Result<Self, ImportError> {
-        std::env::var("EMUHOST_IMPORT_BACKEND").unwrap_or_default().parse()
-    }
-}
-
 /// Any of the backends, chosen at run time.
 #[derive(Debug)]
 pub enum AnyBackend {

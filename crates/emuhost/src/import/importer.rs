@@ -38,46 +38,81 @@ impl Default for ImportConfig {
 }
 
 impl ImportConfig {
-    /// The defaults, changed by `EMUHOST_IMPORT_CHUNK_MB`, `EMUHOST_IMPORT_SPAN_MB`,
-    /// `EMUHOST_IMPORT_COOLING_MS` and `EMUHOST_IMPORT_POPULATE_AHEAD`.
-    pub fn from_env() -> Result<Self, ImportError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+    /// The switches this config takes.
+    pub const SWITCHES: [&str; 4] = [
+        "EMUHOST_IMPORT_CHUNK_MB",
+        "EMUHOST_IMPORT_SPAN_MB",
+        "EMUHOST_IMPORT_COOLING_MS",
+        "EMUHOST_IMPORT_POPULATE_AHEAD",
+    ];
+
+    /// The config [`Settings`](crate::settings::Settings) gives.
+    pub fn from_settings(settings: &crate::settings::Settings) -> Self {
+        settings.import
     }
 
-    /// [`from_env`](Self::from_env) with the switches' values from `get` (`None`: unset).
+    /// The defaults, changed by `EMUHOST_IMPORT_CHUNK_MB`, `EMUHOST_IMPORT_SPAN_MB`,
+    /// `EMUHOST_IMPORT_COOLING_MS` and `EMUHOST_IMPORT_POPULATE_AHEAD` with their values from
+    /// `get` (`None`: unset).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ImportError> {
         let mut c = Self::default();
-        if let Some(mb) = switch_u64("EMUHOST_IMPORT_CHUNK_MB", get("EMUHOST_IMPORT_CHUNK_MB"))? {
-            let bad = |why| ImportError::BadSwitch { name: "EMUHOST_IMPORT_CHUNK_MB", value: mb.to_string(), why };
-            let bytes = mb.checked_mul(1 << 20).ok_or_else(|| bad("too large: past 2^64 bytes"))?;
-            c.plan.chunk =
-                Some(bytes).filter(|b| b.is_power_of_two()).ok_or_else(|| bad("a power of two of MiB is needed"))?;
-        }
-        if let Some(mb) = switch_u64("EMUHOST_IMPORT_SPAN_MB", get("EMUHOST_IMPORT_SPAN_MB"))? {
-            c.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
-                name: "EMUHOST_IMPORT_SPAN_MB",
-                value: mb.to_string(),
-                why: "too large",
-            })?;
-        }
-        if let Some(ms) = switch_u64("EMUHOST_IMPORT_COOLING_MS", get("EMUHOST_IMPORT_COOLING_MS"))? {
-            c.cooling = Duration::from_millis(ms);
-        }
-        if let Some(v) = get("EMUHOST_IMPORT_POPULATE_AHEAD") {
-            c.populate_ahead = match v.trim().to_ascii_lowercase().as_str() {
-                "" | "0" | "false" | "off" | "no" => PopulateAhead::Off,
-                "1" | "true" | "on" | "yes" | "pools" => PopulateAhead::Pools,
-                "chunks" => PopulateAhead::Chunks,
-                _ => {
-                    return Err(ImportError::BadSwitch {
-                        name: "EMUHOST_IMPORT_POPULATE_AHEAD",
-                        value: v,
-                        why: "expected off, pools (or on) or chunks",
-                    });
-                }
-            };
+        for name in Self::SWITCHES {
+            if let Some(v) = get(name) {
+                c.set(name, &v)?;
+            }
         }
         Ok(c)
+    }
+
+    /// Sets one of [`Self::SWITCHES`] to `value` (empty: its default); a bad value is an error
+    /// naming both.
+    pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), ImportError> {
+        let d = Self::default();
+        let get = || Some(value.to_string());
+        match name {
+            "EMUHOST_IMPORT_CHUNK_MB" => {
+                self.plan.chunk = d.plan.chunk;
+                if let Some(mb) = switch_u64(name, get())? {
+                    let bad = |why| ImportError::BadSwitch { name, value: mb.to_string(), why };
+                    let bytes = mb.checked_mul(1 << 20).ok_or_else(|| bad("too large: past 2^64 bytes"))?;
+                    self.plan.chunk = Some(bytes)
+                        .filter(|b| b.is_power_of_two())
+                        .ok_or_else(|| bad("a power of two of MiB is needed"))?;
+                }
+            }
+            "EMUHOST_IMPORT_SPAN_MB" => {
+                self.plan.span_cap = d.plan.span_cap;
+                if let Some(mb) = switch_u64(name, get())? {
+                    self.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
+                        name,
+                        value: mb.to_string(),
+                        why: "too large",
+                    })?;
+                }
+            }
+            "EMUHOST_IMPORT_COOLING_MS" => {
+                self.cooling = switch_u64(name, get())?.map_or(d.cooling, Duration::from_millis);
+            }
+            "EMUHOST_IMPORT_POPULATE_AHEAD" => {
+                self.populate_ahead = match crate::settings::on_off(value) {
+                    Some(false) => PopulateAhead::Off,
+                    Some(true) => PopulateAhead::Pools,
+                    None => match value.trim().to_ascii_lowercase().as_str() {
+                        "pools" => PopulateAhead::Pools,
+                        "chunks" => PopulateAhead::Chunks,
+                        _ => {
+                            return Err(ImportError::BadSwitch {
+                                name,
+                                value: value.to_string(),
+                                why: "expected off, pools (or on) or chunks",
+                            });
+                        }
+                    },
+                };
+            }
+            _ => return Err(ImportError::BadSwitch { name, value: value.to_string(), why: "not an import switch" }),
+        }
+        Ok(())
     }
 }
 

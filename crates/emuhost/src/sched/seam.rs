@@ -1,5 +1,5 @@
-//! The primitives a sleep is made of, behind one small trait: the clock, a yield, a timer wait,
-//! the processor count and the environment. [`OsHost`] is the real machine; a test gives its own
+//! The primitives a sleep is made of, behind one small trait: the clock, a yield, a timer wait
+//! and the processor count. [`OsHost`] is the real machine; a test gives its own
 //! implementation to count yields and timer waits without sleeping.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,12 +18,10 @@ pub trait SchedHost: Send + Sync {
     /// Logical processors in the process's affinity mask; `None` where the count is unknown
     /// (the call failed).
     fn affinity_cpus(&self) -> Option<usize>;
-    /// An environment variable: `None` where it is not set, its text (lossy) where it is.
-    fn env(&self, name: &str) -> Option<String>;
 }
 
 /// The real machine: `CLOCK_MONOTONIC`, `sched_yield`, `clock_nanosleep(TIMER_ABSTIME)` with the
-/// timer slack lowered, `sched_getaffinity` and the process's environment.
+/// timer slack lowered and `sched_getaffinity`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OsHost;
 
@@ -48,9 +46,5 @@ impl SchedHost for OsHost {
 
     fn affinity_cpus(&self) -> Option<usize> {
         sys::affinity_cpus().ok()
-    }
-
-    fn env(&self, name: &str) -> Option<String> {
-        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
     }
 }

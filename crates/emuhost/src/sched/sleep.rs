@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::seam::{OsHost, SchedHost};
 
-/// The switch: unset, the rule by processor count; set, its value decides for every short sleep.
-pub const SHORT_SLEEP_TIMER_VAR: &str = "EMUHOST_SHORT_SLEEP_TIMER";
+/// The switch: unset, the rule by processor count; set, its value decides for every short sleep
+/// ([`Settings::short_sleep_timer`](crate::settings::Settings::short_sleep_timer)).
+pub const SHORT_SLEEP_TIMER_VAR: &str = crate::settings::SHORT_SLEEP_TIMER_SWITCH;
 
 /// Guest short sleeps wait on the timer where the affinity mask holds this many logical
 /// processors or fewer (measured in the reference on 4 and 6; at 8 and 16 nothing was gained).
@@ -63,8 +64,7 @@ impl Wait {
 /// Whether a set switch's value means "on": `0`, `false`, `off`, `no` and the empty string
 /// (trimmed, any case) are off; any other value is on.
 pub fn switch_on(value: &str) -> bool {
-    let v = value.trim();
-    !(v.is_empty() || ["0", "false", "off", "no"].iter().any(|off| v.eq_ignore_ascii_case(off)))
+    crate::settings::on_off(value) != Some(false)
 }
 
 /// The rule for short sleeps, decided once.
@@ -74,19 +74,19 @@ pub struct ShortSleepRule {
     pub host: Wait,
     /// The processor count it was decided with (`None`: unknown).
     pub cpus: Option<usize>,
-    /// The switch's value, `None` where it is unset.
-    pub switch: Option<String>,
+    /// The switch: `None` where it is unset, else whether it is on ([`switch_on`]).
+    pub switch: Option<bool>,
     pub timer_max_cpus: usize,
 }
 
 impl ShortSleepRule {
-    /// Decides the rule. `switch`: the switch's value, `None` where it is unset. `cpus`: the
+    /// Decides the rule. `switch`: `None` where it is unset, else whether it is on. `cpus`: the
     /// logical processors in the affinity mask, `None` where unknown. `host_exact`: how the
     /// host's sleeps wait where the switch is unset.
-    pub fn decide(switch: Option<&str>, cpus: Option<usize>, timer_max_cpus: usize, host_exact: Wait) -> Self {
+    pub fn decide(switch: Option<bool>, cpus: Option<usize>, timer_max_cpus: usize, host_exact: Wait) -> Self {
         let (guest, host) = match switch {
-            Some(v) => {
-                let w = if switch_on(v) { Wait::Timer } else { Wait::Yield };
+            Some(on) => {
+                let w = if on { Wait::Timer } else { Wait::Yield };
                 (w, w)
             }
             None => {
@@ -94,7 +94,7 @@ impl ShortSleepRule {
                 (if few { Wait::Timer } else { Wait::Yield }, host_exact)
             }
         };
-        ShortSleepRule { guest, host, cpus, switch: switch.map(str::to_owned), timer_max_cpus }
+        ShortSleepRule { guest, host, cpus, switch, timer_max_cpus }
     }
 
     /// How a short sleep of `caller` waits.
@@ -109,10 +109,10 @@ impl ShortSleepRule {
     pub fn why(&self) -> String {
         let cpus = self.cpus.map_or("an unknown count of".to_string(), |n| n.to_string());
         match &self.switch {
-            Some(v) => format!(
-                "{SHORT_SLEEP_TIMER_VAR}={v:?} is set and {}: every short sleep ({}), guest and host; {cpus} logical \
+            Some(on) => format!(
+                "{SHORT_SLEEP_TIMER_VAR} is set and {}: every short sleep ({}), guest and host; {cpus} logical \
                  processors in the affinity mask",
-                if switch_on(v) { "on" } else { "off" },
+                if *on { "on" } else { "off" },
                 self.guest.name(),
             ),
             None => {
@@ -150,9 +150,11 @@ pub fn wait_until<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns: u64,
     }
 }
 
-/// How a [`Sleeper`] is made: the threshold, the host's exact wait and the hybrid's margin.
+/// How a [`Sleeper`] is made: the switch, the threshold, the host's exact wait and the hybrid's
+/// margin.
 #[derive(Clone, Copy, Debug)]
 pub struct SleeperBuilder {
+    switch: Option<bool>,
     timer_max_cpus: usize,
     host_exact: Wait,
     hybrid_margin: Duration,
@@ -160,11 +162,23 @@ pub struct SleeperBuilder {
 
 impl Default for SleeperBuilder {
     fn default() -> Self {
-        Self { timer_max_cpus: TIMER_MAX_CPUS, host_exact: HOST_EXACT_WAIT, hybrid_margin: HYBRID_MARGIN }
+        Self { switch: None, timer_max_cpus: TIMER_MAX_CPUS, host_exact: HOST_EXACT_WAIT, hybrid_margin: HYBRID_MARGIN }
     }
 }
 
 impl SleeperBuilder {
+    /// The builder with the switch `settings` give.
+    pub fn from_settings(settings: &crate::settings::Settings) -> Self {
+        Self::default().short_sleep_timer(settings.short_sleep_timer)
+    }
+
+    /// The switch: `None` (unset) leaves short sleeps to the rule by processor count; `Some(on)`
+    /// puts every one on the timer (on) or the yield (off).
+    pub fn short_sleep_timer(mut self, switch: Option<bool>) -> Self {
+        self.switch = switch;
+        self
+    }
+
     /// Guest short sleeps wait on the timer with this many logical processors or fewer.
     pub fn timer_max_cpus(mut self, n: usize) -> Self {
         self.timer_max_cpus = n;
@@ -207,15 +221,14 @@ impl<H: SchedHost> Sleeper<H> {
         &self.host
     }
 
-    /// The rule, decided at the first call: the switch and the processor count are read then,
-    /// and one log line says what was chosen.
+    /// The rule, decided at the first call: the processor count is read then, and one log line
+    /// says what was chosen.
     pub fn rule(&self) -> &ShortSleepRule {
         self.rule.get_or_init(|| {
-            let switch = self.host.env(SHORT_SLEEP_TIMER_VAR);
+            let switch = self.config.switch;
             // The count is looked at only where the switch leaves it to the rule, but the log gives it always.
             let cpus = self.host.affinity_cpus();
-            let rule =
-                ShortSleepRule::decide(switch.as_deref(), cpus, self.config.timer_max_cpus, self.config.host_exact);
+            let rule = ShortSleepRule::decide(switch, cpus, self.config.timer_max_cpus, self.config.host_exact);
             tracing::info!(
                 "sched: short sleeps: guest {}, host {}: {}",
                 rule.guest.name(),
@@ -256,7 +269,8 @@ impl<H: SchedHost> Sleeper<H> {
     }
 }
 
-/// The process's sleeper on the real machine: the rule is decided once per process.
+/// The process's sleeper on the real machine, with the switch unset (the rule by processor
+/// count, decided once per process). A sleeper with settings: [`SleeperBuilder::from_settings`].
 pub fn sleeper() -> &'static Sleeper<OsHost> {
     static SLEEPER: OnceLock<Sleeper<OsHost>> = OnceLock::new();
     SLEEPER.get_or_init(|| SleeperBuilder::default().build(OsHost))

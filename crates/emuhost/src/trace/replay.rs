@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::{Event, Header, Record, SleepKind, Thread, TraceError};
 use crate::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
-use crate::sched::{self, Caller};
+use crate::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
+use crate::settings::Settings;
 use crate::space::ranges::RangeMap;
 use crate::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
 use crate::watch::{self, Tracker, WatchError};
@@ -45,7 +46,9 @@ pub enum ReplayError {
     Import(#[from] ImportError),
 }
 
-/// How a replay runs. `None` fields come from the environment (`EMUHOST_*`).
+/// How a replay runs. `None` fields come from [`ReplayConfig::settings`] (the replay reads no
+/// environment variable: a caller that wants the `EMUHOST_*` switches passes
+/// [`Settings::from_env`]).
 #[derive(Clone, Debug, Default)]
 pub struct ReplayConfig {
     pub import_backend: Option<BackendChoice>,
@@ -55,6 +58,9 @@ pub struct ReplayConfig {
     pub verify_collect: Option<bool>,
     /// Keep the trace's frame times, with emuhost's host sleep as the frame limiter.
     pub paced: bool,
+    /// The switches: the import backend and config, the write-tracking backend and verify mode
+    /// where the fields above leave them, and the short-sleep rule.
+    pub settings: Settings,
 }
 
 /// One frame's figures.
@@ -148,6 +154,8 @@ struct Shared<'a> {
     collects: Mutex<BTreeMap<u64, CollectRecord>>,
     paced_start: Instant,
     paced: bool,
+    /// Short sleeps by the settings' rule.
+    sleeper: Sleeper<OsHost>,
     /// Set by the first thread whose event fails: the others stop, the reader stops dispatching.
     failed: AtomicBool,
 }
@@ -192,7 +200,7 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                         let due = sh.paced_start + Duration::from_micros(r.t_us);
                         let now = Instant::now();
                         if due > now {
-                            sched::sleep_host(due - now);
+                            sh.sleeper.sleep(Caller::Host, due - now);
                         }
                     }
                     let now = Instant::now();
@@ -303,7 +311,7 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
                     let cpu = sched::thread_cpu_time();
                     let t = Instant::now();
                     for _ in 0..count {
-                        sched::sleeper().sleep(caller, Duration::from_nanos(ns));
+                        sh.sleeper.sleep(caller, Duration::from_nanos(ns));
                     }
                     fig.wall += t.elapsed();
                     fig.cpu += sched::thread_cpu_time().saturating_sub(cpu);
@@ -638,23 +646,23 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
 type Runtime = (Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>);
 
 /// The runtime a replay drives: the space, the importer (and its backend's description) and
-/// the write tracker, each picked by `cfg` or the environment.
+/// the write tracker, each picked by `cfg` or its settings.
 fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> {
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
     let choice = match cfg.import_backend {
         Some(c) => c,
-        None => BackendChoice::from_env()?,
+        None => cfg.settings.import_backend,
     };
     let picked = AnyBackend::pick(choice)?;
     let import_backend = picked.backend.describe();
     let icfg = match cfg.import {
         Some(c) => c,
-        None => ImportConfig::from_env()?,
+        None => ImportConfig::from_settings(&cfg.settings),
     };
     let importer = Importer::new(space.clone(), picked.backend, icfg)?;
     let verify = match cfg.verify_collect {
         Some(v) => v,
-        None => watch::verify_from_env()?,
+        None => cfg.settings.verify_collect,
     };
     let tracker = match cfg.watch_backend {
         Some(k) => {
@@ -662,7 +670,7 @@ fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> 
             Tracker::build(&space, k, verify)?
         }
         None => {
-            let choice = watch::choose()?;
+            let choice = watch::choose(&cfg.settings)?;
             tracing::info!(target: "emuhost::watch", "write tracking: {} ({})", choice.kind.name(), choice.why);
             Tracker::build(&space, choice.kind, verify)?
         }
@@ -685,6 +693,7 @@ pub fn replay(
         collects: Mutex::new(BTreeMap::new()),
         paced_start: Instant::now(),
         paced: cfg.paced,
+        sleeper: SleeperBuilder::from_settings(&cfg.settings).build(OsHost),
         failed: AtomicBool::new(false),
     };
     let start = Instant::now();
@@ -697,7 +706,7 @@ pub fn replay(
     let mut report = ReplayReport {
         import_backend,
         watch_backend: tracker.kind().name().to_string(),
-        sleep_rule: sched::sleeper().rule().why(),
+        sleep_rule: sh.sleeper.rule().why(),
         paced: cfg.paced,
         events,
         threads,

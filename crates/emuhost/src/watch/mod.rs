@@ -174,10 +174,10 @@ pub struct Choice {
     pub why: String,
 }
 
-/// Chooses a backend: the one `EMUHOST_WATCH` forces (it must pass its self-test), else (unset or
-/// empty) the first of [`BackendKind::AUTO`] that passes.
-pub fn choose() -> Result<Choice, WatchError> {
-    choose_from(std::env::var(WATCH_SWITCH).ok().as_deref())
+/// Chooses a backend: the one `settings.watch` (`EMUHOST_WATCH`) forces (it must pass its
+/// self-test), else the first of [`BackendKind::AUTO`] that passes.
+pub fn choose(settings: &crate::settings::Settings) -> Result<Choice, WatchError> {
+    choose_from(settings.watch.map(BackendKind::name))
 }
 
 /// [`choose`] with the switch's value given.
@@ -328,11 +328,16 @@ impl std::fmt::Debug for Tracker {
 }
 
 impl Tracker {
-    /// A tracker with the backend [`choose`] picks, and verify mode as `EMUHOST_VERIFY_COLLECT` says.
+    /// A tracker with the default settings: [`Tracker::new_with`].
     pub fn new(space: &Arc<Space>) -> Result<Arc<Tracker>, WatchError> {
-        let choice = choose()?;
+        Self::new_with(space, &crate::settings::Settings::default())
+    }
+
+    /// A tracker with the backend [`choose`] picks, and verify mode as `settings` say.
+    pub fn new_with(space: &Arc<Space>, settings: &crate::settings::Settings) -> Result<Arc<Tracker>, WatchError> {
+        let choice = choose(settings)?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
-        let t = Self::build(space, choice.kind, verify_from_env()?)?;
+        let t = Self::build(space, choice.kind, settings.verify_collect)?;
         Ok(t)
     }
 
@@ -668,26 +673,6 @@ fn merge(mut v: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<PageRun> {
     runs.into_iter().map(|(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect()
 }
 
-/// Parses an `EMUHOST_VERIFY_COLLECT` value (trimmed, any case): `1`, `true`, `on`, `yes` turn
-/// verify mode on; `0`, `false`, `off`, `no` or empty leave it off; anything else is an error, so a
-/// typo never silently leaves the check off.
-pub fn parse_verify(value: &str) -> Result<bool, WatchError> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "on" | "yes" => Ok(true),
-        "" | "0" | "false" | "off" | "no" => Ok(false),
-        _ => Err(WatchError::BadSwitch {
-            name: VERIFY_SWITCH,
-            value: value.to_string(),
-            why: "is not one of 1, true, on, yes, 0, false, off, no",
-        }),
-    }
-}
-
-/// Whether `EMUHOST_VERIFY_COLLECT` asks for verify mode (unset: no); a value [`parse_verify`]
-/// refuses is an error.
-pub fn verify_from_env() -> Result<bool, WatchError> {
-    std::env::var(VERIFY_SWITCH).map_or(Ok(false), |v| parse_verify(&v))
-}
 
 impl Drop for Tracker {
     /// Gives armed pages back the protection the space gave them (with mprotect they would stay

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use emuhost::faults::{self, ForeignPage, Plan, Schedule, UffdFault};
 use emuhost::import::{Backend, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned, Vulkan, error_chain};
+use emuhost::settings::Settings;
 use emuhost::space::{CommitPath, GuestAddr, Prot, Space, SpaceError, page_size};
 use emuhost::watch::{self, BackendKind, PageRun, Tracker};
 
@@ -207,7 +208,8 @@ child_test!(
     pin_imports_fail_and_recover_under_the_switches,
     &[("EMUHOST_FAULT_IMPORT", "3"), ("EMUHOST_FAULT_IMPORT_ABOVE_MB", "1")],
     |log| {
-        faults::from_env().unwrap();
+        // The plan comes from the environment only where the caller asks for it.
+        assert!(faults::install(&Settings::from_env().unwrap().faults));
         imports_fail_and_recover(Pin::new(), false, "mlock", &log);
     }
 );
@@ -357,6 +359,7 @@ child_test!(
     under_the_foreign_sigsegv_switch_every_collect_passes_a_foreign_fault_on,
     &[("EMUHOST_FAULT_FOREIGN_SEGV", "1")],
     |log| {
+        assert!(faults::install(&Settings::from_env().unwrap().faults));
         let p = page_size();
         let space = Arc::new(Space::with_window(16 * p).unwrap());
         let whole = space.range(0, 16 * p).unwrap();

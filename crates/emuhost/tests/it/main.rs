@@ -8,6 +8,7 @@ mod import_caller;
 mod prepare;
 mod replay;
 mod sched;
+mod settings;
 mod space;
 mod trace;
 #[path = "../support/vulkan.rs"]

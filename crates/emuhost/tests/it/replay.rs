@@ -16,6 +16,7 @@ fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
         watch_backend: Some(watch),
         verify_collect: None,
         paced: false,
+        settings: Default::default(),
     }
 }
 

@@ -6,34 +6,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use emuhost::sched::{
-    Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, OsHost, SHORT_SLEEP_TIMER_VAR, SchedHost, Sleeper, TIMER_MAX_CPUS, Wait,
+    Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, OsHost, SchedHost, Sleeper, SleeperBuilder, TIMER_MAX_CPUS, Wait,
     wait_until,
 };
+use emuhost::settings::Settings;
 
 /// Each yield moves the clock by this much.
 const YIELD_STEP: u64 = 1_000;
 
-/// The seam: counts yields, timer waits and reads of the count and the switch.
+/// The seam: counts yields, timer waits and reads of the count.
 struct Counting {
     now: AtomicU64,
     yields: AtomicU64,
     timers: AtomicU64,
     cpu_reads: AtomicU64,
-    env_reads: AtomicU64,
     cpus: Option<usize>,
-    switch: Option<String>,
+}
+
+/// A sleeper's builder with the switch set to `switch` as the CLI sets it: through `Settings`.
+fn builder(switch: Option<&str>) -> SleeperBuilder {
+    let mut settings = Settings::default();
+    if let Some(v) = switch {
+        settings.set("EMUHOST_SHORT_SLEEP_TIMER", v).unwrap();
+    }
+    SleeperBuilder::from_settings(&settings)
 }
 
 impl Counting {
-    fn new(cpus: Option<usize>, switch: Option<&str>) -> Self {
+    fn new(cpus: Option<usize>) -> Self {
         Counting {
             now: AtomicU64::new(1_000_000_000),
             yields: AtomicU64::new(0),
             timers: AtomicU64::new(0),
             cpu_reads: AtomicU64::new(0),
-            env_reads: AtomicU64::new(0),
             cpus,
-            switch: switch.map(str::to_owned),
         }
     }
 
@@ -58,11 +64,6 @@ impl SchedHost for Counting {
     fn affinity_cpus(&self) -> Option<usize> {
         self.cpu_reads.fetch_add(1, Ordering::SeqCst);
         self.cpus
-    }
-    fn env(&self, name: &str) -> Option<String> {
-        assert_eq!(name, SHORT_SLEEP_TIMER_VAR);
-        self.env_reads.fetch_add(1, Ordering::SeqCst);
-        self.switch.clone()
     }
 }
 
@@ -135,7 +136,7 @@ fn every_count_switch_and_caller() {
     let short = [Duration::from_micros(20), Duration::from_micros(500), Duration::from_nanos(999_999)];
     for cpus in counts() {
         for &switch in SWITCHES {
-            let s = Sleeper::builder().build(Counting::new(cpus, switch));
+            let s = builder(switch).build(Counting::new(cpus));
             for caller in [Caller::Guest, Caller::Host] {
                 let want = expected(cpus, switch, caller);
                 assert_eq!(s.rule().wait_for(caller), want, "cpus {cpus:?}, switch {switch:?}, {caller:?}");
@@ -148,7 +149,6 @@ fn every_count_switch_and_caller() {
                     );
                 }
             }
-            assert_eq!(s.host().env_reads.load(Ordering::SeqCst), 1, "the switch is read once");
             assert_eq!(s.host().cpu_reads.load(Ordering::SeqCst), 1, "the count is read once");
         }
     }
@@ -158,7 +158,7 @@ fn every_count_switch_and_caller() {
 fn long_sleeps_wait_on_the_timer() {
     for cpus in counts() {
         for &switch in SWITCHES {
-            let s = Sleeper::builder().build(Counting::new(cpus, switch));
+            let s = builder(switch).build(Counting::new(cpus));
             for d in [Duration::from_millis(1), Duration::from_millis(16)] {
                 assert_eq!(sleep_counted(&s, Caller::Guest, d), (0, 1), "guest {d:?}");
                 assert_eq!(sleep_counted(&s, Caller::Host, d), cost(host_long(), d), "host {d:?}");
@@ -175,7 +175,7 @@ fn host_long() -> Wait {
 #[test]
 fn host_sleeps_yield_where_the_exact_wait_is_the_yield_loop() {
     for cpus in counts() {
-        let s = Sleeper::builder().host_exact(Wait::Yield).build(Counting::new(cpus, None));
+        let s = builder(None).host_exact(Wait::Yield).build(Counting::new(cpus));
         let d = Duration::from_micros(500);
         assert_eq!(sleep_counted(&s, Caller::Host, d), (500, 0), "cpus {cpus:?}");
         assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (0, 1), "cpus {cpus:?}");
@@ -186,7 +186,7 @@ fn host_sleeps_yield_where_the_exact_wait_is_the_yield_loop() {
 fn threshold_override() {
     for max in [0, 1, 2, 8, 12] {
         for cpus in counts() {
-            let s = Sleeper::builder().timer_max_cpus(max).build(Counting::new(cpus, None));
+            let s = builder(None).timer_max_cpus(max).build(Counting::new(cpus));
             let timer = cpus.is_some_and(|n| n <= max);
             let got = sleep_counted(&s, Caller::Guest, Duration::from_micros(20));
             assert_eq!(got, if timer { (0, 1) } else { (20, 0) }, "max {max}, cpus {cpus:?}");
@@ -217,14 +217,11 @@ impl SchedHost for ThreadClock {
     fn affinity_cpus(&self) -> Option<usize> {
         self.0.affinity_cpus()
     }
-    fn env(&self, name: &str) -> Option<String> {
-        self.0.env(name)
-    }
 }
 
 #[test]
 fn decided_once_across_threads() {
-    let s = Arc::new(Sleeper::builder().build(ThreadClock(Counting::new(Some(4), None))));
+    let s = Arc::new(builder(None).build(ThreadClock(Counting::new(Some(4)))));
     let barrier = Arc::new(std::sync::Barrier::new(8));
     let threads: Vec<_> = (0..8)
         .map(|i| {
@@ -242,7 +239,6 @@ fn decided_once_across_threads() {
         t.join().unwrap();
     }
     let c = &s.host().0;
-    assert_eq!(c.env_reads.load(Ordering::SeqCst), 1);
     assert_eq!(c.cpu_reads.load(Ordering::SeqCst), 1);
     // 4 guest threads × 50 sleeps on the timer; 4 host threads × 50 sleeps by the exact wait.
     let host = cost(HOST_EXACT_WAIT, Duration::from_micros(20));
@@ -266,11 +262,8 @@ fn a_timer_that_fails_is_yielded_out() {
         fn affinity_cpus(&self) -> Option<usize> {
             self.0.affinity_cpus()
         }
-        fn env(&self, name: &str) -> Option<String> {
-            self.0.env(name)
-        }
     }
-    let h = Broken(Counting::new(Some(2), None));
+    let h = Broken(Counting::new(Some(2)));
     let start = h.now_ns();
     wait_until(&h, Wait::Timer, start + 30_000, 0);
     assert_eq!(h.0.take(), (30, 1));
@@ -316,7 +309,7 @@ fn logged_once_with_the_count() {
         [(Some(4), None), (Some(12), None), (None, None), (Some(12), Some("on")), (Some(3), Some(" off "))]
     {
         let lines = Lines::default();
-        let s = Sleeper::builder().build(Counting::new(cpus, switch));
+        let s = builder(switch).build(Counting::new(cpus));
         tracing::subscriber::with_default(lines.clone(), || {
             for _ in 0..5 {
                 s.sleep(Caller::Guest, Duration::from_micros(20));
@@ -356,7 +349,7 @@ fn real_sleeps_end_at_or_after_their_deadline() {
 #[test]
 fn hybrid_waits_on_the_timer_until_the_margin() {
     for cpus in counts() {
-        let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(cpus, None));
+        let s = builder(None).host_exact(Wait::Hybrid).build(Counting::new(cpus));
         // Margin 100 µs, 1 µs a yield: a timer wait to 100 µs before the deadline, then 100 yields.
         assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (100, 1), "cpus {cpus:?}");
         assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (100, 1), "cpus {cpus:?}");
@@ -364,12 +357,10 @@ fn hybrid_waits_on_the_timer_until_the_margin() {
         assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(20)), (20, 0), "cpus {cpus:?}");
         assert_eq!(s.rule().host, Wait::Hybrid);
     }
-    let s = Sleeper::builder()
-        .host_exact(Wait::Hybrid)
-        .hybrid_margin(Duration::from_micros(30))
-        .build(Counting::new(Some(2), None));
+    let s =
+        builder(None).host_exact(Wait::Hybrid).hybrid_margin(Duration::from_micros(30)).build(Counting::new(Some(2)));
     assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (30, 1));
     // The switch set decides for the host too, hybrid or not.
-    let s = Sleeper::builder().host_exact(Wait::Hybrid).build(Counting::new(Some(2), Some("on")));
+    let s = builder(Some("on")).host_exact(Wait::Hybrid).build(Counting::new(Some(2)));
     assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (0, 1));
 }

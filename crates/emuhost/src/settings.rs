@@ -1,0 +1,381 @@
+//! Every `EMUHOST_*` switch, defined once: [`SETTINGS`] gives each its name, its default (as the
+//! README's table states it), a line of documentation and its parser, which sets the typed field
+//! of [`Settings`]. The library reads no environment variable of its own accord: a caller that
+//! wants the switches of the environment asks for [`Settings::from_env`] (the CLI does; an
+//! emulator that embeds emuhost builds its `Settings` in code). [`Settings::set`],
+//! [`Settings::from_lookup`] and [`Settings::from_env`] are one code path, and an error names
+//! the switch and the value.
+
+use crate::faults::FaultSettings;
+use crate::import::{BackendChoice, ImportConfig};
+use crate::watch::{BackendKind, VERIFY_SWITCH, WATCH_SWITCH};
+
+/// The log filter switch (`tracing`'s `EnvFilter` syntax). The library keeps its text; the CLI
+/// checks and applies it.
+pub const LOG_SWITCH: &str = "EMUHOST_LOG";
+
+/// The short-sleep switch (see [`crate::sched`]).
+pub const SHORT_SLEEP_TIMER_SWITCH: &str = "EMUHOST_SHORT_SLEEP_TIMER";
+
+/// How the host layer is set up: one typed field per switch. [`Default`] is the documented
+/// defaults (no environment is read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// `EMUHOST_LOG`: the log filter, for the program that installs the subscriber.
+    pub log: String,
+    /// `EMUHOST_WATCH`: the write-tracking backend forced (it must pass its self-test); `None`:
+    /// the first of [`BackendKind::AUTO`] that passes.
+    pub watch: Option<BackendKind>,
+    /// `EMUHOST_VERIFY_COLLECT`: check every collect against a region query.
+    pub verify_collect: bool,
+    /// `EMUHOST_SHORT_SLEEP_TIMER`: `None` (unset): the rule by processor count; `Some(true)`:
+    /// every short sleep on the timer; `Some(false)`: every short sleep yields.
+    pub short_sleep_timer: Option<bool>,
+    /// `EMUHOST_IMPORT_BACKEND`.
+    pub import_backend: BackendChoice,
+    /// `EMUHOST_IMPORT_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`.
+    pub import: ImportConfig,
+    /// `EMUHOST_FAULT_*`: the fault plan for the process (see [`crate::faults::install`]).
+    pub faults: FaultSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            log: "info".to_string(),
+            watch: None,
+            verify_collect: false,
+            short_sleep_timer: None,
+            import_backend: BackendChoice::Auto,
+            import: ImportConfig::default(),
+            faults: FaultSettings::default(),
+        }
+    }
+}
+
+/// A switch: its name, its default as the README states it, what it does, and its parser.
+#[derive(Clone, Copy)]
+pub struct Switch {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+    apply: fn(&mut Settings, &str) -> Result<(), String>,
+}
+
+impl std::fmt::Debug for Switch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// What is wrong with a switch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingError {
+    #[error("{name:?} is not a switch emuhost reads (one of {})", names().join(", "))]
+    Unknown { name: String },
+    /// `why` names the switch and the value.
+    #[error("{why}")]
+    Bad { name: &'static str, value: String, why: String },
+    #[error("{name} is not valid UTF-8")]
+    NotUnicode { name: &'static str },
+}
+
+/// The one on/off parser (trimmed, any case): `1`, `true`, `on`, `yes` are on; `0`, `false`,
+/// `off`, `no` and the empty string are off; anything else is `None`, which each switch treats
+/// as its doc says (an error for most).
+pub fn on_off(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "" | "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+fn fault(s: &mut Settings, name: &'static str, v: &str) -> Result<(), String> {
+    s.faults.set(name, v).map_err(|e| e.to_string())
+}
+
+fn import(s: &mut Settings, name: &'static str, v: &str) -> Result<(), String> {
+    s.import.set(name, v).map_err(|e| e.to_string())
+}
+
+/// The switches, in the README's order.
+pub const SETTINGS: &[Switch] = &[
+    Switch {
+        name: LOG_SWITCH,
+        default: "`info`",
+        doc: "log filter (`tracing`'s `EnvFilter` syntax), to stderr",
+        apply: |s, v| {
+            s.log = v.to_string();
+            Ok(())
+        },
+    },
+    Switch {
+        name: WATCH_SWITCH,
+        default: "unset (self-test: `uffd`, then `mprotect`)",
+        doc: "force a write-tracking backend: `uffd`, `mprotect` or `softdirty`; empty is as unset",
+        apply: |s, v| {
+            s.watch = match v.trim() {
+                "" => None,
+                _ => Some(BackendKind::parse(v).map_err(|e| e.to_string())?),
+            };
+            Ok(())
+        },
+    },
+    Switch {
+        name: VERIFY_SWITCH,
+        default: "unset (off)",
+        doc: "on/off: check every collect against a region query",
+        apply: |s, v| {
+            s.verify_collect = on_off(v)
+                .ok_or_else(|| format!("{VERIFY_SWITCH}={v:?} is not one of 1, true, on, yes, 0, false, off, no"))?;
+            Ok(())
+        },
+    },
+    Switch {
+        name: SHORT_SLEEP_TIMER_SWITCH,
+        default: "unset",
+        doc: "unset: the rule by processor count; set: off words make every short sleep yield, any other \
+              value puts every one on the timer",
+        // Any value means something: an off word yields, anything else the timer.
+        apply: |s, v| {
+            s.short_sleep_timer = Some(on_off(v) != Some(false));
+            Ok(())
+        },
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_BACKEND",
+        default: "`auto`",
+        doc: "`auto` (Vulkan, then CUDA, then pin), `vulkan`, `cuda` or `pin`",
+        apply: |s, v| {
+            s.import_backend = v.parse().map_err(|e: crate::import::ImportError| e.to_string())?;
+            Ok(())
+        },
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_CHUNK_MB",
+        default: "`16`",
+        doc: "import chunk in MiB (a power of two)",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_CHUNK_MB", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_SPAN_MB",
+        default: "`64`",
+        doc: "span cap in MiB; `0` turns spans off",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_SPAN_MB", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_COOLING_MS",
+        default: "`1000`",
+        doc: "how long a range that failed to import is held before it is tried again",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_COOLING_MS", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_POPULATE_AHEAD",
+        default: "`off`",
+        doc: "`off`, `pools` (or `on`) or `chunks`: fault pages in on a background thread",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_POPULATE_AHEAD", v),
+    },
+    Switch {
+        name: crate::faults::IMPORT_SWITCH,
+        default: "unset",
+        doc: "faults: which imports fail (a schedule)",
+        apply: |s, v| fault(s, crate::faults::IMPORT_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::IMPORT_ABOVE_SWITCH,
+        default: "unset",
+        doc: "faults: imports of more than this many MiB fail",
+        apply: |s, v| fault(s, crate::faults::IMPORT_ABOVE_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::COMMIT_SWITCH,
+        default: "unset",
+        doc: "faults: which commit system calls fail with ENOMEM (a schedule)",
+        apply: |s, v| fault(s, crate::faults::COMMIT_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::UFFD_SWITCH,
+        default: "unset",
+        doc: "faults: `eperm` or `enosys`: opening a userfaultfd fails so",
+        apply: |s, v| fault(s, crate::faults::UFFD_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::FOREIGN_SEGV_SWITCH,
+        default: "unset",
+        doc: "faults: on/off: a foreign SIGSEGV handler and fault before every collect",
+        apply: |s, v| fault(s, crate::faults::FOREIGN_SEGV_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::NO_PROCMAP_QUERY_SWITCH,
+        default: "unset",
+        doc: "faults: on/off: region queries read /proc/self/maps",
+        apply: |s, v| fault(s, crate::faults::NO_PROCMAP_QUERY_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::NO_POPULATE_WRITE_SWITCH,
+        default: "unset",
+        doc: "faults: on/off: populates touch each page",
+        apply: |s, v| fault(s, crate::faults::NO_POPULATE_WRITE_SWITCH, v),
+    },
+];
+
+/// `EMUHOST_*` names the README's table lists that are not settings of the library: the test
+/// suite and CI read them (name, default as the README states it).
+pub const TEST_SWITCHES: &[(&str, &str)] =
+    &[("EMUHOST_REQUIRE_VULKAN", "unset"), ("EMUHOST_REQUIRE_CUDA", "unset"), ("EMUHOST_FUZZ_SECONDS", "`10`")];
+
+/// The switches' names, in the README's order.
+pub fn names() -> Vec<&'static str> {
+    SETTINGS.iter().map(|s| s.name).collect()
+}
+
+impl Settings {
+    /// Sets the switch `name` to `value` (its parser's reading of it): an unknown name or a
+    /// value the switch refuses is an error naming both.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), SettingError> {
+        let s =
+            SETTINGS.iter().find(|s| s.name == name).ok_or_else(|| SettingError::Unknown { name: name.to_string() })?;
+        (s.apply)(self, value).map_err(|why| SettingError::Bad { name: s.name, value: value.to_string(), why })
+    }
+
+    /// The defaults, with each switch that `get` gives a value (`None`: unset) set to it.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
+        let mut settings = Settings::default();
+        for s in SETTINGS {
+            if let Some(v) = get(s.name) {
+                settings.set(s.name, &v)?;
+            }
+        }
+        Ok(settings)
+    }
+
+    /// The defaults, with each switch set in this process's environment set to its value. The
+    /// only place the library reads the environment.
+    pub fn from_env() -> Result<Self, SettingError> {
+        for s in SETTINGS {
+            if let Err(std::env::VarError::NotUnicode(_)) = std::env::var(s.name) {
+                return Err(SettingError::NotUnicode { name: s.name });
+            }
+        }
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &str, value: &str) -> Result<Settings, SettingError> {
+        let mut s = Settings::default();
+        s.set(name, value).map(|()| s)
+    }
+
+    #[test]
+    fn every_switch_accepts_empty_as_its_default_and_refuses_nonsense() {
+        for s in SETTINGS {
+            let got = check(s.name, "").unwrap_or_else(|e| panic!("{}: empty: {e}", s.name));
+            // The sleep switch set empty is set (and off); every other one empty is its default.
+            if s.name != SHORT_SLEEP_TIMER_SWITCH && s.name != LOG_SWITCH {
+                assert_eq!(got, Settings::default(), "{}: empty", s.name);
+            }
+        }
+        let mut bad = vec![
+            ("EMUHOST_WATCH", "mprotect", "fast", "EMUHOST_WATCH=\"fast\" is not one of"),
+            ("EMUHOST_VERIFY_COLLECT", "1", "maybe", "EMUHOST_VERIFY_COLLECT=\"maybe\" is not one of"),
+            ("EMUHOST_IMPORT_BACKEND", "pin", "gpu", "EMUHOST_IMPORT_BACKEND=\"gpu\""),
+            ("EMUHOST_IMPORT_CHUNK_MB", "32", "3", "EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"),
+            ("EMUHOST_IMPORT_SPAN_MB", "0", "-1", "EMUHOST_IMPORT_SPAN_MB=\"-1\": an unsigned integer"),
+            ("EMUHOST_IMPORT_COOLING_MS", "10", "1s", "EMUHOST_IMPORT_COOLING_MS=\"1s\": an unsigned integer"),
+            ("EMUHOST_IMPORT_POPULATE_AHEAD", "chunks", "all", "EMUHOST_IMPORT_POPULATE_AHEAD=\"all\": expected"),
+        ];
+        if crate::faults::ENABLED {
+            bad.push(("EMUHOST_FAULT_UFFD", "eperm", "often", "EMUHOST_FAULT_UFFD=\"often\": expected eperm"));
+            bad.push(("EMUHOST_FAULT_FOREIGN_SEGV", "1", "2", "EMUHOST_FAULT_FOREIGN_SEGV=\"2\": expected"));
+        } else {
+            bad.push(("EMUHOST_FAULT_UFFD", "", "eperm", "EMUHOST_FAULT_UFFD is set, but this build has no"));
+        }
+        for (name, good, bad, says) in bad {
+            let set = check(name, good).unwrap();
+            assert!(good.is_empty() || set != Settings::default(), "{name}={good} changes nothing");
+            let e = check(name, bad).unwrap_err();
+            assert!(e.to_string().starts_with(says), "{name}: {e}");
+            assert!(matches!(e, SettingError::Bad { name: n, ref value, .. } if n == name && value == bad), "{e:?}");
+        }
+        let e = check("EMUHOST_WACTH", "uffd").unwrap_err().to_string();
+        assert!(e.starts_with("\"EMUHOST_WACTH\" is not a switch") && e.contains("EMUHOST_WATCH"), "{e}");
+    }
+
+    #[test]
+    fn each_switch_sets_its_field() {
+        let s = Settings::from_lookup(|name| {
+            Some(
+                match name {
+                    "EMUHOST_LOG" => "debug",
+                    "EMUHOST_WATCH" => " MPROTECT ",
+                    "EMUHOST_VERIFY_COLLECT" => "yes",
+                    "EMUHOST_SHORT_SLEEP_TIMER" => "timer",
+                    "EMUHOST_IMPORT_BACKEND" => "pin",
+                    "EMUHOST_IMPORT_CHUNK_MB" => "32",
+                    "EMUHOST_IMPORT_SPAN_MB" => "0",
+                    "EMUHOST_IMPORT_COOLING_MS" => "5",
+                    "EMUHOST_IMPORT_POPULATE_AHEAD" => "on",
+                    _ => return None,
+                }
+                .to_string(),
+            )
+        })
+        .unwrap();
+        assert_eq!(s.log, "debug");
+        assert_eq!(s.watch, Some(BackendKind::Mprotect));
+        assert!(s.verify_collect);
+        assert_eq!(s.short_sleep_timer, Some(true));
+        assert_eq!(s.import_backend, BackendChoice::Only(crate::import::BackendKind::Pin));
+        assert_eq!((s.import.plan.chunk, s.import.plan.span_cap), (32 << 20, 0));
+        assert_eq!(s.import.cooling, std::time::Duration::from_millis(5));
+        assert_eq!(s.import.populate_ahead, crate::import::PopulateAhead::Pools);
+        for (v, want) in [("", false), (" Off ", false), ("no", false), ("0", false), ("1", true), ("x", true)] {
+            assert_eq!(check(SHORT_SLEEP_TIMER_SWITCH, v).unwrap().short_sleep_timer, Some(want), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn on_off_words() {
+        for v in ["1", "true", "ON", " yes "] {
+            assert_eq!(on_off(v), Some(true), "{v:?}");
+        }
+        for v in ["", " ", "0", "FALSE", "off", "\tno\n"] {
+            assert_eq!(on_off(v), Some(false), "{v:?}");
+        }
+        for v in ["2", "00", "maybe", "offf"] {
+            assert_eq!(on_off(v), None, "{v:?}");
+        }
+    }
+
+    /// The README's switch table (rows `| \`EMUHOST_...\` | default | what it does |`) lists the
+    /// same switches as [`SETTINGS`] (and the test-only ones), in the same order, with the same
+    /// defaults.
+    #[test]
+    fn the_readme_table_is_the_settings_table() {
+        let readme = include_str!("../../../README.md");
+        let rows: Vec<(&str, &str)> = readme
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `EMUHOST_"))
+            .map(|l| {
+                let mut cols = l.split(" | ");
+                let name = cols.next().unwrap_or("").trim_end_matches('`');
+                (name, cols.next().unwrap_or("").trim())
+            })
+            .collect();
+        let want: Vec<(String, &str)> = SETTINGS
+            .iter()
+            .map(|s| (s.name, s.default))
+            .chain(TEST_SWITCHES.iter().copied())
+            .map(|(n, d)| (n.trim_start_matches("EMUHOST_").to_string(), d))
+            .collect();
+        let got: Vec<(String, &str)> = rows.iter().map(|&(n, d)| (n.to_string(), d)).collect();
+        assert_eq!(got, want, "the README's switch table and settings.rs differ (name, default)");
+    }
+}

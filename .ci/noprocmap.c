@@ -15,9 +15,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* _IOWR('f', 17, struct procmap_query), a 96-byte struct: the value in
+/* _IOWR('f', 17, struct procmap_query), a 104-byte struct: the value in
  * crates/emuhost/src/sys/linux/uapi.rs. */
-#define PROCMAP_QUERY 0xc0606611u
+#define PROCMAP_QUERY 0xc0686611u
 
 #define ARG_LO(n) (offsetof(struct seccomp_data, args[n]))
 #define ARG_HI(n) (offsetof(struct seccomp_data, args[n]) + 4)

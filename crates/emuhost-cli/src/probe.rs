@@ -26,7 +26,7 @@ pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let p = Probe::run();
     let tracking = watch::choose(settings);
     let tried: Vec<(String, String)> =
-        [watch::BackendKind::Uffd, watch::BackendKind::Mprotect, watch::BackendKind::SoftDirty]
+        [watch::BackendKind::Uffd, watch::BackendKind::Mprotect]
             .into_iter()
             .map(|k| {
                 (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string()))

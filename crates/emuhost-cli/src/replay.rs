@@ -33,7 +33,7 @@ pub struct Args {
     /// Import backend (EMUHOST_IMPORT_BACKEND): auto, vulkan, cuda, pin.
     #[arg(long)]
     pub import_backend: Option<String>,
-    /// Write-tracking backend (EMUHOST_WATCH): uffd, mprotect, softdirty.
+    /// Write-tracking backend (EMUHOST_WATCH): uffd, mprotect.
     #[arg(long)]
     pub watch: Option<String>,
     /// Span cap in MiB (EMUHOST_IMPORT_SPAN_MB); 0 turns spans off.

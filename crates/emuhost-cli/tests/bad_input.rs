@@ -79,7 +79,7 @@ fn bad_flags_are_named() {
 #[test]
 fn bad_switches_are_named_before_any_work() {
     for (k, v, says) in [
-        ("EMUHOST_WATCH", "fast", "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect, softdirty"),
+        ("EMUHOST_WATCH", "fast", "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect"),
         ("EMUHOST_VERIFY_COLLECT", "maybe", "EMUHOST_VERIFY_COLLECT=\"maybe\" is not one of"),
         ("EMUHOST_IMPORT_BACKEND", "gpu", "EMUHOST_IMPORT_BACKEND=\"gpu\""),
         ("EMUHOST_IMPORT_CHUNK_MB", "3", "EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"),

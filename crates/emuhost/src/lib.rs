@@ -1,7 +1,7 @@
 //! emuhost: the host layer a console emulator or static recompiler runs its game on.
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
-//! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV, soft-dirty).
+//! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV).
 //! - [`trace`]: traces of game sessions (format, recorder, streaming reader, synthetic sessions).
 //! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin).

@@ -115,7 +115,7 @@ pub const SETTINGS: &[Switch] = &[
     Switch {
         name: WATCH_SWITCH,
         default: "unset (self-test: `uffd`, then `mprotect`)",
-        doc: "force a write-tracking backend: `uffd`, `mprotect` or `softdirty`; empty is as unset",
+        doc: "force a write-tracking backend: `uffd` or `mprotect`; empty is as unset",
         apply: |s, v| {
             s.watch = match v.trim() {
                 "" => None,

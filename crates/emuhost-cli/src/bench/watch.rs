@@ -111,7 +111,7 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
 /// is set (it must pass its self-test), else each of [`BackendKind::AUTO`] whose self-test passes
 /// on this kernel (by what it offers, not by its version).
 fn backends(switch: Option<&str>) -> anyhow::Result<(Vec<BackendKind>, LeftOut)> {
-    let all = [BackendKind::Uffd, BackendKind::Mprotect, BackendKind::SoftDirty];
+    let all = BackendKind::AUTO;
     let (mut keep, mut left) = (Vec::new(), Vec::new());
     if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
         let kind = BackendKind::parse(v)?;
@@ -128,7 +128,6 @@ fn backends(switch: Option<&str>) -> anyhow::Result<(Vec<BackendKind>, LeftOut)>
             Err(e) => left.push((kind, format!("{:#}", anyhow::Error::from(e)))),
         }
     }
-    left.push((BackendKind::SoftDirty, format!("opt-in only ({}=softdirty)", watch::WATCH_SWITCH)));
     anyhow::ensure!(
         !keep.is_empty(),
         "no write-tracking backend passed its self-test ({})",

@@ -1,4 +1,4 @@
-//! The three backends behind one trait. They work on host addresses inside the space's window;
+//! The two backends behind one trait. They work on host addresses inside the space's window;
 //! the tracker turns guest ranges into host ones and back.
 
 use std::io;
@@ -8,7 +8,6 @@ use super::BackendKind;
 use crate::space::{Prot, Region, Space};
 use crate::sys::mm::page_size;
 use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, WRITE};
-use crate::sys::softdirty::SoftDirty;
 use crate::sys::uapi::PageRegion;
 use crate::sys::uffd::{Uffd, no_huge_pages};
 
@@ -44,7 +43,6 @@ pub(super) fn make(kind: BackendKind, space: &Space) -> io::Result<Box<dyn Backe
             let pages = space.window() as usize / page_size();
             Box::new(MprotectBackend { reg: Registration::new(space.host_base(), pages)? })
         }
-        BackendKind::SoftDirty => Box::new(SoftDirtyBackend { sd: SoftDirty::new()? }),
     })
 }
 
@@ -296,46 +294,5 @@ impl Backend for MprotectBackend {
 
     fn needs_host_write_prepare(&self) -> bool {
         true
-    }
-}
-
-struct SoftDirtyBackend {
-    sd: SoftDirty,
-}
-
-impl Backend for SoftDirtyBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::SoftDirty
-    }
-
-    fn arm(&self, _start: usize, _end: usize, _regions: &[Region], _base: usize) -> io::Result<()> {
-        self.sd.clear()
-    }
-
-    fn disarm(&self, _start: usize, _end: usize) -> io::Result<()> {
-        Ok(())
-    }
-
-    // clear_refs is process-wide: a collect re-arms every page of the process, so collect the
-    // whole armed range at once with this backend.
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
-        self.sd.read(start, end, out)?;
-        self.sd.clear()
-    }
-
-    fn protected(&self, _start: usize, _end: usize, _prot: Prot) -> io::Result<bool> {
-        Ok(false)
-    }
-
-    fn remapped(&self, _start: usize, _end: usize, _prot: Prot) -> io::Result<bool> {
-        Ok(true)
-    }
-
-    fn released(&self, _start: usize, _end: usize) -> io::Result<bool> {
-        Ok(false)
-    }
-
-    fn prepare_host_write(&self, _start: usize, _end: usize) -> io::Result<()> {
-        Ok(())
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use emuhost::counters;
+use emuhost::probe::{Offer, Probe};
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
 use emuhost::watch::{self, BackendKind, Collected, PageRun, StressConfig, Tracker, WatchError};
 
@@ -10,9 +11,40 @@ fn p() -> u64 {
     page_size()
 }
 
+/// Whether this machine should have `kind`, by its probed capabilities (not by the backend's own
+/// self-test): `Err(why not)` where the kernel lacks what it needs.
+fn expected(kind: BackendKind) -> Result<(), String> {
+    match kind {
+        BackendKind::Uffd => {
+            let p = Probe::run();
+            if !p.uffd_wp_async() {
+                return Err(format!("userfaultfd has no WP_ASYNC (features: {:?})", p.uffd_features));
+            }
+            match p.pagemap_scan {
+                Offer::Yes(()) => Ok(()),
+                Offer::No(why) => Err(format!("PAGEMAP_SCAN: {why}")),
+            }
+        }
+        BackendKind::Mprotect => Ok(()),
+    }
+}
+
+/// Whether a test of `kind` can run here: `false` (a test that then returns) after printing
+/// `skipped: <backend>: <reason>` where the kernel lacks what the backend needs. A backend the
+/// probed capabilities say this machine has must pass its self-test: a failing one fails the test.
+fn usable(kind: BackendKind) -> bool {
+    match (watch::self_test(kind), expected(kind)) {
+        (Ok(()), _) => true,
+        (Err(e), Err(why)) => {
+            eprintln!("skipped: {}: {why} (its self-test: {e})", kind.name());
+            false
+        }
+        (Err(e), Ok(())) => panic!("{}: this kernel offers what it needs, but its self-test failed: {e}", kind.name()),
+    }
+}
+
 fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>)> {
-    if let Err(e) = watch::self_test(kind) {
-        eprintln!("skipped: {} is not usable here: {e}", kind.name());
+    if !usable(kind) {
         return None;
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
@@ -72,9 +104,6 @@ macro_rules! conformance {
         }
         mod mprotect {
             $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Mprotect) } )*
-        }
-        mod softdirty {
-            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::SoftDirty) } )*
         }
     };
 }
@@ -238,7 +267,7 @@ fn released_behind_the_mappings(kind: BackendKind) {
     let used = calls().since(&before);
     assert_eq!(c.untracked, vec![b]);
     assert_eq!(used.query, 0, "the failure costs once: {used:?}");
-    assert_eq!(used.ioctl + used.copy, if kind == BackendKind::SoftDirty { 2 } else { 1 }, "{used:?}");
+    assert_eq!(used.ioctl + used.copy, 1, "{used:?}");
     // Until the allocation's commit state changes: then it is read again, and tracked.
     s.commit(b, Prot::READ_WRITE).unwrap();
     let c = t.collect(r).unwrap();
@@ -332,9 +361,9 @@ fn host_writes_after_prepare(kind: BackendKind) {
     assert_eq!(&b, b"hello");
 }
 
-fn stress(kind: BackendKind, cfg: StressConfig) -> (u64, u64) {
-    if setup(kind).is_none() {
-        return (0, 0);
+fn stress(kind: BackendKind, cfg: StressConfig) -> Option<(u64, u64)> {
+    if !usable(kind) {
+        return None;
     }
     let r = watch::stress_with(kind, cfg).unwrap();
     eprintln!("{}: {r:?}", kind.name());
@@ -349,14 +378,16 @@ fn stress(kind: BackendKind, cfg: StressConfig) -> (u64, u64) {
     // by exactly one collect (made between two).
     assert!(r.unchecked * 4 < r.writes && r.exact > 0, "{r:?}");
     assert_eq!(r.dropped, None);
-    (r.writes - r.unchecked, r.lost)
+    Some((r.writes - r.unchecked, r.lost))
 }
 
 /// CPU stores, host writes, populates (of written pages and of pages just remapped or recommitted),
 /// commits, protections, releases beside written pages and view splits at once, with a
 /// collector: no write lost.
 fn no_lost_writes(kind: BackendKind) {
-    let (writes, lost) = stress(kind, StressConfig { arm_races: false, ..StressConfig::new(100_000) });
+    let Some((writes, lost)) = stress(kind, StressConfig { arm_races: false, ..StressConfig::new(100_000) }) else {
+        return;
+    };
     eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
     assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
 }
@@ -365,7 +396,7 @@ fn no_lost_writes(kind: BackendKind) {
 /// made entirely after an arm returned (and before the next arm or disarm began) is lost, and
 /// nothing crashes.
 fn no_lost_writes_with_arms_racing(kind: BackendKind) {
-    let (writes, lost) = stress(kind, StressConfig::new(100_000));
+    let Some((writes, lost)) = stress(kind, StressConfig::new(100_000)) else { return };
     eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
     assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
 }
@@ -387,7 +418,7 @@ fn mprotect_no_lost_writes_with_arms_racing() {
 #[ignore = "long: 10^7 writes per backend (cargo test -- --ignored)"]
 fn no_lost_writes_long() {
     for kind in [BackendKind::Uffd, BackendKind::Mprotect] {
-        let (writes, lost) = stress(kind, StressConfig::new(5_000_000));
+        let Some((writes, lost)) = stress(kind, StressConfig::new(5_000_000)) else { continue };
         eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
         assert!(writes >= 9_000_000 && lost == 0, "{}: {lost} of {writes} lost", kind.name());
     }
@@ -400,8 +431,7 @@ fn no_lost_writes_long() {
 #[test]
 fn the_stress_check_catches_a_report_that_an_earlier_write_would_hide() {
     let kind = BackendKind::Uffd;
-    if let Err(e) = watch::self_test(kind) {
-        eprintln!("skipped: {} is not usable here: {e}", kind.name());
+    if !usable(kind) {
         return;
     }
     let cfg = StressConfig { arm_races: false, drop_one_report: true, ..StressConfig::new(20_000) };
@@ -413,14 +443,18 @@ fn the_stress_check_catches_a_report_that_an_earlier_write_would_hide() {
 }
 
 #[test]
-fn the_self_test_chooses_uffd_here_and_catches_soft_dirty_reporting_nothing() {
+fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
     let choice = watch::choose_from(None).unwrap();
-    assert_eq!(choice.kind, BackendKind::Uffd, "{choice:?}");
-    watch::self_test(BackendKind::Mprotect).unwrap();
-    match watch::choose_from(Some("softdirty")) {
-        Ok(c) => eprintln!("soft-dirty works on this kernel: {c:?}"),
-        Err(e) => assert!(e.to_string().contains("reported nothing"), "{e}"),
+    match expected(BackendKind::Uffd) {
+        Ok(()) => assert_eq!(choice.kind, BackendKind::Uffd, "{choice:?}"),
+        Err(why) => {
+            assert_eq!(choice.kind, BackendKind::Mprotect, "{choice:?}");
+            assert!(choice.why.contains("not uffd"), "{choice:?} ({why})");
+        }
     }
+    watch::self_test(BackendKind::Mprotect).unwrap();
+    let e = watch::choose_from(Some("softdirty")).unwrap_err();
+    assert!(e.to_string().contains("is no longer offered"), "{e}");
     let forced = watch::choose_from(Some(" MPROTECT ")).unwrap();
     assert_eq!(forced.kind, BackendKind::Mprotect);
     assert!(forced.why.contains("EMUHOST_WATCH"));
@@ -429,9 +463,9 @@ fn the_self_test_chooses_uffd_here_and_catches_soft_dirty_reporting_nothing() {
 #[test]
 fn bad_input_is_an_error_naming_it() {
     let e = watch::choose_from(Some("fast")).unwrap_err();
-    assert_eq!(e.to_string(), "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect, softdirty");
+    assert_eq!(e.to_string(), "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect");
     let s = Arc::new(Space::with_window(1 << 20).unwrap());
-    let t = Tracker::with_backend(&s, BackendKind::Uffd).unwrap();
+    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
     let outside = GuestRange::new(GuestAddr(1 << 20), p()).unwrap();
     assert!(t.arm(outside).unwrap_err().to_string().contains("outside the guest window"));
     assert!(t.collect(outside).is_err());
@@ -469,8 +503,7 @@ fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
     if std::env::var_os(ALONE).is_none() {
         return in_child_alone(name);
     }
-    if let Err(e) = watch::self_test(kind) {
-        eprintln!("skipped: {} is not usable here: {e}", kind.name());
+    if !usable(kind) {
         return;
     }
     let cfg = StressConfig { map_pressure: true, arm_races: false, ..StressConfig::new(50_000) };

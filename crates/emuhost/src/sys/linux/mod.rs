@@ -1,6 +1,6 @@
 //! Linux: `mmap`/`mprotect`/`madvise` over one reservation, memfd sections, `PROCMAP_QUERY`
-//! region queries, write tracking (userfaultfd + `PAGEMAP_SCAN`, `mprotect` + `SIGSEGV`,
-//! soft-dirty), and what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
+//! region queries, write tracking (userfaultfd + `PAGEMAP_SCAN`, `mprotect` + `SIGSEGV`), and
+//! what the machine offers (`uname`, affinity, userfaultfd, `PAGEMAP_SCAN`).
 
 #[cfg(feature = "faults")]
 pub mod faults;
@@ -11,6 +11,5 @@ pub mod procstat;
 pub mod query;
 pub mod sched;
 pub mod segv;
-pub mod softdirty;
 pub mod uapi;
 pub mod uffd;

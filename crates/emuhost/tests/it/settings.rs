@@ -53,7 +53,9 @@ fn given_settings_the_environment_is_not_read() {
 
     let settings = Settings::default();
     let space = Arc::new(Space::with_window(1 << 24).unwrap());
-    for t in [Tracker::new(&space).unwrap(), Tracker::new_with(&space, &settings).unwrap()] {
+    // One after the other: a space has one tracker at a time.
+    for with_settings in [false, true] {
+        let t = if with_settings { Tracker::new_with(&space, &settings) } else { Tracker::new(&space) }.unwrap();
         assert!(BackendKind::AUTO.contains(&t.kind()) && !t.verifying(), "{t:?}");
     }
     assert_eq!(ImportConfig::from_settings(&settings), ImportConfig::default());

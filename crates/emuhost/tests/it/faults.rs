@@ -295,6 +295,9 @@ fn commit_fails_with_enomem(kind: BackendKind, log: &Log) {
 }
 
 child_test!(commit_fails_with_enomem_under_uffd, &[], |log| {
+    if !crate::watch::usable(BackendKind::Uffd) {
+        return;
+    }
     commit_fails_with_enomem(BackendKind::Uffd, &log);
 });
 

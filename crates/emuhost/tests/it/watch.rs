@@ -29,10 +29,11 @@ fn expected(kind: BackendKind) -> Result<(), String> {
     }
 }
 
-/// Whether a test of `kind` can run here: `false` (a test that then returns) after printing
+/// Whether a test of `kind` can run here (the one rule for every test of this binary that names a
+/// backend): `false` (a test that then returns) after printing
 /// `skipped: <backend>: <reason>` where the kernel lacks what the backend needs. A backend the
 /// probed capabilities say this machine has must pass its self-test: a failing one fails the test.
-fn usable(kind: BackendKind) -> bool {
+pub(crate) fn usable(kind: BackendKind) -> bool {
     match (watch::self_test(kind), expected(kind)) {
         (Ok(()), _) => true,
         (Err(e), Err(why)) => {

@@ -18,8 +18,8 @@ pub const TIMER_MAX_CPUS: usize = 6;
 pub const SHORT_SLEEP: Duration = Duration::from_millis(1);
 
 /// How the host's sleeps wait when the switch is unset: the exact wait, the yield loop.
-/// [`Wait::Hybrid`] was measured against it with `emuhost bench sleep` on the 2-vCPU VM (README,
-/// "Short sleeps"): at 1 ms its median lateness equals the loop's (0.3 µs) at 7–18 % of its CPU,
+/// [`Wait::Hybrid`] was measured against it with `emuhost bench sleep` on the 2-vCPU VM
+/// (docs/sched.md): at 1 ms its median lateness equals the loop's (0.3 µs) at 7–18 % of its CPU,
 /// but its p99 is the timer's wake-up, and in the least loaded runs that was 50–120×
 /// the loop's (246 µs against 4.6, 2.6 ms against 21 µs). It does not keep the loop's lateness, so it is not adopted;
 /// [`SleeperBuilder::host_exact`] turns it on, and a quieter machine may show otherwise.

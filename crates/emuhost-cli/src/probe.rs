@@ -25,13 +25,10 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
 pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let p = Probe::run();
     let tracking = watch::choose(settings);
-    let tried: Vec<(String, String)> =
-        [watch::BackendKind::Uffd, watch::BackendKind::Mprotect]
-            .into_iter()
-            .map(|k| {
-                (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string()))
-            })
-            .collect();
+    let tried: Vec<(String, String)> = [watch::BackendKind::Uffd, watch::BackendKind::Mprotect]
+        .into_iter()
+        .map(|k| (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string())))
+        .collect();
     let import = import_backend(settings.import_backend);
     if as_json {
         let v = json!({

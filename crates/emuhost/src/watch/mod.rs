@@ -679,7 +679,6 @@ fn merge(mut v: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<PageRun> {
     runs.into_iter().map(|(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect()
 }
 
-
 impl Drop for Tracker {
     /// Gives armed pages back the protection the space gave them (with mprotect they would stay
     /// read-only, and the next store would die), under the space's lock so no change of the space

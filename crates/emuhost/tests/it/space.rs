@@ -752,7 +752,12 @@ fn an_adopted_reservation_is_used_and_given_back_reserved() {
     t.arm(armed).unwrap();
     s.store(GuestAddr(20 * page() + 9), &[1]).unwrap();
     let runs = t.collect(armed).unwrap().runs;
-    assert_eq!(runs, vec![PageRun { start: GuestAddr(20 * page()), pages: 1 }], "{:?}", watch::choose(&emuhost::settings::Settings::default()).ok());
+    assert_eq!(
+        runs,
+        vec![PageRun { start: GuestAddr(20 * page()), pages: 1 }],
+        "{:?}",
+        watch::choose(&emuhost::settings::Settings::default()).ok()
+    );
     assert!(!reserved(base, base + len), "in use, the pages are committed");
     drop(t);
     drop(s);

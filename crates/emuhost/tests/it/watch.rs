@@ -484,9 +484,8 @@ fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
 }
 
 #[test]
-#[ignore = "fails until the mprotect backend copes with the map limit: under concurrency a collect's re-protect \
-            fails with ENOMEM (an error), and now and then the handler's block unprotect needs a split too and \
-            the store dies of SIGSEGV"]
+// Before the fix: under concurrency a collect's re-protect failed with ENOMEM (an error), and now
+// and then the handler's block unprotect needed a split too and the store died of SIGSEGV.
 fn mprotect_no_lost_writes_at_the_map_limit() {
     no_lost_writes_at_the_map_limit(BackendKind::Mprotect, "mprotect_no_lost_writes_at_the_map_limit")
 }

@@ -174,6 +174,36 @@ impl Registration {
         }
         mprotect(addr, len, bits)
     }
+
+    /// [`Registration::protect`] for a collect's re-protection: `Ok(false)` where the kernel
+    /// refused it for want of a mapping to split (`ENOMEM` at `vm.max_map_count`, every page of
+    /// the range mapped); the caller then keeps the pages' marks (they stay writable and are
+    /// reported again). `ENOMEM` over a range with a hole (memory unmapped behind the space's back)
+    /// stays an error.
+    pub fn reprotect(&self, addr: usize, len: usize, bits: u16) -> io::Result<bool> {
+        match self.protect(addr, len, bits) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && all_mapped(addr, len) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether every page of `addr..addr + len` is mapped (`mincore` fails with `ENOMEM` on a hole).
+fn all_mapped(addr: usize, len: usize) -> bool {
+    let page = 1usize << super::mm::page_size().trailing_zeros();
+    let mut vec = [0u8; 256];
+    let mut a = addr;
+    while a < addr + len {
+        let n = ((addr + len - a) / page).min(vec.len());
+        // SAFETY: mincore only reads the page tables of `a..a + n * page` and writes `n` bytes
+        // into `vec`, which has room for them.
+        if unsafe { libc::mincore(a as *mut libc::c_void, n * page, vec.as_mut_ptr()) } != 0 {
+            return false;
+        }
+        a += n * page;
+    }
+    true
 }
 
 fn mprotect(addr: usize, len: usize, bits: u16) -> io::Result<()> {
@@ -248,8 +278,10 @@ fn mark_busy(state: &AtomicU16, want: Option<u16>) -> Option<u16> {
 const BLOCK_PAGES: usize = 512;
 
 /// Marks the page written and busy, unprotects it, and lowers the busy count. Where the kernel
-/// has no mapping left to split, the run of armed pages of the same protection around it in its
-/// 2 MiB block is marked and unprotected as one (their writes are then reported, conservatively).
+/// has no mapping left to split (`ENOMEM` at `vm.max_map_count`), the run of armed pages of the
+/// same protection around it in its 2 MiB block is marked and unprotected as one (their writes are
+/// then reported, conservatively); where that needs a split too (the block's mapping goes on past
+/// its end), the whole run of such pages, whose ends border other protections or other mappings.
 fn unprotect(table: &Table, page: usize) -> bool {
     let len = 1usize << table.shift;
     let Some(state) = table.slot(page) else { return false };
@@ -260,7 +292,15 @@ fn unprotect(table: &Table, page: usize) -> bool {
         return true;
     }
     let block = BLOCK_PAGES * len;
-    let (first, last) = (page & !(block - 1), (page & !(block - 1)) + block);
+    let first = page & !(block - 1);
+    unprotect_run(table, page, bits, first, first + block)
+        || unprotect_run(table, page, bits, table.base, table.base + table.pages * len)
+}
+
+/// Marks and unprotects the run of armed pages of protection `bits` around `page` inside
+/// `first..last`; returns whether `page` was made writable.
+fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usize) -> bool {
+    let len = 1usize << table.shift;
     let same = |a: usize| table.slot(a).is_some_and(|s| s.load(SeqCst) & (ARMED | PROT_MASK) == ARMED | bits);
     let mut lo = page;
     while lo > first && same(lo - len) {

@@ -84,6 +84,10 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
 static REGISTER: Mutex<()> = Mutex::new(());
+/// Each slot's window, host `(base, end)`: set before its table is published and kept after the
+/// table is dropped (until the slot is taken again), so a stale fault of a tracker just dropped
+/// still counts as inside a window (see [`retry_stale`]).
+static WINDOWS: [(AtomicUsize, AtomicUsize); SLOTS] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
 /// Disarms so far (and tables dropped): see [`disarmed`].
 static DISARMS: AtomicU64 = AtomicU64::new(0);
 
@@ -98,15 +102,17 @@ std::thread_local! {
 /// read-only may reach the handler only after the page left the table: the handler then finds no
 /// armed page, and instead of passing the fault on it retries the write once (the page is
 /// writable now). A fault that repeats at the same address with no disarm in between is a real
-/// one and is passed on.
+/// one and is passed on, and so is any fault outside every tracker's window at once.
 pub fn disarmed() {
     DISARMS.fetch_add(1, SeqCst);
 }
 
-/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]).
+/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]):
+/// only one inside a tracker's window, whose page a racing disarm may have changed. Any other
+/// fault (an emulator's own, fastmem or a JIT) goes to the previous handler at once.
 fn retry_stale(addr: usize) -> bool {
     let now = (addr, DISARMS.load(SeqCst));
-    if now.1 == 0 {
+    if now.1 == 0 || !WINDOWS.iter().any(|(b, e)| (b.load(SeqCst)..e.load(SeqCst)).contains(&addr)) {
         return false;
     }
     RETRIED
@@ -145,9 +151,17 @@ impl Registration {
         let mut table = Box::new(Table { base, pages, shift: page.trailing_zeros(), states });
         let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
         let ptr: *mut Table = &mut *table;
-        let slot = REGISTRY.iter().position(|s| s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst).is_ok());
+        // Under REGISTER, so the free slot found stays free until it is published below.
+        let slot = REGISTRY.iter().position(|s| s.load(SeqCst).is_null());
         match slot {
-            Some(slot) => Ok(Self { slot, table }),
+            Some(slot) => {
+                // Empty while it changes: a handler never sees half of one window and half of another.
+                WINDOWS[slot].1.store(0, SeqCst);
+                WINDOWS[slot].0.store(base, SeqCst);
+                WINDOWS[slot].1.store(base + pages * page, SeqCst);
+                REGISTRY[slot].store(ptr, SeqCst);
+                Ok(Self { slot, table })
+            }
             None => {
                 free(&table);
                 Err(io::Error::other(format!("more than {SLOTS} mprotect trackers at once")))

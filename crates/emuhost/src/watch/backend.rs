@@ -132,6 +132,19 @@ impl MprotectBackend {
         });
     }
 
+    /// Marks the pages of the runs `seen` inside `start..end` written again (a collect took their
+    /// marks but could not protect them).
+    fn remark(&self, seen: &[(usize, usize, u16)], start: usize, end: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        for &(s, e, _) in seen {
+            if s < end && e > start {
+                self.each(s.max(start), e.min(end), |_, st| {
+                    let _ = st.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old | DIRTY));
+                });
+            }
+        }
+    }
+
     /// Protects runs of equal state (by protection bits) with `f(bits)`.
     fn protect_runs(&self, runs: &[(usize, usize, u16)], f: impl Fn(u16) -> u16) -> io::Result<()> {
         for &(s, e, bits) in runs {
@@ -243,7 +256,14 @@ impl Backend for MprotectBackend {
                 }
             });
         }
-        self.protect_runs(&runs, |b| b & !WRITE)?;
+        for &(s, e, bits) in &runs {
+            if !self.reg.reprotect(s, e - s, bits & !WRITE)? {
+                // At the map limit: the kernel refused to split a mapping. The written pages of the
+                // run keep their marks (writable, and reported again by the next collect), so
+                // nothing is lost and the collect does not fail.
+                self.remark(&seen, s, e);
+            }
+        }
         for (s, e, _) in seen {
             match out.last_mut() {
                 Some(last) if last.1 == s => last.1 = e,

@@ -84,6 +84,10 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
 static REGISTER: Mutex<()> = Mutex::new(());
+/// Each slot's window, host `(base, end)`: set before its table is published and kept after the
+/// table is dropped (until the slot is taken again), so a stale fault of a tracker just dropped
+/// still counts as inside a window (see [`retry_stale`]).
+static WINDOWS: [(AtomicUsize, AtomicUsize); SLOTS] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
 /// Disarms so far (and tables dropped): see [`disarmed`].
 static DISARMS: AtomicU64 = AtomicU64::new(0);
 
@@ -98,15 +102,17 @@ std::thread_local! {
 /// read-only may reach the handler only after the page left the table: the handler then finds no
 /// armed page, and instead of passing the fault on it retries the write once (the page is
 /// writable now). A fault that repeats at the same address with no disarm in between is a real
-/// one and is passed on.
+/// one and is passed on, and so is any fault outside every tracker's window at once.
 pub fn disarmed() {
     DISARMS.fetch_add(1, SeqCst);
 }
 
-/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]).
+/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]):
+/// only one inside a tracker's window, whose page a racing disarm may have changed. Any other
+/// fault (an emulator's own, fastmem or a JIT) goes to the previous handler at once.
 fn retry_stale(addr: usize) -> bool {
     let now = (addr, DISARMS.load(SeqCst));
-    if now.1 == 0 {
+    if now.1 == 0 || !WINDOWS.iter().any(|(b, e)| (b.load(SeqCst)..e.load(SeqCst)).contains(&addr)) {
         return false;
     }
     RETRIED
@@ -145,9 +151,17 @@ impl Registration {
         let mut table = Box::new(Table { base, pages, shift: page.trailing_zeros(), states });
         let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
         let ptr: *mut Table = &mut *table;
-        let slot = REGISTRY.iter().position(|s| s.compare_exchange(std::ptr::null_mut(), ptr, SeqCst, SeqCst).is_ok());
+        // Under REGISTER, so the free slot found stays free until it is published below.
+        let slot = REGISTRY.iter().position(|s| s.load(SeqCst).is_null());
         match slot {
-            Some(slot) => Ok(Self { slot, table }),
+            Some(slot) => {
+                // Empty while it changes: a handler never sees half of one window and half of another.
+                WINDOWS[slot].1.store(0, SeqCst);
+                WINDOWS[slot].0.store(base, SeqCst);
+                WINDOWS[slot].1.store(base + pages * page, SeqCst);
+                REGISTRY[slot].store(ptr, SeqCst);
+                Ok(Self { slot, table })
+            }
             None => {
                 free(&table);
                 Err(io::Error::other(format!("more than {SLOTS} mprotect trackers at once")))
@@ -174,6 +188,36 @@ impl Registration {
         }
         mprotect(addr, len, bits)
     }
+
+    /// [`Registration::protect`] for a collect's re-protection: `Ok(false)` where the kernel
+    /// refused it for want of a mapping to split (`ENOMEM` at `vm.max_map_count`, every page of
+    /// the range mapped); the caller then keeps the pages' marks (they stay writable and are
+    /// reported again). `ENOMEM` over a range with a hole (memory unmapped behind the space's back)
+    /// stays an error.
+    pub fn reprotect(&self, addr: usize, len: usize, bits: u16) -> io::Result<bool> {
+        match self.protect(addr, len, bits) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && all_mapped(addr, len) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether every page of `addr..addr + len` is mapped (`mincore` fails with `ENOMEM` on a hole).
+fn all_mapped(addr: usize, len: usize) -> bool {
+    let page = 1usize << super::mm::page_size().trailing_zeros();
+    let mut vec = [0u8; 256];
+    let mut a = addr;
+    while a < addr + len {
+        let n = ((addr + len - a) / page).min(vec.len());
+        // SAFETY: mincore only reads the page tables of `a..a + n * page` and writes `n` bytes
+        // into `vec`, which has room for them.
+        if unsafe { libc::mincore(a as *mut libc::c_void, n * page, vec.as_mut_ptr()) } != 0 {
+            return false;
+        }
+        a += n * page;
+    }
+    true
 }
 
 fn mprotect(addr: usize, len: usize, bits: u16) -> io::Result<()> {
@@ -248,8 +292,10 @@ fn mark_busy(state: &AtomicU16, want: Option<u16>) -> Option<u16> {
 const BLOCK_PAGES: usize = 512;
 
 /// Marks the page written and busy, unprotects it, and lowers the busy count. Where the kernel
-/// has no mapping left to split, the run of armed pages of the same protection around it in its
-/// 2 MiB block is marked and unprotected as one (their writes are then reported, conservatively).
+/// has no mapping left to split (`ENOMEM` at `vm.max_map_count`), the run of armed pages of the
+/// same protection around it in its 2 MiB block is marked and unprotected as one (their writes are
+/// then reported, conservatively); where that needs a split too (the block's mapping goes on past
+/// its end), the whole run of such pages, whose ends border other protections or other mappings.
 fn unprotect(table: &Table, page: usize) -> bool {
     let len = 1usize << table.shift;
     let Some(state) = table.slot(page) else { return false };
@@ -260,7 +306,15 @@ fn unprotect(table: &Table, page: usize) -> bool {
         return true;
     }
     let block = BLOCK_PAGES * len;
-    let (first, last) = (page & !(block - 1), (page & !(block - 1)) + block);
+    let first = page & !(block - 1);
+    unprotect_run(table, page, bits, first, first + block)
+        || unprotect_run(table, page, bits, table.base, table.base + table.pages * len)
+}
+
+/// Marks and unprotects the run of armed pages of protection `bits` around `page` inside
+/// `first..last`; returns whether `page` was made writable.
+fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usize) -> bool {
+    let len = 1usize << table.shift;
     let same = |a: usize| table.slot(a).is_some_and(|s| s.load(SeqCst) & (ARMED | PROT_MASK) == ARMED | bits);
     let mut lo = page;
     while lo > first && same(lo - len) {

@@ -122,9 +122,8 @@ fn query_arms(a: &Args) -> anyhow::Result<(Vec<Comparison>, &'static str)> {
             })?;
         }
     }
-    let [old, new] = big;
-    let whole = Comparison {
-        name: format!("query the regions of the fragmented {} GiB window (~{} regions)", a.window_gib, 2 * islands),
+    let compare = |name: String, [old, new]: [_; 2]| Comparison {
+        name,
         old_name: "/proc/self/maps text",
         new_name: "PROCMAP_QUERY",
         old,
@@ -132,16 +131,11 @@ fn query_arms(a: &Args) -> anyhow::Result<(Vec<Comparison>, &'static str)> {
         target_time: None,
         target_calls: None,
     };
-    let [old, new] = small;
-    let page = Comparison {
-        name: format!("query the region of one page, {SMALL} times, in that window"),
-        old_name: "/proc/self/maps text",
-        new_name: "PROCMAP_QUERY",
-        old,
-        new,
-        target_time: None,
-        target_calls: None,
-    };
+    let whole = compare(
+        format!("query the regions of the fragmented {} GiB window (~{} regions)", a.window_gib, 2 * islands),
+        big,
+    );
+    let page = compare(format!("query the region of one page, {SMALL} times, in that window"), small);
     Ok((vec![whole, page], path))
 }
 

@@ -573,12 +573,8 @@ impl Space {
     /// The kernel's regions over `range` (host addresses, one region query), after checking that
     /// the space made each of them; a foreign one is an error naming it, for `op`.
     fn own_regions(&self, rec: &Record, op: &'static str, range: GuestRange) -> Result<Vec<Region>, SpaceError> {
-        let (off, len) = self.check(range)?;
         let base = self.res.base();
-        let regions = self
-            .maps
-            .regions(base + off, base + off + len)
-            .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))?;
+        let regions = self.host_regions(range)?;
         for r in &regions {
             let (a, b) = ((r.start - base) as u64, (r.end - base) as u64);
             if let Some(found) = rec.foreign(a, b, r) {
@@ -1024,13 +1020,18 @@ impl Space {
     /// What the kernel has mapped over `range` (clipped to it), region by region, as guest
     /// addresses: one region query (per region with `PROCMAP_QUERY`).
     pub fn kernel_regions(&self, range: GuestRange) -> Result<Vec<Region>, SpaceError> {
+        let base = self.res.base();
+        let regions = self.host_regions(range)?;
+        Ok(regions.into_iter().map(|r| Region { start: r.start - base, end: r.end - base, ..r }).collect())
+    }
+
+    /// The kernel's regions over `range` (clipped to it), in host addresses: one region query.
+    fn host_regions(&self, range: GuestRange) -> Result<Vec<Region>, SpaceError> {
         let (off, len) = self.check(range)?;
         let base = self.res.base();
-        let regions = self
-            .maps
+        self.maps
             .regions(base + off, base + off + len)
-            .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))?;
-        Ok(regions.into_iter().map(|r| Region { start: r.start - base, end: r.end - base, ..r }).collect())
+            .map_err(|e| SpaceError::os("query regions", range.start().0, range.len(), e))
     }
 }
 

@@ -669,11 +669,7 @@ fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
     let w = log.clone();
     let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
     let (imp, _) = faulty(4 * MIB, Duration::ZERO);
-    // With a single dispatcher registered, tracing computes a callsite's interest from the default
-    // dispatcher of whichever thread registers it first: a test on another thread could then cache
-    // "never" for the import line. A second (silent) dispatcher makes tracing ask all of them.
-    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
-    tracing::subscriber::with_default(sub, || {
+    crate::logs::scoped(sub, || {
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(9 * MIB, 0x10).unwrap();

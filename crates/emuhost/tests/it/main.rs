@@ -5,6 +5,8 @@
 mod faults;
 mod import;
 mod import_caller;
+#[path = "../support/logs.rs"]
+mod logs;
 mod prepare;
 mod replay;
 mod sched;

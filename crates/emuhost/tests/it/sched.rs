@@ -310,12 +310,11 @@ fn logged_once_with_the_count() {
     {
         let lines = Lines::default();
         let s = builder(switch).build(Counting::new(cpus));
-        tracing::subscriber::with_default(lines.clone(), || {
-            // 500 µs, short but long enough that it has not passed before the sleep looks at the
-            // clock again (20 µs had, under qemu's TCG on Debian's 6.1: no short sleep, no line).
+        crate::logs::scoped(lines.clone(), || {
+            // The host's clock is the test's (it moves only on yields and timer waits).
             for _ in 0..5 {
-                s.sleep(Caller::Guest, Duration::from_micros(500));
-                s.sleep(Caller::Host, Duration::from_micros(500));
+                s.sleep(Caller::Guest, Duration::from_micros(20));
+                s.sleep(Caller::Host, Duration::from_micros(20));
             }
         });
         let got = lines.0.lock().unwrap().clone();

@@ -82,8 +82,6 @@ fn a_bad_emuhost_watch_or_rounds_is_exit_2_naming_it() {
 /// opening one fail): uffd is left out with its self-test's reason, and mprotect is measured.
 #[cfg(feature = "faults")]
 #[test]
-#[ignore = "open bug: the mprotect stress (4M writes, arm/disarm and release races) lost 2 writes in 1 \
-            of 20 release runs on 6.18, and 1-4 in about 1 of 7 under qemu on 6.1; run with --ignored"]
 fn without_userfaultfd_uffd_is_left_out_with_its_reason_and_mprotect_is_measured() {
     let out = bench_watch(&[("EMUHOST_FAULT_UFFD", "enosys")], &["--json"]);
     let (stdout, stderr) = text(&out);

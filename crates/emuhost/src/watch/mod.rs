@@ -484,7 +484,9 @@ impl Tracker {
     /// runs, so it may block (a `read(2)` from a pipe another thread feeds) and collect, commit or
     /// protect on any thread go on meanwhile. Where the backend needs the preparation (mprotect),
     /// until `write` returns a collect reports the pages of `range` as written and leaves them
-    /// writable, and an arm there waits for its end; the next collect after it reads them as usual.
+    /// writable, and an arm there waits for its end (every collect meanwhile reports the pages it
+    /// covers too, since they stay writable and untracked); the next collect after it reads them
+    /// as usual.
     /// The other backends need nothing and record nothing.
     pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
@@ -531,8 +533,9 @@ impl Tracker {
             }
             spans.sort_by_key(|s| s.0);
             // Pages under a host write in flight are reported, and not read: the read would arm
-            // them under the write (which would fail).
-            let mut hosted = Vec::new();
+            // them under the write (which would fail). So are pages whose arm waits for such a
+            // write to end: armed for the caller, but writable and untracked until then.
+            let mut hosted: Pairs = inner.deferred.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
             if !inner.hosting.is_empty() {
                 let mut rest = Vec::new();
                 for (s, e, alloc) in spans {

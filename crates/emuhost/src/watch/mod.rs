@@ -388,9 +388,12 @@ impl FaultHandle {
     /// cannot tell; a read never faults on an armed page, so `false` returns false at once).
     ///
     /// True: the fault was the tracker's. The page was armed in its window, and it is now
-    /// writable and marked written (the next collect reports it); or the page was disarmed while
-    /// the write faulted and is writable again. Return from the handler: the CPU retries the
-    /// write. False: not the tracker's; handle it or pass it on to the previous handler.
+    /// writable and marked written (the next collect reports it); or the page lies in the window
+    /// unarmed, and a disarm ran in the process since this thread last retried this address (the
+    /// write may have faulted while the page was being disarmed: it is writable now). Return from
+    /// the handler: the CPU retries the write (a fault that repeats at the same address with no
+    /// disarm in between gets false). False: not the tracker's; handle it or pass it on to the
+    /// previous handler.
     ///
     /// Async-signal-safe: no allocation, no lock, no panic; atomics and one `mprotect` (more where
     /// the kernel is at its map limit). With the uffd backend it returns false always: writes to

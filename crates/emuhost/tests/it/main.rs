@@ -16,3 +16,4 @@ mod trace;
 #[path = "../support/vulkan.rs"]
 mod vulkan_gate;
 mod watch;
+mod watch_cache;

@@ -1,6 +1,7 @@
 //! emuhost's integration tests, in one binary. Each test makes its own `Space`, so they run in
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
+mod embed;
 #[cfg(feature = "faults")]
 mod faults;
 mod import;

@@ -32,6 +32,7 @@ conformance!(
     two_consumers_both_see_every_write,
     handle_fault_from_the_embedders_own_handler,
     handle_fault_racing_collects_loses_nothing,
+    collect_into_allocates_nothing_once_warm,
 );
 
 fn setup(kind: BackendKind, pages: u64) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
@@ -90,6 +91,29 @@ fn collect_into_sets_one_bit_per_grain(kind: BackendKind) {
     poke(&s, 99);
     t.collect_into(mid, p(), &mut words).unwrap();
     assert_eq!(bits(&words), vec![0, 96]);
+}
+
+/// After a few rounds have grown the tracker's buffers, a collect into words (the tracker's and a
+/// consumer's) makes no heap allocation on the calling thread.
+fn collect_into_allocates_nothing_once_warm(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 512) else { return };
+    let c = t.consumer();
+    let mut words = [0u64; 8];
+    for round in 0..6 {
+        for page in [1, 2, 3, 100, 300, 301, 511] {
+            poke(&s, page);
+        }
+        words = [0; 8];
+        let before = crate::allocations();
+        let got = t.collect_into(r, p(), &mut words).unwrap();
+        let mine = c.collect_into(r, p(), &mut words).unwrap();
+        let made = crate::allocations() - before;
+        assert_eq!((got.pages, mine.pages), (7, 7));
+        if round >= 3 {
+            assert_eq!(made, 0, "round {round}: a warm collect_into allocated");
+        }
+    }
+    assert_eq!(bits(&words), vec![1, 2, 3, 100, 300, 301, 511]);
 }
 
 fn bad_granularity_or_short_words_are_errors_that_take_nothing(kind: BackendKind) {
@@ -188,6 +212,16 @@ static HANDLE: std::sync::OnceLock<FaultHandle> = std::sync::OnceLock::new();
 static FOREIGN: AtomicUsize = AtomicUsize::new(0);
 static FOREIGN_SEEN: AtomicUsize = AtomicUsize::new(0);
 static TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// What a signal handler may keep: a handle is plain data, and a consumer moves between threads.
+#[test]
+fn a_fault_handle_is_plain_data_and_a_consumer_is_send_and_sync() {
+    fn plain<T: Copy + Send + Sync + 'static>() {}
+    fn shared<T: Send + Sync>() {}
+    plain::<FaultHandle>();
+    shared::<watch::Consumer>();
+    shared::<Tracker>();
+}
 
 /// Whether the fault was a write: the page-fault error code's write bit.
 #[cfg(target_arch = "x86_64")]

@@ -124,7 +124,8 @@ impl Tracker {
     /// Spans not tracked any more are reported written.
     ///
     /// Allocates nothing once the tracker's buffers have grown to the size of the range's
-    /// layout (the first collects of a range may grow them).
+    /// layout (the first collects of a range may grow them); verify mode, a failed read and
+    /// pages the space changed under the tracker (mapped anew, released) take the slow path.
     pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
         self.read(range, Read::Collect, |sc, seq, _| or_read(sc, range, granularity, words, seq))

@@ -36,6 +36,14 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
         unsafe { std::alloc::System.alloc(layout) }
     }
 
+    // Passed on as such, so a large zeroed vector stays lazily mapped (the default would write
+    // every byte).
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as above.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         // SAFETY: as above.
         unsafe { std::alloc::System.dealloc(ptr, layout) }

@@ -207,16 +207,17 @@ pub fn choose(settings: &crate::settings::Settings) -> Result<Choice, WatchError
 
 /// [`choose`] with the switch's value given.
 pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
-    choose_in(switch, &TrackerConfig::default())
+    choose_in(switch, &TrackerConfig::default(), WATCH_SWITCH)
 }
 
 /// [`choose_from`] with the self-tests run as `config` makes trackers (with the embedder's fault
 /// handling, none of them installs a handler).
-fn choose_in(switch: Option<&str>, config: &TrackerConfig) -> Result<Choice, WatchError> {
+/// `by` names where a forced backend came from, for the reason given.
+fn choose_in(switch: Option<&str>, config: &TrackerConfig, by: &str) -> Result<Choice, WatchError> {
     if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
         let kind = BackendKind::parse(v)?;
         self_test_with(kind, config)?;
-        return Ok(Choice { kind, why: format!("forced by {WATCH_SWITCH}={v}; its self-test passed") });
+        return Ok(Choice { kind, why: format!("forced by {by}={v}; its self-test passed") });
     }
     let mut tried = Vec::new();
     for kind in BackendKind::AUTO {
@@ -501,7 +502,8 @@ impl Tracker {
     /// must pass its self-test, run as `config` makes trackers), verify mode, and who handles
     /// faults. A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
     pub fn with_config(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
-        let choice = choose_in(config.backend.map(BackendKind::name), config)?;
+        let by = "TrackerConfig::backend (EMUHOST_WATCH through TrackerConfig::from_settings)";
+        let choice = choose_in(config.backend.map(BackendKind::name), config, by)?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
         Self::make(space, choice.kind, config.verify, !config.embedder_handles_faults)
     }

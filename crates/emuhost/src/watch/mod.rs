@@ -495,14 +495,18 @@ impl Tracker {
 
     /// A tracker with the backend [`choose`] picks, and verify mode as `settings` say.
     pub fn new_with(space: &Arc<Space>, settings: &crate::settings::Settings) -> Result<Arc<Tracker>, WatchError> {
-        Self::with_config(space, &TrackerConfig::from_settings(settings))
+        Self::configured(space, &TrackerConfig::from_settings(settings), WATCH_SWITCH)
     }
 
     /// A tracker as `config` says: its backend (or the one the self-tests choose; either way it
     /// must pass its self-test, run as `config` makes trackers), verify mode, and who handles
     /// faults. A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
     pub fn with_config(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
-        let by = "TrackerConfig::backend (EMUHOST_WATCH through TrackerConfig::from_settings)";
+        Self::configured(space, config, "TrackerConfig::backend")
+    }
+
+    /// [`Tracker::with_config`]; `by` names where a forced backend came from, for the log.
+    fn configured(space: &Arc<Space>, config: &TrackerConfig, by: &str) -> Result<Arc<Tracker>, WatchError> {
         let choice = choose_in(config.backend.map(BackendKind::name), config, by)?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
         Self::make(space, choice.kind, config.verify, !config.embedder_handles_faults)

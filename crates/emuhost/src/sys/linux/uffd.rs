@@ -114,11 +114,34 @@ impl Uffd {
         vec: &mut [PageRegion],
         out: &mut Vec<(usize, usize)>,
     ) -> io::Result<()> {
+        self.scan(start, end, vec, out, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC)
+    }
+
+    /// [`Uffd::scan_written`] without protecting anything: the written pages stay written (and
+    /// are reported again by the next scan).
+    pub fn peek_written(
+        &self,
+        start: usize,
+        end: usize,
+        vec: &mut [PageRegion],
+        out: &mut Vec<(usize, usize)>,
+    ) -> io::Result<()> {
+        self.scan(start, end, vec, out, PM_SCAN_CHECK_WPASYNC)
+    }
+
+    fn scan(
+        &self,
+        start: usize,
+        end: usize,
+        vec: &mut [PageRegion],
+        out: &mut Vec<(usize, usize)>,
+        flags: u64,
+    ) -> io::Result<()> {
         let mut at = start as u64;
         while at < end as u64 {
             let mut arg = PmScanArg {
                 size: size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+                flags,
                 start: at,
                 end: end as u64,
                 vec: vec.as_mut_ptr() as u64,

@@ -46,6 +46,17 @@ fn emuhost_watch_names_the_only_backend_measured_and_the_others_are_left_out_wit
         assert!(u["stress_ops"][op].as_u64() > Some(0), "no {op}: {v}");
     }
     assert_eq!(v["lost_writes"], 0);
+    // The bare kernel was measured on the same memory, and emuhost's cost over it printed.
+    for key in ["clean_ns_per_page", "dirty_1pct_ns_per_dirty_page", "first_write_ns"] {
+        assert!(u[format!("bare_{key}")].as_f64().is_some(), "no bare {key}: {v}");
+        assert!(v["uffd_over_bare"][key]["target_max"].as_f64().is_some(), "{key}: {v}");
+    }
+    // A dirty page's added cost may round to 0 in so short a run; a clean page's and a first
+    // write's never do.
+    for key in ["clean_ns_per_page", "first_write_ns"] {
+        let r = &v["uffd_over_bare"][key];
+        assert!(r["ratio"].as_f64().is_some_and(|r| r > 0.0) && r["met"].is_boolean(), "{key}: {v}");
+    }
 }
 
 #[test]
@@ -64,6 +75,7 @@ fn text_output_prints_the_lost_writes_of_each_backend_measured() {
     assert!(stdout.contains(" arms, ") && stdout.contains(" disarms"), "{stdout}");
     assert!(stdout.contains("0 lost writes (0 lost): met"), "{stdout}");
     assert!(!stdout.contains("mprotect  "), "mprotect measured: {stdout}");
+    assert!(stdout.contains("uffd over the bare kernel") && stdout.contains("first write"), "{stdout}");
 }
 
 #[test]

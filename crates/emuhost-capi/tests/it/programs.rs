@@ -1,0 +1,1 @@
+fn programs_placeholder() {}

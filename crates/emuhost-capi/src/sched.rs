@@ -172,7 +172,9 @@ pub unsafe extern "C" fn emuhost_prepare_workers(
             EMUHOST_ALLOCATOR_LOCKED => Allocator::Locked,
             EMUHOST_ALLOCATOR_SCALES => Allocator::Scales,
             _ => {
-                return Err(Error::invalid(format!("allocator {allocator} is not EMUHOST_ALLOCATOR_LOCKED or _SCALES")));
+                return Err(Error::invalid(format!(
+                    "allocator {allocator} is not EMUHOST_ALLOCATOR_LOCKED or _SCALES"
+                )));
             }
         };
         crate::ffi::check_ptr(count, "count")?;

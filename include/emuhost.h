@@ -300,8 +300,8 @@ extern "C" {
 // The version of emuhost this library was built from, NUL-terminated (static storage).
 const char *emuhost_version(void);
 
-// The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_BAD_HANDLE` where `error` is not a live
-// error (NULL included).
+// The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_NULL` for NULL, `EMUHOST_ERROR_BAD_HANDLE`
+// where `error` is not a live error.
 uint32_t emuhost_error_code(const struct emuhost_error_t *error);
 
 // Copies the error's message into `buf` (at most `cap - 1` bytes and a NUL, cut at a character
@@ -594,8 +594,8 @@ struct emuhost_error_t *emuhost_tracker_delete(struct emuhost_tracker_t *tracker
 // `backend` is NULL or writable.
 struct emuhost_error_t *emuhost_tracker_backend(const struct emuhost_tracker_t *tracker, uint32_t *backend);
 
-// The name of a backend constant (`"uffd"`, `"mprotect"`; static storage), or NULL for a value
-// that is none.
+// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`; static storage), or NULL for
+// a value that is none.
 const char *emuhost_watch_backend_name(uint32_t backend);
 
 // Arms `addr..addr + len`: writes to its pages from now on are reported by the next collect.

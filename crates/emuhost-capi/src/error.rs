@@ -153,8 +153,8 @@ impl From<SettingError> for Error {
     }
 }
 
-/// The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_BAD_HANDLE` where `error` is not a live
-/// error (NULL included).
+/// The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_NULL` for NULL, `EMUHOST_ERROR_BAD_HANDLE`
+/// where `error` is not a live error.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_error_code(error: *const emuhost_error_t) -> u32 {
     crate::entry_or(EMUHOST_ERROR_PANIC, || {

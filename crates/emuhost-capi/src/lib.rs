@@ -7,11 +7,11 @@
 //! The shape is wasmtime's C API: opaque handles with a `*_delete` each, and every call that can
 //! fail returns an `emuhost_error_t *` (NULL on success) that the caller reads
 //! (`emuhost_error_code`, `emuhost_error_message`) and deletes. No panic crosses the boundary:
-//! every entry runs its body through [`entry`], which catches a panic and returns it as an error
+//! every entry runs its body through `entry`, which catches a panic and returns it as an error
 //! (`EMUHOST_ERROR_PANIC`).
 //!
 //! Handles are not addresses: each is a number (never reused in the process) that a registry maps
-//! to the runtime object ([`handle`]). So a NULL, deleted (twice deleted), or mistyped handle is
+//! to the runtime object (`handle`). So a NULL, deleted (twice deleted), or mistyped handle is
 //! an error (`EMUHOST_ERROR_BAD_HANDLE`), never a use of freed memory, and a handle deleted on one
 //! thread while another thread's call is using it stays alive until that call returns.
 //!
@@ -19,7 +19,7 @@
 //! The entry points take raw pointers from C. Each
 //! `unsafe extern "C" fn` states what the caller vouches for (a pointer and length name memory
 //! the caller owns); everything that can be checked (NULL, alignment, lengths, enum values,
-//! UTF-8, handles) is checked by the helpers in [`ffi`] and [`handle`] before use.
+//! UTF-8, handles) is checked by the helpers in `ffi` and `handle` before use.
 
 #![allow(non_camel_case_types)]
 

@@ -121,8 +121,8 @@ pub unsafe extern "C" fn emuhost_tracker_backend(
     })
 }
 
-/// The name of a backend constant (`"uffd"`, `"mprotect"`; static storage), or NULL for a value
-/// that is none.
+/// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`; static storage), or NULL for
+/// a value that is none.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_watch_backend_name(backend: u32) -> *const c_char {
     match backend {

@@ -367,3 +367,104 @@ fn a_panic_inside_emuhost_comes_back_as_an_error() {
     ok(emuhost_space_commit(s, 0, p, EMUHOST_PROT_READ));
     ok(emuhost_space_delete(s));
 }
+
+#[test]
+fn an_adopted_window_goes_back_to_the_caller_reserved() {
+    let p = page();
+    let len = 16 * p;
+    // SAFETY: a fresh anonymous reservation the test owns and unmaps at the end.
+    let base = unsafe {
+        libc::mmap(
+            null_mut(),
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: the reservation is the test's; nothing else maps in it while the space lives.
+    unsafe {
+        let mut s = null_mut();
+        ok(emuhost_space_adopt(base, len, &mut s));
+        let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+        ok(emuhost_space_info(s, &mut info));
+        assert!(info.adopted && info.host_base == base && info.window == len && info.guard == 0);
+        ok(emuhost_space_commit(s, 0, 2 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        *base.cast::<u8>() = 9;
+        ok(emuhost_space_delete(s));
+        // Still mapped (reserved): a window cannot be reserved over it.
+        let mut again = null_mut();
+        fails(emuhost_space_reserve_at(base, len, 0, &mut again), EMUHOST_ERROR_OS, "reserving host range");
+        assert_eq!(libc::munmap(base, len as usize), 0);
+        // Unmapped now: not a reservation to adopt.
+        fails(emuhost_space_adopt(base, len, &mut again), EMUHOST_ERROR_REFUSED, "adopting host range");
+    }
+}
+
+#[test]
+fn protect_zero_populate_and_commit_reserved() {
+    let p = page();
+    let s = space(8);
+    // SAFETY: out-pointers and buffers are locals with their lengths.
+    unsafe {
+        let rw = EMUHOST_PROT_READ | EMUHOST_PROT_WRITE;
+        ok(emuhost_space_commit(s, 0, 2 * p, rw));
+        let mut n = 0;
+        ok(emuhost_space_commit_reserved(s, 0, 4 * p, rw, &mut n));
+        assert_eq!(n, 2 * p, "only the two reserved pages");
+        ok(emuhost_space_populate(s, 0, 4 * p));
+        ok(emuhost_space_write(s, 16, b"bytes".as_ptr().cast(), 5));
+        ok(emuhost_space_zero(s, 0, p));
+        let mut back = [1u8; 5];
+        ok(emuhost_space_read(s, 16, back.as_mut_ptr().cast(), 5));
+        assert_eq!(back, [0; 5]);
+        ok(emuhost_space_protect(s, 0, p, EMUHOST_PROT_READ));
+        assert!(outcome(emuhost_space_write(s, 16, b"x".as_ptr().cast(), 1)).is_some(), "a read-only page was written");
+        fails(emuhost_space_protect(s, 8 * p, p, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        ok(emuhost_space_delete(s));
+    }
+}
+
+#[test]
+fn importers_on_callers_objects_refuse_null_ones() {
+    let s = space(16);
+    let mut imp = null_mut();
+    // SAFETY: NULL and zeroed descriptions, which the calls check before any use.
+    unsafe {
+        fails(emuhost_importer_new_cuda(s, null(), null_mut(), &mut imp), EMUHOST_ERROR_UNAVAILABLE, "");
+        fails(emuhost_importer_new_vulkan(s, null(), null(), &mut imp), EMUHOST_ERROR_NULL, "device is NULL");
+        let dev = emuhost_vulkan_device_t {
+            get_instance_proc_addr: None,
+            instance: null_mut(),
+            physical_device: null_mut(),
+            device: null_mut(),
+            enabled_extensions: null(),
+            enabled_extension_count: 0,
+            buffer_usage: 0,
+        };
+        fails(emuhost_importer_new_vulkan(s, null(), &dev, &mut imp), EMUHOST_ERROR_NULL, "get_instance_proc_addr");
+    }
+    assert!(imp.is_null());
+    ok(emuhost_space_delete(s));
+}
+
+#[test]
+fn fault_switches_are_installed_once() {
+    let mut st = null_mut();
+    // SAFETY: out-pointers to locals; NUL-terminated literals.
+    unsafe {
+        ok(emuhost_settings_new(&mut st));
+        // No fault: the process's plan is fixed as none.
+        ok(emuhost_settings_install_faults(st));
+        let e = emuhost_settings_set(st, c"EMUHOST_FAULT_UFFD".as_ptr(), c"eperm".as_ptr());
+        if cfg!(feature = "faults") {
+            ok(e);
+            fails(emuhost_settings_install_faults(st), EMUHOST_ERROR_REFUSED, "fixed already");
+        } else {
+            fails(e, EMUHOST_ERROR_SETTING, "no fault injection");
+        }
+        ok(emuhost_settings_delete(st));
+    }
+}

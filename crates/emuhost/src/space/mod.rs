@@ -508,6 +508,8 @@ impl Space {
     /// committed are recorded and told to observers as a commit (so a tracker reports them
     /// written rather than lose their writes).
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
+        // Fault injection may panic here, before any lock is taken (a no-op in the default build).
+        crate::faults::panic_at_commit();
         self.commit_locked(&mut self.state(), range, prot)
     }
 

@@ -131,10 +131,26 @@
 // `mprotect` and a `SIGSEGV` handler (portable).
 #define EMUHOST_WATCH_MPROTECT 2
 
+// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV`. emuhost installs no handler (not
+// even for its self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
+// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
+#define EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS 1
+
+// One consumer of a tracker's writes (opaque): its own dirty pages, fed by every collect of the
+// tracker, so two caches on one tracker each see every write.
+//
+// Thread safety: any thread; calls on one consumer may run concurrently (they take the
+// tracker's lock). It keeps its tracker alive.
+typedef struct emuhost_consumer_t emuhost_consumer_t;
+
 // An error a call returned (opaque). Owned by the caller: delete it with `emuhost_error_delete`.
 //
 // Thread safety: an error may be read from several threads at once and deleted from any thread.
 typedef struct emuhost_error_t emuhost_error_t;
+
+// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque; a
+// plain value, valid after its tracker is deleted, when it takes no fault).
+typedef struct emuhost_fault_handle_t emuhost_fault_handle_t;
 
 // An importer (opaque): game pools, chunked and spanned imports, figures.
 //
@@ -292,6 +308,16 @@ typedef struct emuhost_collect_t {
   // The collect's number (1, 2, ... in the order the tracker's collects ran).
   uint64_t seq;
 } emuhost_collect_t;
+
+// What a collect or query into words found.
+typedef struct emuhost_written_t {
+  // Pages reported written (each counted once).
+  uint64_t pages;
+  // Of them, pages of spans found not tracked any more (reported written, to lose nothing).
+  uint64_t untracked_pages;
+  // The tracker's collect number it belongs to.
+  uint64_t seq;
+} emuhost_written_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -577,12 +603,13 @@ struct emuhost_error_t *emuhost_space_views(const struct emuhost_space_t *space,
 
 // A tracker on `space`. `backend`: `EMUHOST_WATCH_AUTO` (the settings' `EMUHOST_WATCH`, else the
 // first backend that passes its self-test), or one backend, which must pass its self-test.
-// `settings` may be NULL (defaults); `EMUHOST_VERIFY_COLLECT` in them turns verify mode on. A
-// second tracker on a space is `EMUHOST_ERROR_REFUSED`.
+// `settings` may be NULL (defaults); `EMUHOST_VERIFY_COLLECT` in them turns verify mode on.
+// `flags`: 0 or [`EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS`]. A second tracker on a space is
+// `EMUHOST_ERROR_REFUSED`.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, uint32_t backend, struct emuhost_tracker_t **out);
+struct emuhost_error_t *emuhost_tracker_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, uint32_t backend, uint32_t flags, struct emuhost_tracker_t **out);
 
 // Deletes the tracker: armed pages get their protection back. NULL does nothing; a handle
 // deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
@@ -615,6 +642,67 @@ struct emuhost_error_t *emuhost_tracker_disarm(const struct emuhost_tracker_t *t
 // # Safety
 // `pages` points to `cap` writable values; `result` is writable.
 struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t *pages, size_t cap, struct emuhost_collect_t *result);
+
+// Hands the fault at host address `addr` (the signal's `si_addr`) to whichever tracker of the
+// process has the page armed; call it first in the embedder's `SIGSEGV` handler. `is_write`:
+// nonzero for a write fault (pass 1 where the handler cannot tell). Returns 1 where the fault was
+// emuhost's (the page is writable now and marked written: return from the handler and the CPU
+// retries the write), 0 where it is not (handle it, or chain to the previous handler).
+//
+// Async-signal-safe: no allocation, no lock, no panic. With the uffd backend writes never fault,
+// and it returns 0.
+int32_t emuhost_handle_fault(size_t addr, int32_t is_write);
+
+// The tracker's fault handle, for [`emuhost_fault_handle_handle`]; free it with
+// [`emuhost_fault_handle_delete`] once no handler can use it.
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_tracker_fault_handle(const struct emuhost_tracker_t *tracker, struct emuhost_fault_handle_t **out);
+
+// [`emuhost_handle_fault`] for this handle's tracker only. A NULL handle returns 0.
+// Async-signal-safe.
+//
+// # Safety
+// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`] not deleted yet (it is a
+// pointer, so that the signal handler reads it without a lock: delete it only once no handler
+// can run with it).
+int32_t emuhost_fault_handle_handle(const struct emuhost_fault_handle_t *handle, size_t addr, int32_t is_write);
+
+// Frees a fault handle. NULL does nothing.
+//
+// # Safety
+// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`], deleted once, that no
+// signal handler is using or will use.
+void emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
+
+// Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
+// pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit
+// `i % 64` of `words[i / 64]`) is ORed in where any page of `addr + i * granularity ..
+// + granularity` was written; no bit is cleared. `granularity`: a power of two, at least the
+// page size. `nwords` must be at least `ceil(ceil(len / granularity) / 64)`; a bad granularity or
+// too few words is an error before anything is collected. Allocates nothing once warm.
+//
+// # Safety
+// `words` points to `nwords` writable values; `result` is NULL or writable.
+struct emuhost_error_t *emuhost_tracker_collect_into(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
+
+// A new consumer of `tracker`'s writes (see [`emuhost_consumer_t`]).
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_consumer_new(const struct emuhost_tracker_t *tracker, struct emuhost_consumer_t **out);
+
+// Deletes a consumer (its pending pages go with it). NULL does nothing; a handle deleted
+// already is `EMUHOST_ERROR_BAD_HANDLE`.
+struct emuhost_error_t *emuhost_consumer_delete(struct emuhost_consumer_t *consumer);
+
+// [`emuhost_tracker_collect_into`] for this consumer: a collect of the tracker (feeding every
+// consumer), then this consumer's pending pages of the range into `words`; a query takes nothing.
+//
+// # Safety
+// `words` points to `nwords` writable values; `result` is NULL or writable.
+struct emuhost_error_t *emuhost_consumer_collect_into(const struct emuhost_consumer_t *consumer, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -237,8 +237,11 @@ private:
 // A write tracker on a space (one per space); keeps the space alive.
 class Tracker : public detail::Handle<emuhost_tracker_t, emuhost_tracker_delete> {
 public:
-    explicit Tracker(const Space &space, std::uint32_t backend = EMUHOST_WATCH_AUTO, const Settings *settings = nullptr)
-        : Handle(make(space, backend, settings)) {}
+    // flags: 0, or EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS (the embedder's SIGSEGV handler calls
+    // emuhost_handle_fault first).
+    explicit Tracker(const Space &space, std::uint32_t backend = EMUHOST_WATCH_AUTO, const Settings *settings = nullptr,
+                     std::uint32_t flags = 0)
+        : Handle(make(space, backend, settings, flags)) {}
     std::uint32_t backend() const {
         std::uint32_t b = 0;
         detail::check(emuhost_tracker_backend(get(), &b));
@@ -253,11 +256,39 @@ public:
         detail::check(emuhost_tracker_collect(get(), addr, len, pages.data(), pages.size(), &r));
         return r;
     }
+    // ORs one bit per `granularity` bytes written into `words` (bit i: addr + i * granularity),
+    // taking them (collect) or not (query).
+    emuhost_written_t collect_into(std::uint64_t addr, std::uint64_t len, std::uint64_t granularity,
+                                   span<std::uint64_t> words, bool query = false) const {
+        emuhost_written_t r{};
+        detail::check(emuhost_tracker_collect_into(get(), addr, len, granularity, words.data(), words.size(), query, &r));
+        return r;
+    }
 
 private:
-    static emuhost_tracker_t *make(const Space &space, std::uint32_t backend, const Settings *settings) {
+    static emuhost_tracker_t *make(const Space &space, std::uint32_t backend, const Settings *settings,
+                                   std::uint32_t flags) {
         emuhost_tracker_t *raw = nullptr;
-        detail::check(emuhost_tracker_new(space.get(), emuhost::raw(settings), backend, &raw));
+        detail::check(emuhost_tracker_new(space.get(), emuhost::raw(settings), backend, flags, &raw));
+        return raw;
+    }
+};
+
+// One consumer of a tracker's writes, with its own dirty pages; keeps the tracker alive.
+class Consumer : public detail::Handle<emuhost_consumer_t, emuhost_consumer_delete> {
+public:
+    explicit Consumer(const Tracker &tracker) : Handle(make(tracker)) {}
+    emuhost_written_t collect_into(std::uint64_t addr, std::uint64_t len, std::uint64_t granularity,
+                                   span<std::uint64_t> words, bool query = false) const {
+        emuhost_written_t r{};
+        detail::check(emuhost_consumer_collect_into(get(), addr, len, granularity, words.data(), words.size(), query, &r));
+        return r;
+    }
+
+private:
+    static emuhost_consumer_t *make(const Tracker &tracker) {
+        emuhost_consumer_t *raw = nullptr;
+        detail::check(emuhost_consumer_new(tracker.get(), &raw));
         return raw;
     }
 };

@@ -90,9 +90,9 @@ fn ranges_outside_the_window_and_bad_constants_are_errors() {
         let buf = [0u8; 8];
         fails(emuhost_space_write(s, 16 * p - 4, buf.as_ptr().cast(), 8), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
         let mut t = null_mut();
-        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, &mut t));
+        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 0, &mut t));
         fails(emuhost_tracker_arm(t, 0, 17 * p), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
-        fails(emuhost_tracker_new(s, null(), 7, &mut t), EMUHOST_ERROR_INVALID_ARGUMENT, "backend 7");
+        fails(emuhost_tracker_new(s, null(), 7, 0, &mut t), EMUHOST_ERROR_INVALID_ARGUMENT, "backend 7");
         ok(emuhost_tracker_delete(t));
     }
     fails(emuhost_sleeper_sleep(null(), 9, 1), EMUHOST_ERROR_NULL, "NULL");
@@ -137,7 +137,7 @@ fn a_tracker_keeps_its_space_and_collects_into_the_callers_words() {
     // SAFETY: out-pointers and buffers are locals with their lengths.
     unsafe {
         ok(emuhost_space_commit(s, 0, 16 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
-        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, &mut t));
+        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 0, &mut t));
         let mut info = std::mem::zeroed::<emuhost_space_info_t>();
         ok(emuhost_space_info(s, &mut info));
         // The space handle goes; the tracker keeps the space.
@@ -194,14 +194,14 @@ fn settings_are_set_by_name_and_a_bad_one_is_named() {
         ok(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), c"mprotect".as_ptr()));
         let s = space(4);
         let mut t = null_mut();
-        ok(emuhost_tracker_new(s, st, EMUHOST_WATCH_AUTO, &mut t));
+        ok(emuhost_tracker_new(s, st, EMUHOST_WATCH_AUTO, 0, &mut t));
         let mut backend = 0;
         ok(emuhost_tracker_backend(t, &mut backend));
         assert_eq!(backend, EMUHOST_WATCH_MPROTECT);
         // One tracker per space.
         let mut t2 = null_mut();
         fails(
-            emuhost_tracker_new(s, st, EMUHOST_WATCH_MPROTECT, &mut t2),
+            emuhost_tracker_new(s, st, EMUHOST_WATCH_MPROTECT, 0, &mut t2),
             EMUHOST_ERROR_REFUSED,
             "one tracker per space",
         );

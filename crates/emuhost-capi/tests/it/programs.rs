@@ -120,7 +120,12 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
         }
         outputs[i] = run(&mut go);
         let text = &outputs[i];
-        for line in ["collect: 256 pages written from 2 threads, 256 reported, 0 lost", "rule: guest ", "smoke: ok"] {
+        let collected = if cpp {
+            "collect: 256 pages written from 2 threads, 256 reported to a consumer\ncollect: 256 pages written from 2 threads, 256 reported to a consumer\ncollect: 0 lost"
+        } else {
+            "collect: 256 pages written from 2 threads, 256 queried, 256 collected, 0 lost"
+        };
+        for line in [collected, "rule: guest ", "smoke: ok"] {
             assert!(text.contains(line), "{linkage} {name}: no {line:?} in:\n{text}");
         }
         assert!(text.contains("backend: uffd\n") || text.contains("backend: mprotect\n"), "{text}");
@@ -134,8 +139,13 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
 #[test]
 fn the_c_program_runs_against_both_libraries() {
     let [_, static_run] = build_and_run("tests/c/smoke.c", false);
-    // The environment reached the settings: the static run was told to use mprotect.
+    // The environment reached the settings: the static run was told to use mprotect. Its
+    // faults went through the program's own handler to emuhost_handle_fault (256 writes, at
+    // least one fault each).
     assert!(static_run.contains("backend: mprotect\n"), "{static_run}");
+    let handed =
+        static_run.split("lost; ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<u32>().ok());
+    assert!(handed.is_some_and(|n| n >= 256), "{static_run}");
 }
 
 #[test]

@@ -115,6 +115,7 @@ impl From<WatchError> for Error {
             }
             WatchError::Os { .. } => EMUHOST_ERROR_OS,
             WatchError::SecondTracker { .. } => EMUHOST_ERROR_REFUSED,
+            WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
             // Verify mode's mismatch, and what the watch module may add.
             #[allow(unreachable_patterns)]
             _ => EMUHOST_ERROR_OTHER,

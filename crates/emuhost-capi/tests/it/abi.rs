@@ -93,6 +93,43 @@ fn ranges_outside_the_window_and_bad_constants_are_errors() {
         ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 0, &mut t));
         fails(emuhost_tracker_arm(t, 0, 17 * p), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
         fails(emuhost_tracker_new(s, null(), 7, 0, &mut t), EMUHOST_ERROR_INVALID_ARGUMENT, "backend 7");
+        let mut t2 = null_mut();
+        fails(
+            emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 2, &mut t2),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "flags 0x2",
+        );
+        // Words: a granularity that is no power of two, too few words, a range past the window.
+        let mut words = [0u64; 1];
+        let w = words.as_mut_ptr();
+        fails(
+            emuhost_tracker_collect_into(t, 0, p, 3 * p, w, 1, 0, null_mut()),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "granularity",
+        );
+        fails(
+            emuhost_tracker_collect_into(t, 0, 16 * p, p, w, 0, 0, null_mut()),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "words",
+        );
+        fails(
+            emuhost_tracker_collect_into(t, 0, 17 * p, p, w, 1, 1, null_mut()),
+            EMUHOST_ERROR_OUT_OF_RANGE,
+            "outside",
+        );
+        fails(emuhost_tracker_collect_into(t, 0, p, p, null_mut(), 1, 0, null_mut()), EMUHOST_ERROR_NULL, "words");
+        let mut c = null_mut();
+        ok(emuhost_consumer_new(t, &mut c));
+        ok(emuhost_consumer_delete(c));
+        fails(emuhost_consumer_delete(c), EMUHOST_ERROR_BAD_HANDLE, "not a live consumer handle");
+        fails(
+            emuhost_consumer_collect_into(c, 0, p, p, w, 1, 0, null_mut()),
+            EMUHOST_ERROR_BAD_HANDLE,
+            "not a live consumer",
+        );
+        // A fault handle of no tracker, and a NULL one, take no fault.
+        assert_eq!(emuhost_fault_handle_handle(null(), 0x1000, 1), 0);
+        assert_eq!(emuhost_handle_fault(0x1000, 1), 0);
         ok(emuhost_tracker_delete(t));
     }
     fails(emuhost_sleeper_sleep(null(), 9, 1), EMUHOST_ERROR_NULL, "NULL");

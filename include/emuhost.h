@@ -678,8 +678,8 @@ void emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
 
 // Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
 // pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit
-// `i % 64` of `words[i / 64]`) is ORed in where any page of `addr + i * granularity ..
-// + granularity` was written; no bit is cleared. `granularity`: a power of two, at least the
+// `i % 64` of `words[i / 64]`) is ORed in where any page of the `granularity` bytes from
+// `addr + i * granularity` was written; no bit is cleared. `granularity`: a power of two, at least the
 // page size. `nwords` must be at least `ceil(ceil(len / granularity) / 64)`; a bad granularity or
 // too few words is an error before anything is collected. Allocates nothing once warm.
 //

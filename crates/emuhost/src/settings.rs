@@ -34,7 +34,7 @@ pub struct Settings {
     pub short_sleep_timer: Option<bool>,
     /// `EMUHOST_IMPORT_BACKEND`.
     pub import_backend: BackendChoice,
-    /// `EMUHOST_IMPORT_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`.
+    /// `EMUHOST_IMPORT_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`, `_AHEAD_MB`.
     pub import: ImportConfig,
     /// `EMUHOST_FAULT_*`: the fault plan for the process (see [`crate::faults::install`]).
     pub faults: FaultSettings,
@@ -179,6 +179,12 @@ pub const SETTINGS: &[Switch] = &[
         apply: |s, v| import(s, "EMUHOST_IMPORT_POPULATE_AHEAD", v),
     },
     Switch {
+        name: "EMUHOST_IMPORT_AHEAD_MB",
+        default: "`0`",
+        doc: "MiB imported ahead of use on a background thread when a pool is made, not yet bound; `0` is off",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_MB", v),
+    },
+    Switch {
         name: crate::faults::IMPORT_SWITCH,
         default: "unset",
         doc: "faults: which imports fail (a schedule)",
@@ -290,6 +296,7 @@ mod tests {
             ("EMUHOST_IMPORT_SPAN_MB", "0", "-1", "EMUHOST_IMPORT_SPAN_MB=\"-1\": an unsigned integer"),
             ("EMUHOST_IMPORT_COOLING_MS", "10", "1s", "EMUHOST_IMPORT_COOLING_MS=\"1s\": an unsigned integer"),
             ("EMUHOST_IMPORT_POPULATE_AHEAD", "chunks", "all", "EMUHOST_IMPORT_POPULATE_AHEAD=\"all\": expected"),
+            ("EMUHOST_IMPORT_AHEAD_MB", "256", "lots", "EMUHOST_IMPORT_AHEAD_MB=\"lots\": an unsigned integer"),
         ];
         if crate::faults::ENABLED {
             bad.push(("EMUHOST_FAULT_UFFD", "eperm", "often", "EMUHOST_FAULT_UFFD=\"often\": expected eperm"));
@@ -322,6 +329,7 @@ mod tests {
                     "EMUHOST_IMPORT_SPAN_MB" => "0",
                     "EMUHOST_IMPORT_COOLING_MS" => "5",
                     "EMUHOST_IMPORT_POPULATE_AHEAD" => "on",
+                    "EMUHOST_IMPORT_AHEAD_MB" => "48",
                     _ => return None,
                 }
                 .to_string(),
@@ -336,6 +344,7 @@ mod tests {
         assert_eq!((s.import.plan.chunk, s.import.plan.span_cap), (32 << 20, 0));
         assert_eq!(s.import.cooling, std::time::Duration::from_millis(5));
         assert_eq!(s.import.populate_ahead, crate::import::PopulateAhead::Pools);
+        assert_eq!(s.import.ahead, 48 << 20);
         for (v, want) in [("", false), (" Off ", false), ("no", false), ("0", false), ("1", true), ("x", true)] {
             assert_eq!(check(SHORT_SLEEP_TIMER_SWITCH, v).unwrap().short_sleep_timer, Some(want), "{v:?}");
         }

@@ -1,8 +1,8 @@
 //! The importer: pools, live imports, the retry without the span, cooling, figures and the log.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,21 +29,34 @@ pub struct ImportConfig {
     /// ([`Space::commit_reserved`]). Pages the guest committed keep their bytes and their
     /// protection (`r--` and `---` pages stay so; a driver that cannot pin them fails the import).
     pub commit: bool,
+    /// Import ahead (`EMUHOST_IMPORT_AHEAD_MB`, in bytes here; 0: off): when a pool is
+    /// registered, a background thread imports the ranges a first binding in each of its chunks
+    /// would import (populating them first), so that the binding finds its import ready. At most
+    /// this many bytes are imported ahead and not yet used by a binding (in flight included);
+    /// past it the worker leaves a pool's chunks to their bindings.
+    pub ahead: u64,
 }
 
 impl Default for ImportConfig {
     fn default() -> Self {
-        Self { plan: PlanConfig::default(), cooling: DEFAULT_COOLING, populate_ahead: PopulateAhead::Off, commit: true }
+        Self {
+            plan: PlanConfig::default(),
+            cooling: DEFAULT_COOLING,
+            populate_ahead: PopulateAhead::Off,
+            commit: true,
+            ahead: 0,
+        }
     }
 }
 
 impl ImportConfig {
     /// The switches this config takes.
-    pub const SWITCHES: [&str; 4] = [
+    pub const SWITCHES: [&str; 5] = [
         "EMUHOST_IMPORT_CHUNK_MB",
         "EMUHOST_IMPORT_SPAN_MB",
         "EMUHOST_IMPORT_COOLING_MS",
         "EMUHOST_IMPORT_POPULATE_AHEAD",
+        "EMUHOST_IMPORT_AHEAD_MB",
     ];
 
     /// The config [`Settings`](crate::settings::Settings) gives.
@@ -51,9 +64,7 @@ impl ImportConfig {
         settings.import
     }
 
-    /// The defaults, changed by `EMUHOST_IMPORT_CHUNK_MB`, `EMUHOST_IMPORT_SPAN_MB`,
-    /// `EMUHOST_IMPORT_COOLING_MS` and `EMUHOST_IMPORT_POPULATE_AHEAD` with their values from
-    /// `get` (`None`: unset).
+    /// The defaults, changed by [`Self::SWITCHES`] with their values from `get` (`None`: unset).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ImportError> {
         let mut c = Self::default();
         for name in Self::SWITCHES {
@@ -92,6 +103,16 @@ impl ImportConfig {
             }
             "EMUHOST_IMPORT_COOLING_MS" => {
                 self.cooling = switch_u64(name, get())?.map_or(d.cooling, Duration::from_millis);
+            }
+            "EMUHOST_IMPORT_AHEAD_MB" => {
+                self.ahead = match switch_u64(name, get())? {
+                    None => d.ahead,
+                    Some(mb) => mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
+                        name,
+                        value: mb.to_string(),
+                        why: "too large",
+                    })?,
+                };
             }
             "EMUHOST_IMPORT_POPULATE_AHEAD" => {
                 self.populate_ahead = match crate::settings::on_off(value) {
@@ -157,12 +178,42 @@ pub struct Stats {
     pub populated: u64,
     pub populate_failures: u64,
     pub populated_bytes: u64,
+    /// Bindings that did not find their import ready (they imported, or waited for an import
+    /// in flight, or both), and of those the ones that waited for an import made ahead.
+    pub waits: u64,
+    pub in_flight_waits: u64,
+    /// The binding thread's time waiting for imports, whoever made them: from the call to
+    /// [`Importer::bind`] to its return, for each binding counted in `waits`. All together and
+    /// the longest.
+    pub wait_time: Duration,
+    pub wait_worst: Duration,
+    /// Imports made ahead (also in `imports`, `time` and `times`) and their time.
+    pub ahead_imports: u64,
+    pub ahead_time: Duration,
+    /// Imports ahead that failed (a spanned one is then tried without the span); they hold
+    /// nothing cooling: a binding makes its own attempt.
+    pub ahead_failures: u64,
+    /// Chunks left to their bindings because the budget of bytes ahead was full.
+    pub ahead_over_budget: u64,
+    /// Bindings served by an import made ahead (its first use).
+    pub ahead_hits: u64,
+    /// Imports made ahead and released unused because their pool was released.
+    pub ahead_released: u64,
+    /// Bytes imported ahead (or in flight) and not used by a binding yet, now and at most.
+    pub ahead_bytes: u64,
+    pub ahead_peak_bytes: u64,
 }
 
 impl Stats {
     /// The slowest single import.
     pub fn worst(&self) -> Duration {
         self.times.iter().copied().max().unwrap_or_default()
+    }
+
+    fn waited(&mut self, took: Duration) {
+        self.waits += 1;
+        self.wait_time += took;
+        self.wait_worst = self.wait_worst.max(took);
     }
 }
 
@@ -197,6 +248,8 @@ impl Bound {
 struct Live<I> {
     hi: u64,
     import: I,
+    /// Made ahead for this pool and not used by a binding yet.
+    ahead: Option<PoolId>,
 }
 
 struct State<I> {
@@ -207,6 +260,8 @@ struct State<I> {
     seq: u64,
     cooling: HashMap<Planned, Instant>,
     stats: Stats,
+    /// Ranges being imported ahead, off the lock.
+    in_flight: Vec<Planned>,
 }
 
 impl<I> State<I> {
@@ -217,9 +272,15 @@ impl<I> State<I> {
         self.imports.range((from, 0)..(hi, 0)).map(|(&(l, _), v)| (l, v))
     }
 
-    /// A live import covering `lo..hi`: its range and the import.
-    fn covering(&self, lo: u64, hi: u64) -> Option<(Planned, &I)> {
-        self.near(lo, hi).find(|(l, v)| *l <= lo && hi <= v.hi).map(|(l, v)| (Planned { lo: l, hi: v.hi }, &v.import))
+    /// The key of a live import covering `lo..hi`.
+    fn covering(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
+        let from = lo.saturating_sub(self.longest);
+        self.imports.range((from, 0)..(hi, 0)).find(|(k, v)| k.0 <= lo && hi <= v.hi).map(|(k, _)| *k)
+    }
+
+    /// Whether `r` overlaps a range being imported ahead.
+    fn in_flight_over(&self, r: Planned) -> bool {
+        self.in_flight.iter().any(|f| f.lo < r.hi && r.lo < f.hi)
     }
 
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
@@ -319,22 +380,46 @@ impl Drop for Populator {
     }
 }
 
-/// Guest memory imported into a backend, in chunks, at the first binding inside each.
-pub struct Importer<B: Backend> {
+/// What the import-ahead thread is asked.
+enum AheadJob {
+    /// Import the chunks of this pool (if it is still registered).
+    Pool(PoolId),
+    Flush(mpsc::Sender<()>),
+}
+
+/// The import-ahead thread.
+struct AheadWorker {
+    tx: Option<mpsc::Sender<AheadJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What the importer and its import-ahead thread share.
+struct Core<B: Backend> {
     space: Arc<Space>,
     backend: B,
     cfg: ImportConfig,
     state: Mutex<State<B::Import>>,
-    populator: Option<Populator>,
+    /// Signalled each time an import ahead leaves flight (made or failed).
+    landed: Condvar,
+    /// Set when the importer is dropped: the thread stops at the next chunk.
+    stopping: AtomicBool,
 }
 
-impl<B: Backend> std::fmt::Debug for Importer<B> {
+/// Guest memory imported into a backend, in chunks, at the first binding inside each (or ahead
+/// of it, on a background thread, with [`ImportConfig::ahead`]).
+pub struct Importer<B: Backend + 'static> {
+    core: Arc<Core<B>>,
+    populator: Option<Populator>,
+    ahead: Option<AheadWorker>,
+}
+
+impl<B: Backend + 'static> std::fmt::Debug for Importer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Importer").field("backend", &self.backend.describe()).field("cfg", &self.cfg).finish()
+        f.debug_struct("Importer").field("backend", &self.core.backend.describe()).field("cfg", &self.core.cfg).finish()
     }
 }
 
-impl<B: Backend> Importer<B> {
+impl<B: Backend + 'static> Importer<B> {
     /// An importer of `space`'s memory into `backend`.
     ///
     /// A chunk larger than the space's window or than the backend's largest import is refused
@@ -352,13 +437,9 @@ impl<B: Backend> Importer<B> {
                 return Err(ImportError::ChunkTooLarge { chunk, what, limit });
             }
         }
+        let os = |op| move |source| ImportError::Os { op, addr: 0, len: 0, source };
         let populator = if cfg.populate_ahead != PopulateAhead::Off {
-            Some(Populator::start(space.clone()).map_err(|source| ImportError::Os {
-                op: "start the populate thread",
-                addr: 0,
-                len: 0,
-                source,
-            })?)
+            Some(Populator::start(space.clone()).map_err(os("start the populate thread"))?)
         } else {
             None
         };
@@ -369,42 +450,71 @@ impl<B: Backend> Importer<B> {
             seq: 0,
             cooling: HashMap::new(),
             stats: Stats::default(),
+            in_flight: Vec::new(),
         };
-        Ok(Self { space, backend, cfg, state: Mutex::new(state), populator })
+        let core = Arc::new(Core {
+            space,
+            backend,
+            cfg,
+            state: Mutex::new(state),
+            landed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let ahead = if cfg.ahead > 0 {
+            let (tx, rx) = mpsc::channel::<AheadJob>();
+            let c = core.clone();
+            let thread = std::thread::Builder::new()
+                .name("emuhost-import-ahead".into())
+                .spawn(move || {
+                    for job in rx {
+                        match job {
+                            AheadJob::Pool(id) => c.ahead_pool(id),
+                            AheadJob::Flush(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                })
+                .map_err(os("start the import-ahead thread"))?;
+            Some(AheadWorker { tx: Some(tx), thread: Some(thread) })
+        } else {
+            None
+        };
+        Ok(Self { core, populator, ahead })
     }
 
     pub fn backend(&self) -> &B {
-        &self.backend
+        &self.core.backend
     }
 
     pub fn config(&self) -> ImportConfig {
-        self.cfg
+        self.core.cfg
     }
 
     pub fn space(&self) -> &Arc<Space> {
-        &self.space
+        &self.core.space
     }
 
     fn state(&self) -> MutexGuard<'_, State<B::Import>> {
-        // The state stays consistent across a panic in a backend call (the maps are updated only
-        // after a call returns).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.core.state()
     }
 
     /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages (or its chunks) are
-    /// faulted in on the background thread.
+    /// faulted in on the background thread; with import ahead on, its chunks are imported on
+    /// another.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
         let id = self.state().pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
-            let window = self.space.window();
-            let grain = match self.cfg.populate_ahead {
-                PopulateAhead::Chunks => self.cfg.plan.chunk,
+            let cfg = self.core.cfg;
+            let window = self.core.space.window();
+            let grain = match cfg.populate_ahead {
+                PopulateAhead::Chunks => cfg.plan.chunk,
                 _ => page_size(),
             };
             let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BadPool { lo, size })?;
             let b = b.min(window / grain * grain);
             if a < b {
-                let job = if self.cfg.populate_ahead == PopulateAhead::Chunks {
+                let job = if cfg.populate_ahead == PopulateAhead::Chunks {
                     Job::Chunks(a, b, grain)
                 } else {
                     Job::Range(a, b)
@@ -412,15 +522,28 @@ impl<B: Backend> Importer<B> {
                 let _ = tx.send(job);
             }
         }
+        if let Some(tx) = self.ahead.as_ref().and_then(|w| w.tx.as_ref()) {
+            let _ = tx.send(AheadJob::Pool(id));
+        }
         Ok(id)
     }
 
-    /// Releases a pool (its imports stay: other pools and bindings may use their chunks).
+    /// Releases a pool. Its imports stay (other pools and bindings may use their chunks), except
+    /// those made ahead for it that no binding has used: they are released. An import ahead of it
+    /// in flight is released when it lands; one not started is not made.
     pub fn remove_pool(&self, id: PoolId) -> bool {
-        self.state().pools.remove(id).is_some()
+        let mut st = self.state();
+        if st.pools.remove(id).is_none() {
+            return false;
+        }
+        let unused: Vec<(u64, u64)> = st.imports.iter().filter(|(_, v)| v.ahead == Some(id)).map(|(k, _)| *k).collect();
+        for k in unused {
+            self.core.release_unused(&mut st, k);
+        }
+        true
     }
 
-    /// Waits until every populate asked for so far has run.
+    /// Waits until every populate and every import ahead asked for so far has run.
     pub fn settle(&self) {
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
             let (done, wait) = mpsc::channel();
@@ -428,12 +551,121 @@ impl<B: Backend> Importer<B> {
                 let _ = wait.recv();
             }
         }
+        if let Some(tx) = self.ahead.as_ref().and_then(|w| w.tx.as_ref()) {
+            let (done, wait) = mpsc::channel();
+            if tx.send(AheadJob::Flush(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
     }
 
     /// Plans the import a binding would make now, without making it.
     pub fn plan(&self, addr: u64, size: u64) -> Result<Planned, ImportError> {
-        let r = plan(&self.state().pools, self.cfg.plan, addr, size, true)?;
-        Ok(self.in_window(r, addr, size))
+        let r = plan(&self.state().pools, self.core.cfg.plan, addr, size, true)?;
+        Ok(self.core.in_window(r, addr, size))
+    }
+
+    /// Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports.
+    pub fn bind(&self, addr: u64, size: u64) -> Result<Bound, ImportError> {
+        self.bind_at(addr, size, Instant::now())
+    }
+
+    /// [`Importer::bind`] with the time given (cooling is measured against it): for a replay
+    /// with a clock of its own, and for tests.
+    ///
+    /// A binding that finds its import ready returns at once. One whose range an import ahead
+    /// is making waits for it to land, then uses it (or imports, if it failed); one with nothing
+    /// ready imports. Either way, the time from the call to the return is the binding thread's
+    /// wait ([`Stats::waits`], [`Stats::wait_time`], [`Stats::wait_worst`]).
+    pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
+        let t0 = Instant::now();
+        let core = &*self.core;
+        let plain = core.in_window(binding_cover(addr, size, core.cfg.plan.chunk)?, addr, size);
+        let mut st = self.state();
+        let mut waited = false;
+        let spanned = loop {
+            if let Some(k) = st.covering(addr, addr + size) {
+                let live = st.imports.get_mut(&k).expect("the key was just found");
+                let range = Planned { lo: k.0, hi: live.hi };
+                let first_use = live.ahead.take().is_some();
+                let handle = core.backend.handle(&live.import);
+                let s = &mut st.stats;
+                s.reuses += 1;
+                if first_use {
+                    s.ahead_hits += 1;
+                    s.ahead_bytes -= range.len();
+                }
+                if waited {
+                    s.waited(t0.elapsed());
+                }
+                return Ok(Bound { range, made: false, spanned: false, handle, offset: addr - range.lo });
+            }
+            let spanned = core.in_window(plan(&st.pools, core.cfg.plan, addr, size, true)?, addr, size);
+            if !st.in_flight_over(plain) && !st.in_flight_over(spanned) {
+                break spanned;
+            }
+            if !waited {
+                waited = true;
+                st.stats.in_flight_waits += 1;
+            }
+            st = core.landed.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        let bound = core.bind_importing(&mut st, addr, plain, spanned, now);
+        st.stats.waited(t0.elapsed());
+        bound
+    }
+
+    /// The figures so far.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.state().stats.clone();
+        if let Some(p) = &self.populator {
+            s.populated = p.counts.done.load(Ordering::Relaxed);
+            s.populate_failures = p.counts.failed.load(Ordering::Relaxed);
+            s.populated_bytes = p.counts.bytes.load(Ordering::Relaxed);
+        }
+        s
+    }
+
+    /// The live imports' ranges, by address.
+    pub fn imports(&self) -> Vec<Planned> {
+        self.state().imports.iter().map(|(&(lo, _), v)| Planned { lo, hi: v.hi }).collect()
+    }
+
+    /// Releases every import (one ahead in flight lands after it, unused).
+    pub fn release_all(&self) {
+        let mut st = self.state();
+        let imports = std::mem::take(&mut st.imports);
+        for ((lo, _), live) in imports {
+            if live.ahead.is_some() {
+                st.stats.ahead_bytes -= live.hi - lo;
+            }
+            self.core.backend.release(live.import);
+        }
+        st.longest = 0;
+        st.stats.live = 0;
+        st.stats.live_bytes = 0;
+    }
+}
+
+impl<B: Backend + 'static> Drop for Importer<B> {
+    fn drop(&mut self) {
+        self.core.stopping.store(true, Ordering::Relaxed);
+        if let Some(mut w) = self.ahead.take() {
+            w.tx.take();
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+        self.populator.take();
+        self.release_all();
+    }
+}
+
+impl<B: Backend> Core<B> {
+    fn state(&self) -> MutexGuard<'_, State<B::Import>> {
+        // The state stays consistent across a panic in a backend call (the maps are updated only
+        // after a call returns).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `r` cut at the window's end where the binding `addr..addr + size` lies inside the window
@@ -445,22 +677,15 @@ impl<B: Backend> Importer<B> {
         if inside && r.hi > window { Planned { lo: r.lo, hi: window } } else { r }
     }
 
-    /// Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports.
-    pub fn bind(&self, addr: u64, size: u64) -> Result<Bound, ImportError> {
-        self.bind_at(addr, size, Instant::now())
-    }
-
-    /// [`Importer::bind`] with the time given (cooling is measured against it): for a replay
-    /// with a clock of its own, and for tests.
-    pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
-        let plain = self.in_window(binding_cover(addr, size, self.cfg.plan.chunk)?, addr, size);
-        let mut st = self.state();
-        if let Some((range, import)) = st.covering(addr, addr + size) {
-            let handle = self.backend.handle(import);
-            st.stats.reuses += 1;
-            return Ok(Bound { range, made: false, spanned: false, handle, offset: addr - range.lo });
-        }
-        let spanned = self.in_window(plan(&st.pools, self.cfg.plan, addr, size, true)?, addr, size);
+    /// A binding's own import: the spanned range, then (failing or cooling) the plain one.
+    fn bind_importing(
+        &self,
+        st: &mut State<B::Import>,
+        addr: u64,
+        plain: Planned,
+        spanned: Planned,
+        now: Instant,
+    ) -> Result<Bound, ImportError> {
         let tries: &[(Planned, bool)] =
             if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
         let mut last = None;
@@ -474,7 +699,7 @@ impl<B: Backend> Importer<B> {
                 }
                 st.cooling.remove(&range);
             }
-            match self.import(&mut st, range) {
+            match self.import(st, range) {
                 Ok((lo, handle)) => {
                     return Ok(Bound { range, made: true, spanned: is_span, handle, offset: addr - lo });
                 }
@@ -508,34 +733,59 @@ impl<B: Backend> Importer<B> {
             r = Planned { lo, hi };
             superseded = keys;
         }
-        let wrap = |source: ImportError| ImportError::Import {
-            lo: r.lo,
-            hi: r.hi,
-            backend: self.backend.kind().name(),
-            source: Box::new(source),
-        };
-        let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(wrap)?;
+        let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
         let reimport = st.overlaps(r.lo, r.hi);
         for k in superseded {
             if let Some(old) = st.imports.remove(&k) {
                 st.stats.live -= 1;
                 st.stats.live_bytes -= old.hi - k.0;
+                if old.ahead.is_some() {
+                    st.stats.ahead_bytes -= old.hi - k.0;
+                }
                 self.backend.release(old.import);
             }
         }
+        let (import, took) = self.make(span, r, false)?;
+        let handle = self.backend.handle(&import);
+        self.record(st, r, import, took, reimport, None);
+        Ok((r.lo, handle))
+    }
+
+    fn wrap(&self, r: Planned, source: ImportError) -> ImportError {
+        ImportError::Import { lo: r.lo, hi: r.hi, backend: self.backend.kind().name(), source: Box::new(source) }
+    }
+
+    /// Commits the reserved pages of `span` (its range `r`), populates them where `populate`
+    /// says, and imports it: the import and its time.
+    fn make(&self, span: HostSpan, r: Planned, populate: bool) -> Result<(B::Import, Duration), ImportError> {
         let t = Instant::now();
         if self.cfg.commit {
             // Only the reserved pages, under the space's lock: the guest's keep their protection.
             // The span holds the range already, so nothing is decommitted between this and the
             // import.
-            self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| wrap(e.into()))?;
+            self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| self.wrap(r, e.into()))?;
         }
-        let import = self.backend.import(span).map_err(wrap)?;
-        let took = t.elapsed();
-        let handle = self.backend.handle(&import);
+        if populate && let Err(e) = self.space.populate(span.guest()) {
+            // The pin faults in what this left (pages the guest made read-only, for one).
+            tracing::debug!("populate ahead of the import of {r}: {e}");
+        }
+        let import = self.backend.import(span).map_err(|e| self.wrap(r, e))?;
+        Ok((import, t.elapsed()))
+    }
+
+    /// Records a new live import of `r`, its figures and its log line.
+    fn record(
+        &self,
+        st: &mut State<B::Import>,
+        r: Planned,
+        import: B::Import,
+        took: Duration,
+        reimport: bool,
+        ahead: Option<PoolId>,
+    ) {
         st.seq += 1;
         let seq = st.seq;
-        st.imports.insert((r.lo, seq), Live { hi: r.hi, import });
+        st.imports.insert((r.lo, seq), Live { hi: r.hi, import, ahead });
         st.longest = st.longest.max(r.len());
         let s = &mut st.stats;
         s.imports += 1;
@@ -545,50 +795,112 @@ impl<B: Backend> Importer<B> {
         s.live += 1;
         s.live_bytes += r.len();
         s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        if ahead.is_some() {
+            s.ahead_imports += 1;
+            s.ahead_time += took;
+        }
         tracing::info!(
-            "import {r} ({} MiB) in {:.2} ms{} ({} imports, {:.0} ms in all)",
+            "import {r} ({} MiB) in {:.2} ms{}{} ({} imports, {:.0} ms in all)",
             r.len() >> 20,
             took.as_secs_f64() * 1e3,
+            if ahead.is_some() { " ahead" } else { "" },
             if reimport { ", again over pages imported before" } else { "" },
             s.imports,
             s.time.as_secs_f64() * 1e3
         );
-        Ok((r.lo, handle))
     }
 
-    /// The figures so far.
-    pub fn stats(&self) -> Stats {
-        let mut s = self.state().stats.clone();
-        if let Some(p) = &self.populator {
-            s.populated = p.counts.done.load(Ordering::Relaxed);
-            s.populate_failures = p.counts.failed.load(Ordering::Relaxed);
-            s.populated_bytes = p.counts.bytes.load(Ordering::Relaxed);
+    /// Releases the live import `k`, made ahead and never used.
+    fn release_unused(&self, st: &mut State<B::Import>, k: (u64, u64)) {
+        if let Some(old) = st.imports.remove(&k) {
+            let len = old.hi - k.0;
+            let s = &mut st.stats;
+            s.live -= 1;
+            s.live_bytes -= len;
+            s.ahead_bytes -= len;
+            s.ahead_released += 1;
+            self.backend.release(old.import);
         }
-        s
     }
 
-    /// The live imports' ranges, by address.
-    pub fn imports(&self) -> Vec<Planned> {
-        self.state().imports.iter().map(|(&(lo, _), v)| Planned { lo, hi: v.hi }).collect()
+    /// The import-ahead thread's work for one pool: each chunk it touches, in address order,
+    /// until the pool is released or the importer dropped.
+    fn ahead_pool(&self, id: PoolId) {
+        let Some(pool) = self.state().pools.get(id) else { return };
+        let chunk = self.cfg.plan.chunk;
+        let Some((mut at, end)) = cover(pool.lo, pool.hi, chunk) else { return };
+        let end = end.min(self.space.window());
+        while at < end && !self.stopping.load(Ordering::Relaxed) {
+            if !self.ahead_chunk(id, pool.lo.max(at)) {
+                return;
+            }
+            at += chunk;
+        }
     }
 
-    /// Releases every import.
-    pub fn release_all(&self) {
+    /// Imports ahead what a first binding at `addr` (in pool `id`) would import: the spanned
+    /// range, or failing that the plain chunk; nothing where a live import covers the chunk, or
+    /// where a range overlaps a live import, one in flight, or one cooling (no import ahead is a
+    /// re-import). `false` once the pool is gone.
+    fn ahead_chunk(&self, id: PoolId, addr: u64) -> bool {
         let mut st = self.state();
-        let imports = std::mem::take(&mut st.imports);
-        for (_, live) in imports {
-            self.backend.release(live.import);
+        if st.pools.get(id).is_none() {
+            return false;
         }
-        st.longest = 0;
-        st.stats.live = 0;
-        st.stats.live_bytes = 0;
-    }
-}
-
-impl<B: Backend> Drop for Importer<B> {
-    fn drop(&mut self) {
-        self.populator.take();
-        self.release_all();
+        let Ok(plain) = binding_cover(addr, 1, self.cfg.plan.chunk) else { return false };
+        let plain = self.in_window(plain, addr, 1);
+        if st.covering(plain.lo, plain.hi).is_some() {
+            return true;
+        }
+        let Ok(spanned) = plan(&st.pools, self.cfg.plan, addr, 1, true) else { return false };
+        let spanned = self.in_window(spanned, addr, 1);
+        let tries: &[(Planned, bool)] =
+            if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
+        let mut over_budget = false;
+        for &(r, is_span) in tries {
+            let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
+            if cooling || st.overlaps(r.lo, r.hi) || st.in_flight_over(r) {
+                continue;
+            }
+            if st.stats.ahead_bytes + r.len() > self.cfg.ahead {
+                over_budget = true;
+                continue;
+            }
+            // In flight: off the lock, so that bindings elsewhere go on; one over this range
+            // waits for it.
+            st.in_flight.push(r);
+            st.stats.ahead_bytes += r.len();
+            st.stats.ahead_peak_bytes = st.stats.ahead_peak_bytes.max(st.stats.ahead_bytes);
+            drop(st);
+            let made = HostSpan::of(&self.space, r.lo, r.len())
+                .map_err(|e| self.wrap(r, e))
+                .and_then(|span| self.make(span, r, true));
+            st = self.state();
+            st.in_flight.retain(|f| *f != r);
+            match made {
+                Ok((import, took)) => {
+                    self.record(&mut st, r, import, took, false, Some(id));
+                    if st.pools.get(id).is_none() {
+                        // Released while in flight: nothing will bind it for this pool.
+                        let key = (r.lo, st.seq);
+                        self.release_unused(&mut st, key);
+                    }
+                    self.landed.notify_all();
+                    return true;
+                }
+                Err(e) => {
+                    st.stats.ahead_bytes -= r.len();
+                    st.stats.ahead_failures += 1;
+                    let retry = if is_span { "; trying without the span" } else { "" };
+                    tracing::warn!("import ahead of {r} failed ({}){retry}", chain(&e));
+                    self.landed.notify_all();
+                }
+            }
+        }
+        if over_budget {
+            st.stats.ahead_over_budget += 1;
+        }
+        true
     }
 }
 

@@ -19,6 +19,12 @@
 //! import of fresh memory is the kernel faulting the pages in (6.5 ms of a 16 MiB import on an
 //! H200, against 1.0 ms for pages touched before): [`ImportConfig::populate_ahead`] faults a
 //! pool's pages in on a background thread when the pool is made.
+//!
+//! With [`ImportConfig::ahead`] (`EMUHOST_IMPORT_AHEAD_MB`) the pin itself leaves the binding
+//! thread: when a pool is registered, a background thread populates and imports what the first
+//! binding in each of its chunks would import (the same plan, the retry without the span), up to a
+//! budget of bytes imported and not yet bound. A binding whose import is in flight waits for it;
+//! one with nothing ready imports as before. The binding thread's waits are in [`Stats`].
 
 mod backend;
 mod cuda;

@@ -418,6 +418,26 @@ struct Faulty {
     base: AtomicU64,
     /// Refuse a page in two imports, as CUDA does.
     no_overlap: AtomicBool,
+    /// While set, imports wait (after being counted in `entered`) until it is cleared.
+    hold: Mutex<bool>,
+    held: std::sync::Condvar,
+    entered: AtomicU64,
+}
+
+impl Faulty {
+    fn set_hold(&self, on: bool) {
+        *self.hold.lock().unwrap() = on;
+        self.held.notify_all();
+    }
+
+    /// Waits until `n` imports have been entered.
+    fn wait_entered(&self, n: u64) {
+        let t = Instant::now();
+        while self.entered.load(Ordering::SeqCst) < n {
+            assert!(t.elapsed() < Duration::from_secs(20), "no import was entered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl Backend for Faulty {
@@ -442,6 +462,12 @@ impl Backend for Faulty {
     fn import(&self, span: HostSpan) -> Result<Self::Import, ImportError> {
         let lo = span.addr() as u64 - self.base.load(Ordering::Relaxed);
         self.calls.lock().unwrap().push(Planned { lo, hi: lo + span.len() as u64 });
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        let mut hold = self.hold.lock().unwrap();
+        while *hold {
+            hold = self.held.wait(hold).unwrap();
+        }
+        drop(hold);
         let over = self.fail_over.load(Ordering::Relaxed);
         if self.fail_all.load(Ordering::Relaxed) || (over > 0 && span.len() as u64 > over) {
             return Err(ImportError::Unavailable { backend: "faulty", why: "failing on command".into() });
@@ -486,10 +512,15 @@ const CHUNK: u64 = MIB;
 
 /// An importer over a 64 MiB space with 1 MiB chunks and a 4 MiB span cap, around [`Faulty`].
 fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+    faulty_ahead(span_cap, cooling, 0)
+}
+
+/// [`faulty`] with `ahead` bytes imported ahead at most (0: off).
+fn faulty_ahead(span_cap: u64, cooling: Duration, ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let f = Arc::new(Faulty::default());
     f.base.store(space.host_base() as u64, Ordering::Relaxed);
-    let cfg = ImportConfig { plan: PlanConfig { chunk: CHUNK, span_cap }, cooling, ..ImportConfig::default() };
+    let cfg = ImportConfig { plan: PlanConfig { chunk: CHUNK, span_cap }, cooling, ahead, ..ImportConfig::default() };
     (Importer::new(space, f.clone(), cfg).unwrap(), f)
 }
 
@@ -738,4 +769,160 @@ fn the_importer_commits_reserved_gaps_before_importing() {
     assert_eq!(b.range, Planned { lo: 16 * MIB, hi: 32 * MIB });
     assert!(present(&space, 20 * MIB), "pinned, so present");
     space.write(GuestAddr(31 * MIB), b"ok").unwrap();
+}
+
+#[test]
+fn import_ahead_ready_a_binding_after_the_import_ahead_waits_for_nothing() {
+    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 64 * MIB);
+    // A pool across the chunk end at 3 MiB (spanned: 2..4) and one inside chunk 8.
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    imp.add_pool(8 * MIB + 0x100, 0x1000).unwrap();
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 4), r(8, 9)], "imported ahead, before any binding");
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_bytes, s.ahead_peak_bytes), (2, 3 * MIB, 3 * MIB));
+    let b = imp.bind(3 * MIB + 0x100, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (r(2, 4), false));
+    assert!(!imp.bind(3 * MIB - 0x80, 0x100).unwrap().made, "across the chunk end, inside the span");
+    assert!(!imp.bind(8 * MIB + 0x200, 0x10).unwrap().made);
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reimports, s.ahead_hits, s.reuses), (2, 0, 2, 3));
+    assert_eq!((s.waits, s.in_flight_waits, s.wait_time, s.wait_worst), (0, 0, Duration::ZERO, Duration::ZERO));
+    assert_eq!(s.ahead_bytes, 0, "every import ahead is in use");
+    // Off (0): nothing is imported ahead, and the binding's own import is its wait.
+    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 0);
+    imp.add_pool(8 * MIB + 0x100, 0x1000).unwrap();
+    imp.settle();
+    assert!(f.calls.lock().unwrap().is_empty());
+    assert!(imp.bind(8 * MIB + 0x200, 0x10).unwrap().made);
+    let s = imp.stats();
+    assert_eq!((s.imports, s.ahead_imports, s.waits, s.in_flight_waits), (1, 0, 1, 0));
+    assert!(s.wait_time > Duration::ZERO && s.wait_worst == s.wait_time && s.wait_time >= s.time);
+}
+
+#[test]
+fn import_ahead_not_ready_a_binding_waits_for_the_import_in_flight_and_the_wait_is_counted() {
+    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+    f.set_hold(true);
+    imp.add_pool(5 * MIB + 0x10, 0x100).unwrap();
+    f.wait_entered(1);
+    let hold = Duration::from_millis(100);
+    let bound = std::thread::scope(|sc| {
+        let t = sc.spawn(|| imp.bind(5 * MIB + 0x20, 0x10));
+        std::thread::sleep(hold);
+        assert!(!t.is_finished(), "the binding waits for the import in flight");
+        f.set_hold(false);
+        t.join().unwrap().unwrap()
+    });
+    assert_eq!((bound.range, bound.made), (r(5, 6), false), "served by the import ahead");
+    assert_eq!(f.calls.lock().unwrap().len(), 1, "the binding made no import of its own");
+    let s = imp.stats();
+    assert_eq!((s.imports, s.ahead_imports, s.ahead_hits, s.waits, s.in_flight_waits), (1, 1, 1, 1, 1));
+    assert!(s.wait_worst >= hold && s.wait_time == s.wait_worst, "{:?}", s.wait_worst);
+    // A binding elsewhere does not wait for it.
+    f.set_hold(true);
+    imp.add_pool(9 * MIB, 0x100).unwrap();
+    f.wait_entered(2);
+    f.set_hold(false);
+    imp.settle();
+    assert_eq!(imp.stats().in_flight_waits, 1);
+}
+
+#[test]
+fn import_ahead_stops_at_its_budget_and_bindings_still_work() {
+    let (imp, f) = faulty_ahead(0, Duration::ZERO, 2 * MIB);
+    for c in [10, 12, 14, 16] {
+        imp.add_pool(c * MIB + 0x1000, 0x1000).unwrap();
+    }
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(10, 11), r(12, 13)], "2 MiB ahead at most");
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_over_budget, s.ahead_bytes, s.ahead_peak_bytes), (2, 2, 2 * MIB, 2 * MIB));
+    // A chunk left out: the binding imports it itself.
+    let b = imp.bind(14 * MIB + 0x1000, 0x10).unwrap();
+    assert_eq!((b.range, b.made), (r(14, 15), true));
+    // A binding of an import ahead frees its bytes: the next pool is imported ahead again.
+    assert!(!imp.bind(10 * MIB + 0x1000, 0x10).unwrap().made);
+    assert_eq!(imp.stats().ahead_bytes, MIB);
+    imp.add_pool(20 * MIB, 0x1000).unwrap();
+    imp.settle();
+    assert_eq!(f.calls.lock().unwrap().last(), Some(&r(20, 21)));
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_bytes, s.ahead_peak_bytes, s.waits), (3, 2 * MIB, 2 * MIB, 1));
+}
+
+#[test]
+fn a_failing_import_ahead_is_tried_without_the_span_and_leaves_the_binding_its_own_attempt() {
+    let cooling = Duration::from_secs(30);
+    let (imp, f) = faulty_ahead(4 * MIB, cooling, 64 * MIB);
+    f.fail_over.store(CHUNK, Ordering::Relaxed);
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    imp.settle();
+    // Chunk 2: spanned 2..4 fails, 2..3 is made; chunk 3: its span overlaps 2..3, so 3..4.
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 4), r(2, 3), r(3, 4)]);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_failures, s.failures, s.unspanned_retries), (2, 1, 0, 0));
+    assert!(!imp.bind(2 * MIB + 0x100, 0x10).unwrap().made);
+    // The range 2..4 failed ahead, but is not held cooling: the binding across the end tries it.
+    f.fail_over.store(0, Ordering::Relaxed);
+    let b = imp.bind(3 * MIB - 0x80, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (r(2, 4), true));
+    // Every attempt ahead fails: the binding imports once the device takes it.
+    f.fail_all.store(true, Ordering::Relaxed);
+    imp.add_pool(9 * MIB + 0x100, 0x100).unwrap();
+    imp.settle();
+    assert_eq!(imp.stats().ahead_failures, 2);
+    f.fail_all.store(false, Ordering::Relaxed);
+    let b = imp.bind(9 * MIB + 0x100, 0x10).unwrap();
+    assert_eq!((b.range, b.made), (r(9, 10), true));
+    let s = imp.stats();
+    // 3..4, made ahead, is still unused (the binding across the end imported 2..4 over it).
+    assert_eq!((s.imports, s.ahead_imports, s.failures, s.cooled, s.ahead_bytes), (4, 2, 0, 0, MIB));
+    assert_eq!(f.budget().get().count, s.live, "nothing leaked on the failures");
+}
+
+#[test]
+fn a_pool_released_while_its_import_ahead_is_in_flight_keeps_no_import() {
+    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+    f.set_hold(true);
+    let a = imp.add_pool(5 * MIB, 0x1000).unwrap();
+    f.wait_entered(1);
+    // Queued behind it, released before the thread gets to it: never imported.
+    let b = imp.add_pool(7 * MIB, 0x1000).unwrap();
+    assert!(imp.remove_pool(b));
+    assert!(imp.remove_pool(a), "released while its import is in flight");
+    f.set_hold(false);
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(5, 6)]);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_released, s.live, s.ahead_bytes), (1, 1, 0, 0));
+    assert_eq!(f.budget().get().count, 0, "unpinned");
+    // Released after it landed, unused: released too; a used one stays.
+    let c = imp.add_pool(9 * MIB, 0x1000).unwrap();
+    let d = imp.add_pool(11 * MIB, 0x1000).unwrap();
+    imp.settle();
+    assert!(!imp.bind(11 * MIB, 0x10).unwrap().made);
+    assert!(imp.remove_pool(c) && imp.remove_pool(d));
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_released, s.live, s.ahead_bytes), (3, 2, 1, 0));
+    assert_eq!(imp.imports(), vec![r(11, 12)]);
+    // A binding in the released pool's chunk imports it itself.
+    assert!(imp.bind(5 * MIB, 0x10).unwrap().made);
+}
+
+#[test]
+fn import_ahead_on_a_device_serves_the_binding_its_memory() {
+    let Some(v) = vulkan() else { return };
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let base = (space.host_base() as u64).next_multiple_of(4 * MIB) - space.host_base() as u64;
+    let cfg = ImportConfig { plan: PlanConfig { chunk: 4 * MIB, span_cap: 0 }, ahead: 16 * MIB, ..Default::default() };
+    let imp = Importer::new(space.clone(), v, cfg).unwrap();
+    imp.add_pool(base + 4 * MIB + 0x1000, 0x2000).unwrap();
+    imp.settle();
+    let b = imp.bind(base + 4 * MIB + 0x1800, 0x100).unwrap();
+    assert_eq!((b.range, b.made, b.offset), (Planned { lo: base + 4 * MIB, hi: base + 8 * MIB }, false, 0x1800));
+    assert!(matches!(b.handle, emuhost::import::GpuHandle::Vulkan { .. }), "{:?}", b.handle);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_hits, s.waits), (1, 1, 0));
+    drop(imp);
 }

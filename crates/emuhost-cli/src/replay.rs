@@ -197,6 +197,9 @@ pub fn summary(r: &ReplayReport) -> Value {
         "reimports": r.reimports,
         "import_ms": ms(r.import_time),
         "worst_import_ms": ms(r.worst_import),
+        "import_wait_ms_worst": ms(r.import_wait_worst),
+        "import_wait_ms_total": ms(r.import_wait_total),
+        "ahead_imports": r.ahead_imports,
         "import_failures": r.import_failures,
         "bind_failures": r.bind_failures,
         "live_import_mib_end": mib(r.live_import_bytes_end),
@@ -292,6 +295,12 @@ fn print_table(r: &ReplayReport, s: &Value) {
         f("worst_import_ms"),
         r.import_failures,
         r.bind_failures
+    );
+    outln!(
+        "  the binding thread waited {:.1} ms for imports, worst {:.2} ms; {} imports made ahead",
+        f("import_wait_ms_total"),
+        f("import_wait_ms_worst"),
+        r.ahead_imports
     );
     outln!(
         "  live imported {:.0} MiB at the end, {:.0} MiB at peak",

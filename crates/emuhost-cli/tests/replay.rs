@@ -71,6 +71,8 @@ fn replay_reports_json_csv_and_a_plot() {
         "runtime_ms_p999",
         "frames_over_100ms",
         "worst_import_ms",
+        "import_wait_ms_worst",
+        "import_wait_ms_total",
         "live_import_mib_peak",
         "collect_ms",
     ] {
@@ -89,6 +91,18 @@ fn replay_reports_json_csv_and_a_plot() {
         &emuhost().arg("replay").arg(&t).arg("--json").arg("--set").arg("EMUHOST_WATCH=mprotect").output().unwrap(),
     );
     assert_eq!(v["watch_backend"], "mprotect");
+    // The binding's own import was its wait.
+    let v = json(&emuhost().arg("replay").arg(&t).arg("--json").output().unwrap());
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!(f(&v, "import_wait_ms_total") >= f(&v, "import_ms") && f(&v, "import_ms") > 0.0, "{v}");
+    assert_eq!((f(&v, "import_wait_ms_worst"), f(&v, "ahead_imports")), (f(&v, "import_wait_ms_total"), 0.0));
+    // Imported ahead: no re-import (the binding uses the import ahead, waits for it, or makes its
+    // own first); the import ahead of the first pool is taken in by the span over both.
+    let ahead = ["replay", "--json", "--set", "EMUHOST_IMPORT_AHEAD_MB=64"];
+    let v = json(&emuhost().args(ahead).arg(&t).output().unwrap());
+    assert_eq!(v["reimports"].as_u64(), Some(0), "{v}");
+    assert!(v["imports"].as_u64() <= Some(2) && f(&v, "live_import_mib_end") == 32.0, "{v}");
+    assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
 }
 
 #[test]
@@ -111,6 +125,7 @@ fn ab_alternates_the_arms_and_prints_medians() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("imports per session") && text.contains("B/A"), "{text}");
+    assert!(text.contains("worst wait for an import, ms") && text.contains("time waiting for imports"), "{text}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The importer: pools, live imports, the retry without the span, cooling, figures and the log.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
@@ -197,7 +197,8 @@ pub struct Stats {
     pub ahead_over_budget: u64,
     /// Bindings served by an import made ahead (its first use).
     pub ahead_hits: u64,
-    /// Imports made ahead and released unused because their pool was released.
+    /// Imports made ahead and released unused: their pool was released, or a larger import
+    /// ahead took them in.
     pub ahead_released: u64,
     /// Bytes imported ahead (or in flight) and not used by a binding yet, now and at most.
     pub ahead_bytes: u64,
@@ -262,6 +263,8 @@ struct State<I> {
     stats: Stats,
     /// Ranges being imported ahead, off the lock.
     in_flight: Vec<Planned>,
+    /// Ranges whose import ahead failed: not tried ahead again (a binding still tries them).
+    ahead_failed: HashSet<Planned>,
 }
 
 impl<I> State<I> {
@@ -451,6 +454,7 @@ impl<B: Backend + 'static> Importer<B> {
             cooling: HashMap::new(),
             stats: Stats::default(),
             in_flight: Vec::new(),
+            ahead_failed: HashSet::new(),
         };
         let core = Arc::new(Core {
             space,
@@ -839,9 +843,11 @@ impl<B: Backend> Core<B> {
     }
 
     /// Imports ahead what a first binding at `addr` (in pool `id`) would import: the spanned
-    /// range, or failing that the plain chunk; nothing where a live import covers the chunk, or
-    /// where a range overlaps a live import, one in flight, or one cooling (no import ahead is a
-    /// re-import). `false` once the pool is gone.
+    /// range, or failing that the plain chunk. No import ahead is a re-import: a range is left
+    /// out where it overlaps an import a binding made or used, or one in flight, and where it is
+    /// cooling or failed ahead before. An unused import ahead inside it is taken in (released
+    /// first): a pool registered after it was made can grow the span. `false` once the pool is
+    /// gone. (Long: the tries, the budget and the flight off the lock read best in one place.)
     fn ahead_chunk(&self, id: PoolId, addr: u64) -> bool {
         let mut st = self.state();
         if st.pools.get(id).is_none() {
@@ -849,22 +855,38 @@ impl<B: Backend> Core<B> {
         }
         let Ok(plain) = binding_cover(addr, 1, self.cfg.plan.chunk) else { return false };
         let plain = self.in_window(plain, addr, 1);
-        if st.covering(plain.lo, plain.hi).is_some() {
-            return true;
-        }
         let Ok(spanned) = plan(&st.pools, self.cfg.plan, addr, 1, true) else { return false };
         let spanned = self.in_window(spanned, addr, 1);
-        let tries: &[(Planned, bool)] =
-            if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
+        let tries: &[(Planned, bool)] = if st.covering(spanned.lo, spanned.hi).is_some() {
+            &[]
+        } else if st.covering(plain.lo, plain.hi).is_some() {
+            &[(spanned, true)]
+        } else if spanned == plain {
+            &[(plain, false)]
+        } else {
+            &[(spanned, true), (plain, false)]
+        };
         let mut over_budget = false;
         for &(r, is_span) in tries {
             let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
-            if cooling || st.overlaps(r.lo, r.hi) || st.in_flight_over(r) {
+            let from = r.lo.saturating_sub(st.longest);
+            let over: Vec<((u64, u64), u64, bool)> = st
+                .imports
+                .range((from, 0)..(r.hi, 0))
+                .filter(|(_, v)| v.hi > r.lo)
+                .map(|(k, v)| (*k, v.hi, v.ahead.is_some()))
+                .collect();
+            let replaceable = over.iter().all(|&(k, hi, unused)| unused && r.lo <= k.0 && hi <= r.hi);
+            if cooling || st.ahead_failed.contains(&r) || st.in_flight_over(r) || !replaceable {
                 continue;
             }
-            if st.stats.ahead_bytes + r.len() > self.cfg.ahead {
+            let freed: u64 = over.iter().map(|(k, hi, _)| hi - k.0).sum();
+            if st.stats.ahead_bytes - freed + r.len() > self.cfg.ahead {
                 over_budget = true;
                 continue;
+            }
+            for (k, _, _) in over {
+                self.release_unused(&mut st, k);
             }
             // In flight: off the lock, so that bindings elsewhere go on; one over this range
             // waits for it.
@@ -891,6 +913,7 @@ impl<B: Backend> Core<B> {
                 Err(e) => {
                     st.stats.ahead_bytes -= r.len();
                     st.stats.ahead_failures += 1;
+                    st.ahead_failed.insert(r);
                     let retry = if is_span { "; trying without the span" } else { "" };
                     tracing::warn!("import ahead of {r} failed ({}){retry}", chain(&e));
                     self.landed.notify_all();

@@ -101,6 +101,12 @@ pub struct ReplayReport {
     pub reimports: u64,
     pub import_time: Duration,
     pub worst_import: Duration,
+    /// The binding thread's waits for imports, whoever made them (its own, or one made ahead
+    /// and still in flight): all together and the longest ([`crate::import::Stats::wait_time`]).
+    pub import_wait_total: Duration,
+    pub import_wait_worst: Duration,
+    /// Imports made ahead of their bindings (`EMUHOST_IMPORT_AHEAD_MB`), in `imports` too.
+    pub ahead_imports: u64,
     pub import_failures: u64,
     pub live_import_bytes_end: u64,
     pub live_import_bytes_peak: u64,
@@ -738,6 +744,8 @@ pub fn replay(
     report.reimports = st.reimports;
     report.import_time = st.time;
     report.worst_import = st.worst();
+    (report.import_wait_total, report.import_wait_worst) = (st.wait_time, st.wait_worst);
+    report.ahead_imports = st.ahead_imports;
     report.import_failures = st.failures;
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;

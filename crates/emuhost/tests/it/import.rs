@@ -926,3 +926,24 @@ fn import_ahead_on_a_device_serves_the_binding_its_memory() {
     assert_eq!((s.ahead_imports, s.ahead_hits, s.waits), (1, 1, 0));
     drop(imp);
 }
+
+#[test]
+fn a_pool_registered_later_grows_an_unused_import_ahead_and_nothing_is_imported_again() {
+    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 64 * MIB);
+    imp.add_pool(2 * MIB + 0x1000, 0x1000).unwrap();
+    imp.settle();
+    assert_eq!(imp.imports(), vec![r(2, 3)]);
+    // A pool across the end of chunk 2: its span takes the unused import of 2..3 in.
+    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 3), r(2, 4)]);
+    assert_eq!(imp.imports(), vec![r(2, 4)]);
+    assert!(!imp.bind(3 * MIB - 0x80, 0x100).unwrap().made);
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reimports, s.ahead_released, s.ahead_bytes, s.live), (2, 0, 1, 0, 1));
+    // Once a binding used an import, an import ahead leaves it be: no re-import.
+    imp.add_pool(4 * MIB - 0x8000, 0x10000).unwrap();
+    imp.settle();
+    assert_eq!(imp.imports(), vec![r(2, 4), r(4, 5)]);
+    assert_eq!(imp.stats().reimports, 0);
+}

@@ -265,6 +265,8 @@ struct State<I> {
     in_flight: Vec<Planned>,
     /// Ranges whose import ahead failed: not tried ahead again (a binding still tries them).
     ahead_failed: HashSet<Planned>,
+    /// Counts [`Importer::release_all`] calls: a pool's job asked for before one is not run.
+    epoch: u64,
 }
 
 impl<I> State<I> {
@@ -385,8 +387,8 @@ impl Drop for Populator {
 
 /// What the import-ahead thread is asked.
 enum AheadJob {
-    /// Import the chunks of this pool (if it is still registered).
-    Pool(PoolId),
+    /// Import the chunks of this pool (if it is still registered), asked for in this epoch.
+    Pool(PoolId, u64),
     Flush(mpsc::Sender<()>),
 }
 
@@ -455,6 +457,7 @@ impl<B: Backend + 'static> Importer<B> {
             stats: Stats::default(),
             in_flight: Vec::new(),
             ahead_failed: HashSet::new(),
+            epoch: 0,
         };
         let core = Arc::new(Core {
             space,
@@ -472,7 +475,7 @@ impl<B: Backend + 'static> Importer<B> {
                 .spawn(move || {
                     for job in rx {
                         match job {
-                            AheadJob::Pool(id) => c.ahead_pool(id),
+                            AheadJob::Pool(id, epoch) => c.ahead_pool(id, epoch),
                             AheadJob::Flush(done) => {
                                 let _ = done.send(());
                             }
@@ -507,7 +510,10 @@ impl<B: Backend + 'static> Importer<B> {
     /// faulted in on the background thread; with import ahead on, its chunks are imported on
     /// another.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
-        let id = self.state().pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
+        let (id, epoch) = {
+            let mut st = self.state();
+            (st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?, st.epoch)
+        };
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
             let cfg = self.core.cfg;
             let window = self.core.space.window();
@@ -527,7 +533,7 @@ impl<B: Backend + 'static> Importer<B> {
             }
         }
         if let Some(tx) = self.ahead.as_ref().and_then(|w| w.tx.as_ref()) {
-            let _ = tx.send(AheadJob::Pool(id));
+            let _ = tx.send(AheadJob::Pool(id, epoch));
         }
         Ok(id)
     }
@@ -635,9 +641,14 @@ impl<B: Backend + 'static> Importer<B> {
         self.state().imports.iter().map(|(&(lo, _), v)| Planned { lo, hi: v.hi }).collect()
     }
 
-    /// Releases every import (one ahead in flight lands after it, unused).
+    /// Releases every import. Imports ahead asked for before are not made; one in flight is
+    /// waited for and released.
     pub fn release_all(&self) {
         let mut st = self.state();
+        st.epoch += 1;
+        while !st.in_flight.is_empty() {
+            st = self.core.landed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
         let imports = std::mem::take(&mut st.imports);
         for ((lo, _), live) in imports {
             if live.ahead.is_some() {
@@ -829,13 +840,13 @@ impl<B: Backend> Core<B> {
 
     /// The import-ahead thread's work for one pool: each chunk it touches, in address order,
     /// until the pool is released or the importer dropped.
-    fn ahead_pool(&self, id: PoolId) {
+    fn ahead_pool(&self, id: PoolId, epoch: u64) {
         let Some(pool) = self.state().pools.get(id) else { return };
         let chunk = self.cfg.plan.chunk;
         let Some((mut at, end)) = cover(pool.lo, pool.hi, chunk) else { return };
         let end = end.min(self.space.window());
         while at < end && !self.stopping.load(Ordering::Relaxed) {
-            if !self.ahead_chunk(id, pool.lo.max(at)) {
+            if !self.ahead_chunk(id, epoch, pool.lo.max(at)) {
                 return;
             }
             at += chunk;
@@ -847,10 +858,11 @@ impl<B: Backend> Core<B> {
     /// out where it overlaps an import a binding made or used, or one in flight, and where it is
     /// cooling or failed ahead before. An unused import ahead inside it is taken in (released
     /// first): a pool registered after it was made can grow the span. `false` once the pool is
-    /// gone. (Long: the tries, the budget and the flight off the lock read best in one place.)
-    fn ahead_chunk(&self, id: PoolId, addr: u64) -> bool {
+    /// gone or every import was released since the job was asked for. (Long: the tries, the
+    /// budget and the flight off the lock read best in one place.)
+    fn ahead_chunk(&self, id: PoolId, epoch: u64, addr: u64) -> bool {
         let mut st = self.state();
-        if st.pools.get(id).is_none() {
+        if st.pools.get(id).is_none() || st.epoch != epoch {
             return false;
         }
         let Ok(plain) = binding_cover(addr, 1, self.cfg.plan.chunk) else { return false };

@@ -947,3 +947,27 @@ fn a_pool_registered_later_grows_an_unused_import_ahead_and_nothing_is_imported_
     assert_eq!(imp.imports(), vec![r(2, 4), r(4, 5)]);
     assert_eq!(imp.stats().reimports, 0);
 }
+
+#[test]
+fn release_all_waits_for_the_import_ahead_in_flight_and_skips_those_asked_for_before() {
+    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+    f.set_hold(true);
+    imp.add_pool(5 * MIB, 0x1000).unwrap();
+    f.wait_entered(1);
+    imp.add_pool(7 * MIB, 0x1000).unwrap();
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| imp.release_all());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "release_all waits for the import in flight");
+        f.set_hold(false);
+        t.join().unwrap();
+    });
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![r(5, 6)], "the pool asked for before is not imported");
+    let s = imp.stats();
+    assert_eq!((s.live, s.ahead_bytes, f.budget().get().count), (0, 0, 0), "nothing left imported");
+    // Pools registered after it are imported ahead again.
+    imp.add_pool(9 * MIB, 0x1000).unwrap();
+    imp.settle();
+    assert_eq!(imp.imports(), vec![r(9, 10)]);
+}

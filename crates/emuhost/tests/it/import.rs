@@ -810,9 +810,11 @@ fn import_ahead_not_ready_a_binding_waits_for_the_import_in_flight_and_the_wait_
     let bound = std::thread::scope(|sc| {
         let t = sc.spawn(|| imp.bind(5 * MIB + 0x20, 0x10));
         std::thread::sleep(hold);
-        assert!(!t.is_finished(), "the binding waits for the import in flight");
+        let early = t.is_finished();
         f.set_hold(false);
-        t.join().unwrap().unwrap()
+        let bound = t.join().unwrap().unwrap();
+        assert!(!early, "the binding waits for the import in flight");
+        bound
     });
     assert_eq!((bound.range, bound.made), (r(5, 6), false), "served by the import ahead");
     assert_eq!(f.calls.lock().unwrap().len(), 1, "the binding made no import of its own");
@@ -958,9 +960,10 @@ fn release_all_waits_for_the_import_ahead_in_flight_and_skips_those_asked_for_be
     std::thread::scope(|sc| {
         let t = sc.spawn(|| imp.release_all());
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!t.is_finished(), "release_all waits for the import in flight");
+        let early = t.is_finished();
         f.set_hold(false);
         t.join().unwrap();
+        assert!(!early, "release_all waits for the import in flight");
     });
     imp.settle();
     assert_eq!(*f.calls.lock().unwrap(), vec![r(5, 6)], "the pool asked for before is not imported");

@@ -54,7 +54,8 @@ pub struct Args {
 enum Method {
     /// `Wait::Hybrid` here is the hybrid with the fixed margin (`--margin-us`).
     Wait(Wait),
-    /// The hybrid with the margin it learns ([`LearnedMargin`]): a sleeper's host wait.
+    /// The hybrid with the margins it learns, in two stages ([`LearnedMargin`]): a sleeper's
+    /// host wait.
     Learned,
     /// `std::thread::sleep`: a relative `clock_nanosleep` with the default timer slack.
     Std,
@@ -293,6 +294,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 "rounds": a.rounds,
                 "hybrid_margin_us": a.margin_us,
                 "learned_margin_us": learned.get().as_secs_f64() * 1e6,
+                "learned_spin_us": learned.spin().as_secs_f64() * 1e6,
                 "sleeps": rows,
                 "frame": [none_vs_rule.json(), yield_vs_rule.json()],
                 "targets": targets,
@@ -301,10 +303,11 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         return Ok(Outcome::Ok);
     }
     outln!(
-        "short sleeps ({} rounds, medians; hybrid margin {} µs fixed, {:.1} µs learned at the end)",
+        "short sleeps ({} rounds, medians; hybrid margin {} µs fixed; learned at the end: {:.1} µs, then {:.1} µs spun)",
         a.rounds,
         a.margin_us,
-        learned.get().as_secs_f64() * 1e6
+        learned.get().as_secs_f64() * 1e6,
+        learned.spin().as_secs_f64() * 1e6
     );
     outln!("  {:>8}  {:<20} {:>12} {:>12} {:>12}", "sleep", "method", "late p50 µs", "late p99 µs", "CPU per s");
     for r in &rows {

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use emuhost::trace::{self, FileReader, Stats, Synth, SynthConfig, TraceError, TraceWriter};
+use emuhost_lab::synth::{self, Synth, SynthConfig};
+use emuhost_lab::trace::{FileReader, Stats, TraceError, TraceWriter};
 use serde_json::json;
 
 use crate::Outcome;
@@ -15,7 +16,7 @@ pub enum Which {
     /// Write a synthetic session shaped on the measured one (the default session with the default seed).
     Synth {
         /// The generator's seed.
-        #[arg(long, default_value_t = trace::DEFAULT_SEED)]
+        #[arg(long, default_value_t = synth::DEFAULT_SEED)]
         seed: u64,
         /// Write here instead of to stdout; a name ending in `.zst` is compressed.
         #[arg(short = 'o', long, value_name = "FILE")]
@@ -119,7 +120,7 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
             (path.display().to_string(), s)
         }
         None => {
-            ("the default session".to_owned(), Stats::of(trace::default_session().map(Ok::<_, anyhow::Error>), chunk)?)
+            ("the default session".to_owned(), Stats::of(synth::default_session().map(Ok::<_, anyhow::Error>), chunk)?)
         }
     };
     if as_json {

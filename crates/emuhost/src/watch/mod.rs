@@ -32,7 +32,6 @@
 
 mod backend;
 mod bitmap;
-mod stress;
 
 use std::collections::HashMap;
 use std::io;
@@ -40,7 +39,6 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
-pub use stress::{StressConfig, StressOps, StressReport, stress, stress_with};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Region, Space, SpaceError, page_size};

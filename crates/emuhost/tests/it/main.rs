@@ -7,12 +7,10 @@ mod import;
 mod import_caller;
 #[path = "../support/logs.rs"]
 mod logs;
-mod prepare;
-mod replay;
 mod sched;
-mod settings;
 mod space;
-mod trace;
 #[path = "../support/vulkan.rs"]
 mod vulkan_gate;
 mod watch;
+#[path = "../support/watch.rs"]
+mod watch_gate;

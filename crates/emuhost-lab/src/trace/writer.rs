@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::error::TraceError;
 use super::event::{Event, Header, Record, Sequence, SleepKind, Thread};
 use super::reader::is_zstd;
-use crate::space::{GuestAddr, Prot};
+use emuhost::space::{GuestAddr, Prot};
 
 /// zstd level for traces: fast, and still ~5x smaller than the text.
 pub const ZSTD_LEVEL: i32 = 3;

@@ -482,7 +482,7 @@ pub fn prepare(
 
 /// The process's peak resident memory (`VmHWM` in `/proc/self/status`), in bytes.
 pub fn peak_memory_bytes() -> Option<u64> {
-    let status = crate::sys::procstat::self_status().ok()?;
+    let status = emuhost::probe::self_status().ok()?;
     parse_vm_hwm(&status)
 }
 

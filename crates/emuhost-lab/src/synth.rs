@@ -25,9 +25,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::error::TraceError;
-use super::event::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread};
-use crate::space::{GuestAddr, Prot};
+use emuhost::space::{GuestAddr, Prot};
+
+use crate::trace::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread, TraceError};
 
 /// The chunk the session is laid out in (the importer's default).
 pub const CHUNK: u64 = 16 << 20;

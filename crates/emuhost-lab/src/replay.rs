@@ -16,13 +16,14 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Event, Header, Record, SleepKind, Thread, TraceError};
-use crate::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
-use crate::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
-use crate::settings::Settings;
-use crate::space::ranges::RangeMap;
-use crate::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
-use crate::watch::{self, Tracker, WatchError};
+use emuhost::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
+use emuhost::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
+use emuhost::settings::Settings;
+use emuhost::space::ranges::RangeMap;
+use emuhost::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
+use emuhost::watch::{self, Tracker, WatchError};
+
+use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceError};
 
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
 #[derive(Debug, thiserror::Error)]
@@ -776,14 +777,14 @@ fn check_writes(writes: &[(u64, u64, u64)], collects: &BTreeMap<u64, CollectReco
 
 /// Replays the built-in default session.
 pub fn replay_default(cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
-    let synth = super::default_session();
+    let synth = crate::synth::default_session();
     let header = synth.header();
     replay(&header, synth.enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), cfg)
 }
 
 /// Replays a trace file (plain or `.zst`).
 pub fn replay_file(path: &std::path::Path, cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
-    let mut reader = super::FileReader::open(path)?;
+    let mut reader = FileReader::open(path)?;
     let header = reader.header().clone();
     let records = std::iter::from_fn(move || {
         let r = reader.next()?;
@@ -812,7 +813,7 @@ mod tests {
 
     #[test]
     fn a_store_racing_a_change_of_its_pages_on_another_thread_is_refused_naming_both_lines() {
-        use crate::space::Prot;
+        use emuhost::space::Prot;
         let (g0, g1) = (Thread::Game(0), Thread::Game(1));
         let frame = |i| rec(Thread::Render, Event::Frame { index: i });
         let commit = |t, lo, size, prot| rec(t, Event::Commit { lo: GuestAddr(lo), size, prot });
@@ -873,7 +874,7 @@ mod tests {
     fn a_write_is_stored_in_bounded_pieces_and_whole() {
         let space = SpaceConfig::default().window(1 << 30).build().unwrap();
         let g = space.range(0x10000, 0x40000).unwrap();
-        space.commit(g, crate::space::Prot::READ_WRITE).unwrap();
+        space.commit(g, emuhost::space::Prot::READ_WRITE).unwrap();
         let size = 2 * STORE_PIECE + 0x123;
         store_pattern(&space, GuestAddr(0x10001), size, 0x5a).unwrap();
         let mut back = vec![0u8; size as usize + 2];

@@ -215,10 +215,10 @@ impl<W: Write + Send> Recorder<W> {
 
 impl<W: Write + Send> Drop for Recorder<W> {
     fn drop(&mut self) {
-        if let Some(mut w) = self.lock().take() {
-            if let Err(e) = w.finish_mut() {
-                tracing::warn!("finishing the trace when its recorder was dropped failed: {e}");
-            }
+        if let Some(mut w) = self.lock().take()
+            && let Err(e) = w.finish_mut()
+        {
+            tracing::warn!("finishing the trace when its recorder was dropped failed: {e}");
         }
     }
 }

@@ -206,16 +206,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let margin_ns = a.margin_us * 1000;
     let durations = [(Duration::from_micros(20), a.short_sleeps), (Duration::from_millis(1), a.long_sleeps)];
-    let mut arms: Vec<Vec<SleepArm>> =
-        durations.iter().map(|_| METHODS.iter().map(|_| SleepArm::default()).collect()).collect();
-    for r in 0..a.rounds as usize {
-        for (di, &(d, n)) in durations.iter().enumerate() {
-            for k in 0..METHODS.len() {
-                let mi = (r + k) % METHODS.len();
-                sleep_round(METHODS[mi], d, n, margin_ns, &mut arms[di][mi]);
-            }
-        }
-    }
+    let arms = sleep_arms(a.rounds, &durations, margin_ns);
     let frame = frame_experiment(&a, margin_ns)?;
     let none_vs_rule = Comparison {
         name: format!(
@@ -276,9 +267,50 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         );
         return Ok(Outcome::Ok);
     }
+    let figures = SleepFigures { timer20_cpu, h_p99, h_cpu, y_p99, y_cpu };
+    print_sleep(&a, &rows, &figures, &none_vs_rule, &yield_vs_rule);
+    Ok(Outcome::Ok)
+}
+
+/// Each method's arm at each duration (`durations[i]`: the sleep and the sleeps per round), the
+/// methods alternated within each round.
+fn sleep_arms(rounds: u32, durations: &[(Duration, u32)], margin_ns: u64) -> Vec<Vec<SleepArm>> {
+    let mut arms: Vec<Vec<SleepArm>> =
+        durations.iter().map(|_| METHODS.iter().map(|_| SleepArm::default()).collect()).collect();
+    for r in 0..rounds as usize {
+        for (di, &(d, n)) in durations.iter().enumerate() {
+            for k in 0..METHODS.len() {
+                let mi = (r + k) % METHODS.len();
+                sleep_round(METHODS[mi], d, n, margin_ns, &mut arms[di][mi]);
+            }
+        }
+    }
+    arms
+}
+
+/// The medians the targets are judged on: the guest 20 µs timer's CPU, the 1 ms hybrid's p99
+/// lateness and CPU, and the 1 ms yield loop's.
+#[derive(Clone, Copy)]
+struct SleepFigures {
+    timer20_cpu: f64,
+    h_p99: f64,
+    h_cpu: f64,
+    y_p99: f64,
+    y_cpu: f64,
+}
+
+/// The text report of `bench sleep`.
+fn print_sleep(
+    a: &Args,
+    rows: &[serde_json::Value],
+    f: &SleepFigures,
+    none_vs_rule: &Comparison,
+    yield_vs_rule: &Comparison,
+) {
+    let SleepFigures { timer20_cpu, h_p99, h_cpu, y_p99, y_cpu } = *f;
     outln!("short sleeps ({} rounds, medians; hybrid margin {} µs)", a.rounds, a.margin_us);
     outln!("  {:>8}  {:<20} {:>12} {:>12} {:>12}", "sleep", "method", "late p50 µs", "late p99 µs", "CPU per s");
-    for r in &rows {
+    for r in rows {
         outln!(
             "  {:>6}µs  {:<20} {:>12.1} {:>12.1} {:>12.3}",
             r["sleep_us"],
@@ -313,7 +345,6 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         "  yielding / the rule      {:.3}x (above 1: the rule leaves the frame thread more)",
         yield_vs_rule.old.median_ms() / yield_vs_rule.new.median_ms()
     );
-    Ok(Outcome::Ok)
 }
 
 /// `emuhost bench workers`.

@@ -144,6 +144,7 @@ fn shown(loops: &[SoakLoop]) -> (Vec<&SoakLoop>, usize) {
     (rows, every)
 }
 
+// Just over 80 lines: one line per figure of the soak's report, in the order printed.
 fn print_report(
     loops: &[SoakLoop],
     v: &SoakVerdict,

@@ -107,6 +107,8 @@ fn big(n: u128) -> serde_json::Value {
     u64::try_from(n).map_or_else(|_| json!(n as f64), |v| json!(v))
 }
 
+// Just over 80 lines: one line or one JSON field per figure of the trace; split, it would only
+// move the figures apart from their labels.
 fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result<Outcome> {
     if chunk_mib == 0 || !chunk_mib.is_power_of_two() || chunk_mib > 1 << 20 {
         bail!("--chunk-mib {chunk_mib}: not a power of two from 1 to 1048576");

@@ -1,5 +1,5 @@
 //! `emuhost prepare [CORPUS]`: translate and compile a corpus of compute shaders through the
-//! Vulkan driver with a pipeline cache on disk (see `emuhost::prepare`). Without CORPUS, the
+//! Vulkan driver with a pipeline cache on disk (see `emuhost_prepare`). Without CORPUS, the
 //! generated corpus of `--programs`/`--variants` is used. A progress bar on stderr when it is a
 //! terminal; a summary on stdout (`--json`: one object). Exit 0 all prepared, 1 a shader failed
 //! (each named with its error; the run went on), 2 an error (bad input, no Vulkan device, I/O).

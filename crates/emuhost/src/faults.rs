@@ -161,6 +161,10 @@ pub struct Plan {
     pub no_procmap_query: bool,
     /// Populates touch the pages instead of `MADV_POPULATE_WRITE`.
     pub no_populate_write: bool,
+    /// Every `Space::commit` panics (before it changes anything): for embedders' boundaries (the
+    /// C ABI) to show that a panic inside the runtime comes back to them as an error. Set from
+    /// code only: no switch.
+    pub panic_commit: bool,
 }
 
 /// The `EMUHOST_FAULT_*` switches as [`Settings`](crate::settings::Settings) carries them: the
@@ -352,6 +356,13 @@ pub(crate) fn no_procmap_query() -> bool {
 /// Whether populates must touch the pages instead of `MADV_POPULATE_WRITE`.
 pub(crate) fn no_populate_write() -> bool {
     active().is_some_and(|a| a.plan.no_populate_write)
+}
+
+/// Panics where the plan says every commit does.
+pub(crate) fn panic_at_commit() {
+    if active().is_some_and(|a| a.plan.panic_commit) {
+        panic!("fault injected: a panic in Space::commit");
+    }
 }
 
 /// The error opening a userfaultfd must fail with, if any.

@@ -50,6 +50,9 @@ pub(crate) fn no_populate_write() -> bool {
 }
 
 #[inline(always)]
+pub(crate) fn panic_at_commit() {}
+
+#[inline(always)]
 pub(crate) fn uffd_errno() -> Option<i32> {
     None
 }

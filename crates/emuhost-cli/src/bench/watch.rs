@@ -1,13 +1,16 @@
 //! `emuhost bench watch`: the cost of collecting written pages, per backend, in one run, and the
 //! no-lost-writes stress (arms, disarms and releases racing the writers) of each. It measures the
 //! backends this kernel offers (each passes its self-test), or only the one `EMUHOST_WATCH`
-//! names, and says which it left out and why; exit 1 when a write was lost.
+//! names, and says which it left out and why; exit 1 when a write was lost. Beside uffd it
+//! measures the bare kernel ([`BareUffd`]: the same calls on the same memory with nothing of
+//! emuhost around them) and prints emuhost's cost over it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::watch::bare::BareUffd;
 use emuhost::watch::{self, BackendKind, Tracker};
 use emuhost_lab::stress::{self, StressReport};
 use serde_json::json;
@@ -105,8 +108,63 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
         put("calls_per_allocation", (a - b) as f64 / 1024.0);
     }
     anyhow::ensure!(c.pages() == 1024, "1,024 allocations written, collect reported {}", c.pages());
+    if kind == BackendKind::Uffd {
+        // The tracker gives the memory back (unregistered) when dropped.
+        drop(t);
+        bare_round(&s, size, out)?;
+    }
     Ok(())
 }
+
+/// The bare kernel's round on the uffd round's memory: armed and scanned with the kernel's calls
+/// alone, written with plain stores; the same figures under `bare_` names.
+fn bare_round(s: &Space, size: u64, out: &mut Samples) -> anyhow::Result<()> {
+    let p = page_size();
+    let pages = size / p;
+    let host = s.host_addr(GuestAddr(0))?;
+    let store = |pg: u64, v: u8| {
+        // SAFETY: pages 0..size/p of the space are committed read-write (the uffd round committed
+        // them and nothing released them), and no Rust reference points into guest memory.
+        unsafe { std::ptr::write_volatile((host + (pg * p) as usize) as *mut u8, v) }
+    };
+    let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
+    let mut b = BareUffd::new()?;
+    b.arm(host, size as usize)?;
+    let start = Instant::now();
+    let n = b.scan(host, size as usize)?;
+    let clean_ns = ns_since(start);
+    put("bare_clean_ns_per_page", clean_ns / pages as f64);
+    anyhow::ensure!(n == 0, "bare: a scan of clean memory found {n} bytes written");
+    for pct in DIRTY_PERCENT {
+        let mut dirty = 0;
+        for pg in (0..pages).step_by((100 / pct) as usize) {
+            store(pg, 1);
+            dirty += 1;
+        }
+        let start = Instant::now();
+        let n = b.scan(host, size as usize)?;
+        put(&format!("bare_dirty_{pct}pct_ns_per_dirty_page"), (ns_since(start) - clean_ns).max(0.0) / dirty as f64);
+        anyhow::ensure!(n >= dirty * p, "bare, {pct}% dirty: wrote {dirty} pages, the scan found {n} bytes");
+    }
+    let n = pages.min(16384);
+    let start = Instant::now();
+    for pg in 0..n {
+        store(pg, 2);
+    }
+    put("bare_first_write_ns", ns_since(start) / n as f64);
+    b.scan(host, size as usize)?;
+    b.disarm(host, size as usize)?;
+    Ok(())
+}
+
+/// emuhost's uffd figures over the bare kernel's: (name, key, target ratio).
+const OVER_BARE: [(&str, &str, f64); 5] = [
+    ("clean page", "clean_ns_per_page", 1.1),
+    ("dirty page at 1 %", "dirty_1pct_ns_per_dirty_page", 1.2),
+    ("dirty page at 50 %", "dirty_50pct_ns_per_dirty_page", 1.2),
+    ("dirty page at 100 %", "dirty_100pct_ns_per_dirty_page", 1.2),
+    ("first write", "first_write_ns", 1.1),
+];
 
 /// The backends to measure, and those left out with why: the one `EMUHOST_WATCH` names when it
 /// is set (it must pass its self-test), else each of [`BackendKind::AUTO`] whose self-test passes
@@ -178,6 +236,18 @@ impl Report<'_> {
         Some(median(&mut v))
     }
 
+    /// emuhost's uffd figures over the bare kernel's, by [`OVER_BARE`]: (key, ratio, target).
+    fn over_bare(&self) -> Vec<(&'static str, Option<f64>, f64)> {
+        let u = BackendKind::Uffd;
+        OVER_BARE
+            .iter()
+            .map(|&(_, key, target)| {
+                let r = self.med(u, key).zip(self.med(u, &format!("bare_{key}"))).map(|(e, b)| e / b);
+                (key, r, target)
+            })
+            .collect()
+    }
+
     fn lost(&self) -> u64 {
         self.stress.values().map(|r| r.lost).sum()
     }
@@ -215,6 +285,14 @@ impl Report<'_> {
         for &kind in self.kinds {
             o.insert(kind.name().into(), self.per_backend(kind));
         }
+        let over: serde_json::Map<_, _> = self
+            .over_bare()
+            .into_iter()
+            .map(|(key, r, target)| {
+                (key.to_string(), json!({"ratio": r, "target_max": target, "met": r.map(|r| r <= target)}))
+            })
+            .collect();
+        o.insert("uffd_over_bare".into(), serde_json::Value::Object(over));
         o.insert("lost_writes".into(), json!(lost));
         o.insert("first_write_ratio_mprotect_over_uffd".into(), json!(t.first_ratio));
         o.insert("targets".into(), targets);
@@ -279,6 +357,13 @@ impl Report<'_> {
             );
             let ops: Vec<String> = r.ops.kinds()[2..].iter().map(|(k, n)| format!("{n} {k}")).collect();
             outln!("    beside the writers: {}", ops.join(", "));
+        }
+        if self.kinds.contains(&BackendKind::Uffd) {
+            outln!("  uffd over the bare kernel (same memory, same run; target):");
+            for ((name, _, _), (_, r, target)) in OVER_BARE.iter().zip(self.over_bare()) {
+                let r = r.map_or("n/a".into(), |r| format!("{r:.2}x"));
+                outln!("    {name:<22} {r:>8}  (<= {target}x)");
+            }
         }
         let t = self.targets();
         let met = |b: Option<bool>| match b {

@@ -23,8 +23,8 @@ mod workers;
 pub use error::SchedError;
 pub use seam::{OsHost, SchedHost};
 pub use sleep::{
-    Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, SHORT_SLEEP, SHORT_SLEEP_TIMER_VAR, ShortSleepRule, Sleeper,
-    SleeperBuilder, TIMER_MAX_CPUS, Wait, sleep_guest, sleep_host, sleeper, switch_on, wait_until,
+    Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, LearnedMargin, SHORT_SLEEP, SHORT_SLEEP_TIMER_VAR, ShortSleepRule, Sleeper,
+    SleeperBuilder, TIMER_MAX_CPUS, Wait, sleep_guest, sleep_host, sleeper, switch_on, wait_until, wait_until_learning,
 };
 pub use workers::{
     Allocator, BYTES_PER_EXTRA_WORKER, CpuQuota, MAX_WORKERS, Machine, RESERVE_BYTES, Workers, parse_cpu_max,

@@ -209,7 +209,7 @@ pub trait Observer: Send + Sync {
 }
 
 /// The private allocations and shared views over a range, read under the space's lock.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Layout {
     pub allocations: Vec<Allocation>,
     pub views: Vec<View>,
@@ -508,6 +508,8 @@ impl Space {
     /// committed are recorded and told to observers as a commit (so a tracker reports them
     /// written rather than lose their writes).
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
+        // Fault injection may panic here, before any lock is taken (a no-op in the default build).
+        crate::faults::panic_at_commit();
         self.commit_locked(&mut self.state(), range, prot)
     }
 
@@ -990,13 +992,19 @@ impl Space {
     /// Runs `f` on the allocations and views over `range` with the space's lock held, so no
     /// commit, release or remap happens until it returns. `f` must not call back into the space.
     pub fn with_layout<R>(&self, range: GuestRange, f: impl FnOnce(&Layout) -> R) -> R {
+        self.with_layout_in(range, &mut Layout::default(), f)
+    }
+
+    /// [`Space::with_layout`] filling the caller's `layout` (cleared first), so that a caller
+    /// that keeps one allocates nothing once its vectors have grown.
+    pub fn with_layout_in<R>(&self, range: GuestRange, layout: &mut Layout, f: impl FnOnce(&Layout) -> R) -> R {
         let st = self.state();
         let (a, b) = (range.start().0, range.end().0);
-        let layout = Layout {
-            allocations: st.extents.overlapping(a, b).map(|(s, e, g)| allocation(s, e, *g)).collect(),
-            views: st.views.overlapping(a, b).map(|(s, e, v)| view(s, e, v)).collect(),
-        };
-        f(&layout)
+        layout.allocations.clear();
+        layout.views.clear();
+        layout.allocations.extend(st.extents.overlapping(a, b).map(|(s, e, g)| allocation(s, e, *g)));
+        layout.views.extend(st.views.overlapping(a, b).map(|(s, e, v)| view(s, e, v)));
+        f(layout)
     }
 
     /// The shared views, in address order.

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use super::BackendKind;
 use crate::space::{Prot, Region, Space};
 use crate::sys::mm::page_size;
-use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, WRITE};
+use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, TableKey, WRITE};
 use crate::sys::uapi::PageRegion;
 use crate::sys::uffd::{Uffd, no_huge_pages};
 
@@ -19,6 +19,14 @@ pub(super) trait Backend: Send + Sync {
     fn disarm(&self, start: usize, end: usize) -> io::Result<()>;
     /// Appends the written runs of `start..end` and arms them again.
     fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()>;
+    /// Appends the written runs of `start..end`, leaving them written (the next read reports
+    /// them again).
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()>;
+    /// The key of the page-state table a fault handler hands faults to (`None`: this backend's
+    /// writes never fault).
+    fn fault_key(&self) -> Option<TableKey> {
+        None
+    }
     /// The space set `prot` on armed pages. `Ok(true)`: report them written at the next collect.
     fn protected(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool>;
     /// The space mapped armed pages anew (a view, a refilled hole) with `prot`.
@@ -34,14 +42,22 @@ pub(super) trait Backend: Send + Sync {
     }
 }
 
-pub(super) fn make(kind: BackendKind, space: &Space) -> io::Result<Box<dyn Backend>> {
+/// The backend `kind` over `space`'s window; with mprotect, emuhost's `SIGSEGV` handler is
+/// installed only if `install_handler` (else the embedder's own handler forwards faults).
+/// Entries of the uffd backend's `PAGEMAP_SCAN` output vector (a full one resumes the scan).
+pub(super) const SCAN_VEC: usize = 512;
+
+pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<Box<dyn Backend>> {
     Ok(match kind {
         BackendKind::Uffd => {
-            Box::new(UffdBackend { uffd: Uffd::new()?, vec: Mutex::new(vec![PageRegion::default(); 512]) })
+            Box::new(UffdBackend { uffd: Uffd::new()?, vec: Mutex::new(vec![PageRegion::default(); SCAN_VEC]) })
         }
         BackendKind::Mprotect => {
             let pages = space.window() as usize / page_size();
-            Box::new(MprotectBackend { reg: Registration::new(space.host_base(), pages)? })
+            Box::new(MprotectBackend {
+                reg: Registration::new(space.host_base(), pages, install_handler)?,
+                scratch: Mutex::default(),
+            })
         }
     })
 }
@@ -77,6 +93,11 @@ impl Backend for UffdBackend {
         self.uffd.scan_written(start, end, &mut vec, out)
     }
 
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
+        self.uffd.peek_written(start, end, &mut vec, out)
+    }
+
     // mprotect keeps the write-protect bits of the pages it changes. Registering again is a no-op
     // for registered pages; pages mapped behind the tracker's back become registered without write
     // protection, which the next scan reports as written and arms.
@@ -105,8 +126,14 @@ impl Backend for UffdBackend {
     }
 }
 
+/// Runs of pages, host `(start, end, protection bits)`.
+type Runs = Vec<(usize, usize, u16)>;
+
 struct MprotectBackend {
     reg: Registration,
+    /// A read's buffers (the runs to protect, the runs seen written), kept between reads so a
+    /// collect allocates nothing once they have grown.
+    scratch: Mutex<(Runs, Runs)>,
 }
 
 impl MprotectBackend {
@@ -216,6 +243,25 @@ impl Backend for MprotectBackend {
         Ok(())
     }
 
+    fn fault_key(&self) -> Option<TableKey> {
+        Some(self.reg.key())
+    }
+
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let p = page_size();
+        self.each(start, end, |a, s| {
+            let st = s.load(SeqCst);
+            if st & ARMED != 0 && st & DIRTY != 0 {
+                match out.last_mut() {
+                    Some(last) if last.1 == a => last.1 = a + p,
+                    _ => out.push((a, a + p)),
+                }
+            }
+        });
+        Ok(())
+    }
+
     fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         // The read of an allocation: probe its first readable page, so memory released behind the
@@ -230,18 +276,20 @@ impl Backend for MprotectBackend {
             crate::sys::mm::read_host(a, &mut [0u8])?;
         }
         let p = page_size();
-        let mut runs = Vec::new();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let (runs, seen) = &mut *scratch;
+        runs.clear();
+        seen.clear();
         // Take the marks first, protect second (see sys/linux/segv.rs). The pages from the first
         // taken to the last are protected together, in runs of equal protection: clean pages are
         // protected already, and a page a handler is busy with keeps its mark, so protecting it
         // again only costs its writer one more fault. One call per allocation, and the mappings
         // the handlers split are merged again.
-        let mut seen = Vec::new();
         let (mut first, mut last) = (usize::MAX, 0);
         self.each(start, end, |a, s| {
             let (written, taken) = segv::take_written(s);
             if written {
-                push_run(&mut seen, a, p, 0);
+                push_run(seen, a, p, 0);
             }
             if taken {
                 first = first.min(a);
@@ -252,19 +300,19 @@ impl Backend for MprotectBackend {
             self.each(first, last, |a, s| {
                 let st = s.load(SeqCst);
                 if st & ARMED != 0 {
-                    push_run(&mut runs, a, p, st & PROT_MASK);
+                    push_run(runs, a, p, st & PROT_MASK);
                 }
             });
         }
-        for &(s, e, bits) in &runs {
+        for &(s, e, bits) in runs.iter() {
             if !self.reg.reprotect(s, e - s, bits & !WRITE)? {
                 // At the map limit: the kernel refused to split a mapping. The written pages of the
                 // run keep their marks (writable, and reported again by the next collect), so
                 // nothing is lost and the collect does not fail.
-                self.remark(&seen, s, e);
+                self.remark(seen, s, e);
             }
         }
-        for (s, e, _) in seen {
+        for &(s, e, _) in seen.iter() {
             match out.last_mut() {
                 Some(last) if last.1 == s => last.1 = e,
                 _ => out.push((s, e)),

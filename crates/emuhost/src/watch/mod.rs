@@ -29,9 +29,18 @@
 //! kernel not to use them there (`MADV_NOHUGEPAGE`; Wine does the same for its write watches).
 //!
 //! The invariant above all: a write that happens after collect N is reported by collect N + 1.
+//!
+//! For an emulator's caches: [`Tracker::collect_into`] ORs the written pages into the caller's
+//! bitmap words at a chosen granularity without allocating (once the tracker's buffers have
+//! grown), [`Tracker::query_into`] reports without arming again, and [`Tracker::consumer`] gives
+//! each cache its own dirty state on the one tracker. An embedder that owns `SIGSEGV` makes its
+//! tracker with [`TrackerConfig::embedder_handles_faults`] and calls [`Tracker::handle_fault`]
+//! (or a [`FaultHandle`], or [`handle_fault`]) from its own handler.
 
 mod backend;
+pub mod bare;
 mod bitmap;
+mod cache;
 
 use std::collections::HashMap;
 use std::io;
@@ -39,9 +48,13 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
+pub use cache::{Consumer, Written};
 
 use crate::space::ranges::RangeMap;
-use crate::space::{Change, CommitPath, GuestAddr, GuestRange, Observer, Prot, Region, Space, SpaceError, page_size};
+use crate::space::{
+    Change, CommitPath, GuestAddr, GuestRange, Layout, Observer, Prot, Region, Space, SpaceError, page_size,
+};
+use crate::sys::segv::{self, TableKey};
 use backend::Backend;
 
 /// The environment switch that forces a backend.
@@ -122,6 +135,13 @@ pub enum WatchError {
         "collect of {span} read written pages, but the kernel has {found} there ({VERIFY_SWITCH}=1 checks each collect against a region query)"
     )]
     VerifyMismatch { span: GuestRange, found: String },
+    /// A bitmap's bytes per bit ([`Tracker::collect_into`]) that is not a power of two at least
+    /// the page size.
+    #[error("granularity {granularity:#x} is not a power of two of at least the page size ({page:#x})")]
+    BadGranularity { granularity: u64, page: u64 },
+    /// Bitmap words too few for the range at the granularity.
+    #[error("{range} at granularity {granularity:#x} needs {need} bitmap words; {have} given")]
+    WordsTooShort { range: GuestRange, granularity: u64, need: usize, have: usize },
 }
 
 /// A run of written pages.
@@ -186,14 +206,21 @@ pub fn choose(settings: &crate::settings::Settings) -> Result<Choice, WatchError
 
 /// [`choose`] with the switch's value given.
 pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
+    choose_in(switch, &TrackerConfig::default(), WATCH_SWITCH)
+}
+
+/// [`choose_from`] with the self-tests run as `config` makes trackers (with the embedder's fault
+/// handling, none of them installs a handler).
+/// `by` names where a forced backend came from, for the reason given.
+fn choose_in(switch: Option<&str>, config: &TrackerConfig, by: &str) -> Result<Choice, WatchError> {
     if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
         let kind = BackendKind::parse(v)?;
-        self_test(kind)?;
-        return Ok(Choice { kind, why: format!("forced by {WATCH_SWITCH}={v}; its self-test passed") });
+        self_test_with(kind, config)?;
+        return Ok(Choice { kind, why: format!("forced by {by}={v}; its self-test passed") });
     }
     let mut tried = Vec::new();
     for kind in BackendKind::AUTO {
-        match self_test(kind) {
+        match self_test_with(kind, config) {
             Ok(()) => {
                 let why = if tried.is_empty() {
                     "the best backend; its self-test passed".to_string()
@@ -222,14 +249,26 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Arms a few pages of a small space of its own, writes one, collects, and expects exactly it.
 pub fn self_test(kind: BackendKind) -> Result<(), WatchError> {
+    self_test_with(kind, &TrackerConfig::default())
+}
+
+/// [`self_test`] with the tracker made as `config` says (its `backend` is not used). With
+/// [`TrackerConfig::embedder_handles_faults`] no handler is installed, and the write is handed
+/// to [`Tracker::handle_fault`] first, as the embedder's handler would (the page must be armed
+/// and is then writable), so the test cannot fault.
+pub fn self_test_with(kind: BackendKind, config: &TrackerConfig) -> Result<(), WatchError> {
     let fail = |why: String| WatchError::SelfTest { backend: kind.name(), why };
     let p = page_size();
     let space = Arc::new(Space::with_window(16 * p)?);
     let range = space.range(0, 16 * p)?;
     space.commit(range, Prot::READ_WRITE)?;
-    let t = Tracker::with_backend(&space, kind)?;
+    let t = Tracker::make(&space, kind, config.verify, !config.embedder_handles_faults)?;
     t.arm(range)?;
-    space.store(GuestAddr(5 * p + 8), &[1])?;
+    let at = GuestAddr(5 * p + 8);
+    if config.embedder_handles_faults && kind == BackendKind::Mprotect && !t.handle_fault(space.host_addr(at)?, true) {
+        return Err(fail("handle_fault did not take a write to an armed page".into()));
+    }
+    space.store(at, &[1])?;
     let got = t.collect(range)?;
     let want = vec![PageRun { start: GuestAddr(5 * p), pages: 1 }];
     if got.runs != want {
@@ -258,6 +297,120 @@ struct Inner {
     hosting: Vec<(u64, u64)>,
     /// Pages an arm met under a host write in flight: armed when the last such write ends.
     deferred: RangeMap<()>,
+    /// A collect's buffers, kept between collects.
+    scratch: Scratch,
+    /// Each consumer's pages written and not yet taken ([`Tracker::consumer`]).
+    consumers: Vec<cache::Pending>,
+    /// The last consumer id given out.
+    consumer_ids: u64,
+}
+
+/// A collect's (or a query's) buffers: taken out of [`Inner`] while it runs and put back, so a
+/// collect allocates nothing once they have grown to its size.
+#[derive(Default)]
+struct Scratch {
+    /// Guest `(start, end)` armed in the range.
+    armed: Pairs,
+    /// The spans to read.
+    spans: Vec<Span>,
+    /// Host `(start, end)` the backend reported written.
+    host: Vec<(usize, usize)>,
+    /// The result: written guest `(start, end)`, merged, in order.
+    runs: Pairs,
+    /// The result: spans not tracked any more.
+    untracked: Vec<GuestRange>,
+}
+
+/// How a read of a range treats the pages: a collect takes them and arms them again, a query
+/// only looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Read {
+    Collect,
+    Query,
+}
+
+/// How a tracker is made ([`Tracker::with_config`]). [`Default`]: the backend chosen by
+/// self-test, verify mode off, emuhost's own `SIGSEGV` handler.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TrackerConfig {
+    /// The backend (it must pass its self-test); `None`: the first of [`BackendKind::AUTO`] that
+    /// passes.
+    pub backend: Option<BackendKind>,
+    /// Check every collect against a region query (`EMUHOST_VERIFY_COLLECT`).
+    pub verify: bool,
+    /// The embedder owns `SIGSEGV`: emuhost installs no handler (not even for the self-test), and
+    /// the embedder's handler calls [`Tracker::handle_fault`] (or a [`FaultHandle`]'s, or
+    /// [`handle_fault`]) for every fault and passes on those it returns false for. A write to
+    /// an armed page that reaches no such call faults as it would without a tracker (with the
+    /// mprotect backend; the uffd backend's writes never fault).
+    pub embedder_handles_faults: bool,
+}
+
+impl TrackerConfig {
+    /// The backend and verify mode `settings` give (`EMUHOST_WATCH`, `EMUHOST_VERIFY_COLLECT`),
+    /// emuhost's own handler.
+    pub fn from_settings(settings: &crate::settings::Settings) -> Self {
+        Self { backend: settings.watch, verify: settings.verify_collect, embedder_handles_faults: false }
+    }
+
+    /// Sets [`TrackerConfig::backend`].
+    pub fn backend(mut self, kind: Option<BackendKind>) -> Self {
+        self.backend = kind;
+        self
+    }
+
+    /// Sets [`TrackerConfig::verify`].
+    pub fn verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
+
+    /// Sets [`TrackerConfig::embedder_handles_faults`].
+    pub fn embedder_handles_faults(mut self, on: bool) -> Self {
+        self.embedder_handles_faults = on;
+        self
+    }
+}
+
+/// What an embedder's `SIGSEGV` handler keeps to hand faults to one tracker: plain integers
+/// (`Copy`, `Send`, `Sync`, `'static`), so a handler may read it from a static without holding
+/// the tracker. It stays harmless after the tracker is gone: it then takes no fault (but the
+/// write of a page disarmed a moment before, see [`FaultHandle::handle_fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultHandle {
+    key: Option<TableKey>,
+}
+
+impl FaultHandle {
+    /// Hands the fault at host address `addr` (the signal's `si_addr`) to the tracker; call it
+    /// from a `SIGSEGV` handler. `is_write`: the fault was a write (pass `true` where the handler
+    /// cannot tell; a read never faults on an armed page, so `false` returns false at once).
+    ///
+    /// True: the fault was the tracker's. The page was armed in its window, and it is now
+    /// writable and marked written (the next collect reports it); or the page lies in the window
+    /// unarmed, and a disarm ran in the process since this thread last retried this address (the
+    /// write may have faulted while the page was being disarmed: it is writable now). Return from
+    /// the handler: the CPU retries the write (a fault that repeats at the same address with no
+    /// disarm in between gets false). False: not the tracker's; handle it or pass it on to the
+    /// previous handler.
+    ///
+    /// Async-signal-safe: no allocation, no lock, no panic; atomics and one `mprotect` (more where
+    /// the kernel is at its map limit). With the uffd backend it returns false always: writes to
+    /// armed pages never fault there.
+    pub fn handle_fault(&self, addr: usize, is_write: bool) -> bool {
+        match &self.key {
+            Some(key) if is_write => segv::fault_in(key, addr),
+            _ => false,
+        }
+    }
+}
+
+/// Hands the fault at host address `addr` to whichever tracker of this process has the page
+/// armed (what emuhost's own handler does): [`FaultHandle::handle_fault`] for every tracker
+/// at once, for an embedder's handler that holds no tracker. Async-signal-safe.
+pub fn handle_fault(addr: usize, is_write: bool) -> bool {
+    is_write && segv::fault(addr)
 }
 
 /// A span to read: guest `start..end`, and the allocation it lies in, `(start, end, generation)`
@@ -323,6 +476,8 @@ pub struct Tracker {
     verify: bool,
     /// Collects started, raised under the lock as each begins.
     started: AtomicU64,
+    /// A collect's layout of the space, kept between collects (taken before the space's lock).
+    layout: Mutex<Layout>,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -339,10 +494,21 @@ impl Tracker {
 
     /// A tracker with the backend [`choose`] picks, and verify mode as `settings` say.
     pub fn new_with(space: &Arc<Space>, settings: &crate::settings::Settings) -> Result<Arc<Tracker>, WatchError> {
-        let choice = choose(settings)?;
+        Self::configured(space, &TrackerConfig::from_settings(settings), WATCH_SWITCH)
+    }
+
+    /// A tracker as `config` says: its backend (or the one the self-tests choose; either way it
+    /// must pass its self-test, run as `config` makes trackers), verify mode, and who handles
+    /// faults. A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
+    pub fn with_config(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
+        Self::configured(space, config, "TrackerConfig::backend")
+    }
+
+    /// [`Tracker::with_config`]; `by` names where a forced backend came from, for the log.
+    fn configured(space: &Arc<Space>, config: &TrackerConfig, by: &str) -> Result<Arc<Tracker>, WatchError> {
+        let choice = choose_in(config.backend.map(BackendKind::name), config, by)?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
-        let t = Self::build(space, choice.kind, settings.verify_collect)?;
-        Ok(t)
+        Self::make(space, choice.kind, config.verify, !config.embedder_handles_faults)
     }
 
     /// A tracker with the given backend (no self-test), verify mode off.
@@ -353,13 +519,38 @@ impl Tracker {
     /// A tracker with the given backend and verify mode.
     /// A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
     pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
+        Self::make(space, kind, verify, true)
+    }
+
+    fn make(space: &Arc<Space>, kind: BackendKind, verify: bool, handler: bool) -> Result<Arc<Tracker>, WatchError> {
         let claim = Claim::take(space.host_base())?;
-        let backend =
-            backend::make(kind, space).map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
+        let backend = backend::make(kind, space, handler)
+            .map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
         let core = Arc::new(Core { backend, inner: Mutex::new(Inner::default()) });
         let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(core.clone() as Arc<dyn Observer>));
         space.observe(weak);
-        Ok(Arc::new(Tracker { space: space.clone(), core, verify, started: AtomicU64::new(0), _claim: claim }))
+        Ok(Arc::new(Tracker {
+            space: space.clone(),
+            core,
+            verify,
+            started: AtomicU64::new(0),
+            _claim: claim,
+            layout: Mutex::default(),
+        }))
+    }
+
+    /// The handle an embedder's `SIGSEGV` handler keeps for this tracker (see
+    /// [`FaultHandle::handle_fault`]).
+    pub fn fault_handle(&self) -> FaultHandle {
+        FaultHandle { key: self.core.backend.fault_key() }
+    }
+
+    /// [`FaultHandle::handle_fault`] for this tracker: call it from the embedder's `SIGSEGV`
+    /// handler with the fault's host address. Async-signal-safe. A handler that reads the tracker
+    /// from a static must keep it alive while handlers run; [`Tracker::fault_handle`] needs no
+    /// such care.
+    pub fn handle_fault(&self, addr: usize, is_write: bool) -> bool {
+        self.fault_handle().handle_fault(addr, is_write)
     }
 
     pub fn kind(&self) -> BackendKind {
@@ -482,7 +673,9 @@ impl Tracker {
     /// runs, so it may block (a `read(2)` from a pipe another thread feeds) and collect, commit or
     /// protect on any thread go on meanwhile. Where the backend needs the preparation (mprotect),
     /// until `write` returns a collect reports the pages of `range` as written and leaves them
-    /// writable, and an arm there waits for its end; the next collect after it reads them as usual.
+    /// writable, and an arm there waits for its end (every collect meanwhile reports the pages it
+    /// covers too, since they stay writable and untracked); the next collect after it reads them
+    /// as usual.
     /// The other backends need nothing and record nothing.
     pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
@@ -501,80 +694,136 @@ impl Tracker {
 
     /// Collects the pages of `range` written since the last collect and arms them again.
     pub fn collect(&self, range: GuestRange) -> Result<Collected, WatchError> {
-        let range = self.space.range(range.start().0, range.len())?;
-        let (a, b) = (range.start().0, range.end().0);
-        // Fault injection may make a foreign SIGSEGV here first (a no-op in the default build).
-        crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
-        self.space.with_layout(range, |layout| {
-            let mut inner = self.inner();
-            let seq = self.started.fetch_add(1, SeqCst) + 1;
-            // The spans to read: allocations and views, clipped to the range and to what is armed.
-            let mut spans: Vec<Span> = Vec::new();
-            let armed: Vec<(u64, u64)> =
-                inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
-            for al in &layout.allocations {
-                let (s, e) = (al.range.start().0, al.range.end().0);
-                for &(x, y) in &armed {
-                    if let Some((p, q)) = clip(s, e, x, y) {
-                        spans.push((p, q, Some((s, e, al.generation))));
-                    }
-                }
-            }
-            for v in &layout.views {
-                for &(x, y) in &armed {
-                    if let Some((p, q)) = clip(v.range.start().0, v.range.end().0, x, y) {
-                        spans.push((p, q, None));
-                    }
-                }
-            }
-            spans.sort_by_key(|s| s.0);
-            // Pages under a host write in flight are reported, and not read: the read would arm
-            // them under the write (which would fail).
-            let mut hosted = Vec::new();
-            if !inner.hosting.is_empty() {
-                let mut rest = Vec::new();
-                for (s, e, alloc) in spans {
-                    let (outside, inside) = split(s, e, &inner.hosting);
-                    hosted.extend(inside);
-                    rest.extend(outside.into_iter().map(|(x, y)| (x, y, alloc)));
-                }
-                spans = rest;
-            }
-            let mut host_runs = Vec::new();
-            let mut out = Collected { seq, ..Collected::default() };
-            for (s, e, alloc) in spans {
-                let span = GuestRange::from_bounds(s, e)?;
-                if let Some((start, end, generation)) = alloc
-                    && inner.failed.get(&start) == Some(&(end, generation))
-                {
-                    out.untracked.push(span);
-                    continue;
-                }
-                if self.verify {
-                    self.verify_span(&inner, span)?;
-                }
-                if let Err(err) = self.core.backend.read(self.host(s), self.host(e), &mut host_runs) {
-                    if self.unexpected(&inner, span)?.is_some() {
-                        out.untracked.push(span);
-                        if let Some((start, end, generation)) = alloc {
-                            inner.failed.insert(start, (end, generation));
-                        }
-                    } else {
-                        return Err(self.os("collect", span, err));
-                    }
-                }
-            }
-            let base = self.space.host_base() as u64;
-            let mut guest: Vec<(u64, u64)> =
-                host_runs.into_iter().map(|(s, e)| (s as u64 - base, e as u64 - base)).collect();
-            let pending: Vec<(u64, u64)> =
-                inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
-            inner.pending.remove(a, b, |_, _, _| ());
-            guest.extend(pending);
-            guest.extend(hosted);
-            out.runs = merge(guest, a, b);
-            Ok(out)
+        let p = page_size();
+        self.read(range, Read::Collect, |sc, seq, _| Collected {
+            runs: sc.runs.iter().map(|&(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect(),
+            untracked: sc.untracked.clone(),
+            seq,
         })
+    }
+
+    /// Reads `range` (`how`: a collect or a query) under the space's lock and the tracker's,
+    /// then gives `out` the result (in the scratch buffers), the collect's number and the
+    /// tracker's state.
+    fn read<R>(
+        &self,
+        range: GuestRange,
+        how: Read,
+        out: impl FnOnce(&Scratch, u64, &mut Inner) -> R,
+    ) -> Result<R, WatchError> {
+        let range = self.space.range(range.start().0, range.len())?;
+        if how == Read::Collect {
+            // Fault injection may make a foreign SIGSEGV here first (a no-op in the default build).
+            crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
+        }
+        let mut layout = self.layout.lock().unwrap_or_else(|p| p.into_inner());
+        self.space.with_layout_in(range, &mut layout, |layout| {
+            let mut inner = self.inner();
+            let seq = match how {
+                Read::Collect => self.started.fetch_add(1, SeqCst) + 1,
+                Read::Query => self.started.load(SeqCst),
+            };
+            let mut sc = std::mem::take(&mut inner.scratch);
+            let result = self.read_locked(&mut inner, layout, range, how, &mut sc).map(|()| out(&sc, seq, &mut inner));
+            inner.scratch = sc;
+            result
+        })
+    }
+
+    /// The spans of `range` to read into `sc.spans`: allocations and views, clipped to the range
+    /// and to what is armed. Pages under a host write in flight go to `sc.runs` instead (they
+    /// are reported, and not read: the read would arm them under the write, which would fail).
+    /// So do pages whose arm waits for such a write to end: armed for the caller, but writable
+    /// and untracked until then.
+    fn spans(inner: &Inner, layout: &Layout, a: u64, b: u64, sc: &mut Scratch) {
+        sc.runs.extend(inner.deferred.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
+        sc.armed.extend(inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
+        for al in &layout.allocations {
+            let (s, e) = (al.range.start().0, al.range.end().0);
+            for &(x, y) in &sc.armed {
+                if let Some((p, q)) = clip(s, e, x, y) {
+                    sc.spans.push((p, q, Some((s, e, al.generation))));
+                }
+            }
+        }
+        for v in &layout.views {
+            for &(x, y) in &sc.armed {
+                if let Some((p, q)) = clip(v.range.start().0, v.range.end().0, x, y) {
+                    sc.spans.push((p, q, None));
+                }
+            }
+        }
+        // Spans do not overlap: an unstable sort gives the order and allocates nothing.
+        sc.spans.sort_unstable_by_key(|s| s.0);
+        if !inner.hosting.is_empty() {
+            let mut rest = Vec::new();
+            for &(s, e, alloc) in &sc.spans {
+                let (outside, inside) = split(s, e, &inner.hosting);
+                sc.runs.extend(inside);
+                rest.extend(outside.into_iter().map(|(x, y)| (x, y, alloc)));
+            }
+            sc.spans = rest;
+        }
+    }
+
+    /// Reads `range` into `sc.runs` (written pages, merged) and `sc.untracked`. A collect takes
+    /// the marks, arms the pages again, takes the pending pages and adds what it found to every
+    /// consumer's pending pages; a query changes nothing.
+    fn read_locked(
+        &self,
+        inner: &mut Inner,
+        layout: &Layout,
+        range: GuestRange,
+        how: Read,
+        sc: &mut Scratch,
+    ) -> Result<(), WatchError> {
+        let (a, b) = (range.start().0, range.end().0);
+        sc.armed.clear();
+        sc.spans.clear();
+        sc.host.clear();
+        sc.runs.clear();
+        sc.untracked.clear();
+        Self::spans(inner, layout, a, b, sc);
+        for i in 0..sc.spans.len() {
+            let (s, e, alloc) = sc.spans[i];
+            let span = GuestRange::from_bounds(s, e)?;
+            if let Some((start, end, generation)) = alloc
+                && inner.failed.get(&start) == Some(&(end, generation))
+            {
+                sc.untracked.push(span);
+                continue;
+            }
+            let got = match how {
+                Read::Collect => {
+                    if self.verify {
+                        self.verify_span(inner, span)?;
+                    }
+                    self.core.backend.read(self.host(s), self.host(e), &mut sc.host)
+                }
+                Read::Query => self.core.backend.peek(self.host(s), self.host(e), &mut sc.host),
+            };
+            if let Err(err) = got {
+                if self.unexpected(inner, span)?.is_none() {
+                    return Err(self.os(if how == Read::Collect { "collect" } else { "query" }, span, err));
+                }
+                sc.untracked.push(span);
+                if let (Read::Collect, Some((start, end, generation))) = (how, alloc) {
+                    inner.failed.insert(start, (end, generation));
+                }
+            }
+        }
+        let base = self.space.host_base() as u64;
+        sc.runs.extend(sc.host.iter().map(|&(s, e)| (s as u64 - base, e as u64 - base)));
+        sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
+        merge(&mut sc.runs, a, b);
+        if how == Read::Collect {
+            inner.pending.remove(a, b, |_, _, _| ());
+            for c in &mut inner.consumers {
+                c.add(sc.runs.iter().copied());
+                c.add(sc.untracked.iter().map(|u| (u.start().0, u.end().0)));
+            }
+        }
+        Ok(())
     }
 
     /// What the kernel has in `span` that a committed, armed span should not have, if anything:
@@ -662,19 +911,21 @@ fn split(s: u64, e: u64, over: &[(u64, u64)]) -> (Pairs, Pairs) {
     (outside, inside.overlapping(s, e).map(|(x, y, _)| (x, y)).collect())
 }
 
-/// Sorts and merges guest `(start, end)` pairs into page runs, clipped to `a..b`.
-fn merge(mut v: Vec<(u64, u64)>, a: u64, b: u64) -> Vec<PageRun> {
+/// Sorts guest `(start, end)` pairs, clips them to `a..b` and merges those that touch or
+/// overlap, in place (allocating nothing).
+fn merge(v: &mut Pairs, a: u64, b: u64) {
     v.sort_unstable();
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in v {
-        let Some((s, e)) = clip(a, b, s, e) else { continue };
-        match runs.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => runs.push((s, e)),
+    let mut n = 0;
+    for i in 0..v.len() {
+        let Some((s, e)) = clip(a, b, v[i].0, v[i].1) else { continue };
+        if n > 0 && s <= v[n - 1].1 {
+            v[n - 1].1 = v[n - 1].1.max(e);
+        } else {
+            v[n] = (s, e);
+            n += 1;
         }
     }
-    let p = page_size();
-    runs.into_iter().map(|(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect()
+    v.truncate(n);
 }
 
 impl Drop for Tracker {

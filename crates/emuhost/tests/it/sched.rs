@@ -365,3 +365,88 @@ fn hybrid_waits_on_the_timer_until_the_margin() {
     let s = builder(Some("on")).host_exact(Wait::Hybrid).build(Counting::new(Some(2)));
     assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (0, 1));
 }
+
+/// A clock whose timer wakes late by the next of a repeating list of lateness values, and whose
+/// yields move it by [`YIELD_STEP`].
+struct LateTimer {
+    now: AtomicU64,
+    late: Mutex<Vec<u64>>,
+    wakes: AtomicU64,
+}
+
+impl LateTimer {
+    fn new(late: Vec<u64>) -> Self {
+        LateTimer { now: AtomicU64::new(1_000_000_000), late: Mutex::new(late), wakes: AtomicU64::new(0) }
+    }
+}
+
+impl SchedHost for LateTimer {
+    fn now_ns(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+    fn yield_now(&self) {
+        self.now.fetch_add(YIELD_STEP, Ordering::SeqCst);
+    }
+    fn timer_wait_until(&self, deadline_ns: u64) {
+        let k = self.wakes.fetch_add(1, Ordering::SeqCst) as usize;
+        let late = self.late.lock().unwrap();
+        self.now.fetch_max(deadline_ns + late[k % late.len()], Ordering::SeqCst);
+    }
+    fn affinity_cpus(&self) -> Option<usize> {
+        Some(2)
+    }
+}
+
+/// Sleeps 1 ms `n` times on the host's hybrid; returns the worst lateness past the deadline.
+fn hybrid_sleeps(s: &Sleeper<LateTimer>, n: usize) -> u64 {
+    let mut worst = 0;
+    for _ in 0..n {
+        let deadline = s.host().now_ns() + 1_000_000;
+        s.sleep_until(Caller::Host, deadline);
+        worst = worst.max(s.host().now_ns() - deadline);
+    }
+    worst
+}
+
+/// The hybrid learns its margin from the timer's lateness: on a quiet timer (20 µs late) it comes
+/// down from 100 µs to just above 20 µs (it spins less) and no sleep ends late; when the timer gets
+/// noisy (300 µs late) it grows past 300 µs within a few dozen wake-ups, and the sleeps are exact
+/// again.
+#[test]
+fn the_hybrid_learns_its_margin_from_the_timers_lateness() {
+    let s = builder(None).host_exact(Wait::Hybrid).build(LateTimer::new(vec![20_000]));
+    assert_eq!(s.hybrid_margin(), HYBRID_MARGIN);
+    hybrid_sleeps(&s, 6000);
+    let m = s.hybrid_margin();
+    assert!(m >= Duration::from_micros(20) && m <= Duration::from_micros(26), "{m:?}");
+    assert!(hybrid_sleeps(&s, 1000) < YIELD_STEP, "a sleep ended late with the margin learned");
+    *s.host().late.lock().unwrap() = vec![300_000];
+    hybrid_sleeps(&s, 40);
+    assert!(s.hybrid_margin() >= Duration::from_micros(300), "{:?}", s.hybrid_margin());
+    assert!(hybrid_sleeps(&s, 100) < YIELD_STEP, "a sleep ended late with the margin relearned");
+    // A fixed margin is not learned.
+    let fixed = builder(None)
+        .host_exact(Wait::Hybrid)
+        .hybrid_margin(Duration::from_micros(50))
+        .build(LateTimer::new(vec![20_000]));
+    hybrid_sleeps(&fixed, 100);
+    assert_eq!(fixed.hybrid_margin(), Duration::from_micros(50));
+}
+
+/// The margin follows a high percentile, not the mean or the worst: with 2 % of the wake-ups
+/// 200 µs late it covers them; with 0.2 % it stays near the common 10 µs.
+#[test]
+fn the_learned_margin_is_a_high_percentile() {
+    let mut late = vec![10_000; 100];
+    late[37] = 200_000;
+    late[71] = 200_000;
+    let s = builder(None).host_exact(Wait::Hybrid).build(LateTimer::new(late));
+    hybrid_sleeps(&s, 10_000);
+    assert!(s.hybrid_margin() >= Duration::from_micros(150), "2 %: {:?}", s.hybrid_margin());
+    let mut late = vec![10_000; 1000];
+    late[500] = 200_000;
+    late[900] = 200_000;
+    let s = builder(None).host_exact(Wait::Hybrid).build(LateTimer::new(late));
+    hybrid_sleeps(&s, 10_000);
+    assert!(s.hybrid_margin() <= Duration::from_micros(30), "0.2 %: {:?}", s.hybrid_margin());
+}

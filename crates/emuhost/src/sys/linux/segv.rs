@@ -8,6 +8,10 @@
 //! our handler stays installed whatever the previous one does to the disposition. The handler
 //! keeps `errno` as it found it.
 //!
+//! An embedder that owns `SIGSEGV` registers its trackers without installing the handler
+//! (`Registration::new(.., false)`) and calls [`fault`] or [`fault_in`] from its own handler:
+//! the same code as ours, one implementation of the protocol below.
+//!
 //! The handler is async-signal-safe: it takes no lock and allocates nothing. It reads a fixed table
 //! of atomic pointers to page-state tables (one byte per page, in an anonymous `MAP_NORESERVE`
 //! mapping, so untouched parts cost nothing) and calls `mprotect`, which is a plain system call.
@@ -55,6 +59,8 @@ fn flags(bits: u16) -> libc::c_int {
 /// One tracker's page-state table: a `u16` per page of `base..base + pages * page`.
 #[derive(Debug)]
 pub struct Table {
+    /// Unique in the process (a slot is reused; the id tells its tables apart).
+    id: u64,
     base: usize,
     pages: usize,
     shift: u32,
@@ -88,6 +94,8 @@ static REGISTER: Mutex<()> = Mutex::new(());
 /// table is dropped (until the slot is taken again), so a stale fault of a tracker just dropped
 /// still counts as inside a window (see [`retry_stale`]).
 static WINDOWS: [(AtomicUsize, AtomicUsize); SLOTS] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
+/// The last table id given out.
+static IDS: AtomicU64 = AtomicU64::new(0);
 /// Disarms so far (and tables dropped): see [`disarmed`].
 static DISARMS: AtomicU64 = AtomicU64::new(0);
 
@@ -108,11 +116,15 @@ pub fn disarmed() {
 }
 
 /// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]):
-/// only one inside a tracker's window, whose page a racing disarm may have changed. Any other
-/// fault (an emulator's own, fastmem or a JIT) goes to the previous handler at once.
-fn retry_stale(addr: usize) -> bool {
+/// only one inside a tracker's window (`only`: inside that window), whose page a racing disarm may
+/// have changed. Any other fault (an emulator's own, fastmem or a JIT) is passed on at once.
+fn retry_stale(addr: usize, only: Option<(usize, usize)>) -> bool {
     let now = (addr, DISARMS.load(SeqCst));
-    if now.1 == 0 || !WINDOWS.iter().any(|(b, e)| (b.load(SeqCst)..e.load(SeqCst)).contains(&addr)) {
+    let inside = match only {
+        Some((b, e)) => (b..e).contains(&addr),
+        None => WINDOWS.iter().any(|(b, e)| (b.load(SeqCst)..e.load(SeqCst)).contains(&addr)),
+    };
+    if now.1 == 0 || !inside {
         return false;
     }
     RETRIED
@@ -124,6 +136,23 @@ fn retry_stale(addr: usize) -> bool {
         .unwrap_or(false)
 }
 
+/// Which registered table a fault is for, in a form a signal handler may hold: plain integers,
+/// valid (and harmless) after the table is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableKey {
+    slot: usize,
+    id: u64,
+    base: usize,
+    end: usize,
+}
+
+impl TableKey {
+    /// The host window `(base, end)` of the table.
+    pub fn window(&self) -> (usize, usize) {
+        (self.base, self.end)
+    }
+}
+
 /// A tracker's table, in the registry until dropped.
 #[derive(Debug)]
 pub struct Registration {
@@ -133,9 +162,12 @@ pub struct Registration {
 
 impl Registration {
     /// Makes a table for `pages` pages from host address `base`, and installs the handler (once
-    /// per process).
-    pub fn new(base: usize, pages: usize) -> io::Result<Self> {
-        install()?;
+    /// per process) if `install_handler`; without it, faults reach the table only through
+    /// [`fault`] or [`fault_in`], called by the embedder's own handler.
+    pub fn new(base: usize, pages: usize, install_handler: bool) -> io::Result<Self> {
+        if install_handler {
+            install()?;
+        }
         let page = super::mm::page_size();
         count(Call::Mmap);
         // SAFETY: a fresh anonymous mapping chosen by the kernel (null hint, no MAP_FIXED) touches
@@ -148,7 +180,8 @@ impl Registration {
                 rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
             )
         }? as *mut AtomicU16;
-        let mut table = Box::new(Table { base, pages, shift: page.trailing_zeros(), states });
+        let id = IDS.fetch_add(1, SeqCst) + 1;
+        let mut table = Box::new(Table { id, base, pages, shift: page.trailing_zeros(), states });
         let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
         let ptr: *mut Table = &mut *table;
         // Under REGISTER, so the free slot found stays free until it is published below.
@@ -167,6 +200,12 @@ impl Registration {
                 Err(io::Error::other(format!("more than {SLOTS} mprotect trackers at once")))
             }
         }
+    }
+
+    /// The key [`fault_in`] takes for this table.
+    pub fn key(&self) -> TableKey {
+        let end = self.table.base + (self.table.pages << self.table.shift);
+        TableKey { slot: self.slot, id: self.table.id, base: self.table.base, end }
     }
 
     /// The state of the page at host address `addr`.
@@ -359,23 +398,55 @@ pub fn take_written(state: &AtomicU16) -> (bool, bool) {
     }
 }
 
-/// Handles a write to an armed page; returns false for a fault that is not ours. The first table
-/// that has the page armed handles it: a space has one tracker at a time, but the table of a
-/// tracker being dropped may still be registered (its pages disarmed) beside its successor's.
-fn handle(addr: usize) -> bool {
-    for slot in &REGISTRY {
+/// Handles a write to an armed page of the tables `only` allows (any, if `None`); returns false
+/// for a fault that is not theirs. The first table that has the page armed handles it: a space
+/// has one tracker at a time, but the table of a tracker being dropped may still be registered
+/// (its pages disarmed) beside its successor's. `ACTIVE` is raised by the caller.
+fn handle(addr: usize, only: Option<&TableKey>) -> bool {
+    let slots = match only {
+        Some(k) => &REGISTRY[k.slot..=k.slot],
+        None => &REGISTRY[..],
+    };
+    for slot in slots {
         let t = slot.load(SeqCst);
         if t.is_null() {
             continue;
         }
         // SAFETY: a table in the registry stays alive while ACTIVE is raised (see Drop).
         let table = unsafe { &*t };
-        if table.slot(addr).is_none_or(|s| s.load(SeqCst) & ARMED == 0) {
+        if only.is_some_and(|k| k.id != table.id) || table.slot(addr).is_none_or(|s| s.load(SeqCst) & ARMED == 0) {
             continue;
         }
         return unprotect(table, addr & !((1usize << table.shift) - 1));
     }
     false
+}
+
+/// The fault at host address `addr`, for the tables `only` allows: whether it was ours (the
+/// page was armed and is now writable and marked, or it is a stale fault of a page just disarmed
+/// that is writable again). Either way the faulting write is to be retried: return from the
+/// handler. Async-signal-safe: atomics and `mprotect`, no lock, no allocation.
+fn fault_for(addr: usize, only: Option<&TableKey>) -> bool {
+    ACTIVE.fetch_add(1, SeqCst);
+    let ours = handle(addr, only);
+    ACTIVE.fetch_sub(1, SeqCst);
+    ours || retry_stale(addr, only.map(TableKey::window))
+}
+
+/// A fault at host address `addr`, for any registered table (what emuhost's own handler does):
+/// true where it was a tracker's (return from the handler: the write is retried), false where it
+/// is not (pass it on). Async-signal-safe.
+pub fn fault(addr: usize) -> bool {
+    fault_for(addr, None)
+}
+
+/// [`fault`] for the one table `key` names: false for any other address, and for every address
+/// once that table is gone. Async-signal-safe.
+pub fn fault_in(key: &TableKey, addr: usize) -> bool {
+    if !(key.base..key.end).contains(&addr) {
+        return false;
+    }
+    fault_for(addr, Some(key))
 }
 
 /// The `sigaction` that installs [`on_segv`].
@@ -406,12 +477,9 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     // si_code <= 0: sent by a process (kill, tgkill, sigqueue), not a fault: there is no address
     // to handle and nothing repeats after the handler returns.
     if code > 0 {
-        ACTIVE.fetch_add(1, SeqCst);
         // SAFETY: for a fault (si_code > 0) si_addr is the faulting address.
         let addr = unsafe { (*info).si_addr() } as usize;
-        let ours = handle(addr);
-        ACTIVE.fetch_sub(1, SeqCst);
-        if !ours && !retry_stale(addr) {
+        if !fault(addr) {
             chain_fault(sig, info, ctx);
         }
     } else {

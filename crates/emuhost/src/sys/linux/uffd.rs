@@ -114,11 +114,49 @@ impl Uffd {
         vec: &mut [PageRegion],
         out: &mut Vec<(usize, usize)>,
     ) -> io::Result<()> {
+        self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
+            out.extend(regions.iter().map(|r| (r.start as usize, r.end as usize)))
+        })
+    }
+
+    /// [`Uffd::scan_written`] that only counts the written pages (bytes), for measuring the
+    /// kernel's part alone.
+    pub fn count_written(&self, start: usize, end: usize, vec: &mut [PageRegion]) -> io::Result<u64> {
+        let mut bytes = 0;
+        self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
+            bytes += regions.iter().map(|r| r.end - r.start).sum::<u64>()
+        })?;
+        Ok(bytes)
+    }
+
+    /// [`Uffd::scan_written`] without protecting anything: the written pages stay written (and
+    /// are reported again by the next scan).
+    pub fn peek_written(
+        &self,
+        start: usize,
+        end: usize,
+        vec: &mut [PageRegion],
+        out: &mut Vec<(usize, usize)>,
+    ) -> io::Result<()> {
+        self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| {
+            out.extend(regions.iter().map(|r| (r.start as usize, r.end as usize)))
+        })
+    }
+
+    /// `PAGEMAP_SCAN` of `start..end` with `flags`, giving each batch of written regions to `sink`.
+    fn scan(
+        &self,
+        start: usize,
+        end: usize,
+        vec: &mut [PageRegion],
+        flags: u64,
+        mut sink: impl FnMut(&[PageRegion]),
+    ) -> io::Result<()> {
         let mut at = start as u64;
         while at < end as u64 {
             let mut arg = PmScanArg {
                 size: size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+                flags,
                 start: at,
                 end: end as u64,
                 vec: vec.as_mut_ptr() as u64,
@@ -128,7 +166,7 @@ impl Uffd {
                 ..Default::default()
             };
             let n = ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg)? as usize;
-            out.extend(vec[..n.min(vec.len())].iter().map(|r| (r.start as usize, r.end as usize)));
+            sink(&vec[..n.min(vec.len())]);
             if arg.walk_end <= at {
                 return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
             }

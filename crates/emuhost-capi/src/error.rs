@@ -1,0 +1,190 @@
+//! `emuhost_error_t`: what a failed call returns. The caller owns it: read it with
+//! `emuhost_error_code` and `emuhost_error_message`, then `emuhost_error_delete` it.
+
+use std::ffi::c_char;
+
+use emuhost::import::ImportError;
+use emuhost::settings::SettingError;
+use emuhost::space::SpaceError;
+use emuhost::watch::WatchError;
+
+use crate::handle::{self, Kind};
+
+/// A NULL pointer where one was needed (a handle, an out-pointer, a buffer of non-zero length).
+pub const EMUHOST_ERROR_NULL: u32 = 1;
+/// A handle that is not a live one of the kind asked for (deleted already, or of another kind).
+pub const EMUHOST_ERROR_BAD_HANDLE: u32 = 2;
+/// An argument that is not valid: unaligned or empty ranges, unknown flag bits or constants,
+/// text that is not UTF-8, a buffer too small.
+pub const EMUHOST_ERROR_INVALID_ARGUMENT: u32 = 3;
+/// A range outside the guest window (or past a section's end).
+pub const EMUHOST_ERROR_OUT_OF_RANGE: u32 = 4;
+/// The runtime refused the operation as things stand: held pages, a mapping that is not the
+/// space's own, a second tracker on a space, an import refused or cooling, a budget spent.
+pub const EMUHOST_ERROR_REFUSED: u32 = 5;
+/// A backend that is not available here (no userfaultfd, no Vulkan device, no libcuda).
+pub const EMUHOST_ERROR_UNAVAILABLE: u32 = 6;
+/// A system call failed (the message names it and the OS error).
+pub const EMUHOST_ERROR_OS: u32 = 7;
+/// A Vulkan or CUDA call failed, or a backend's start-up check did.
+pub const EMUHOST_ERROR_DEVICE: u32 = 8;
+/// A setting's name or value was refused (the message names both).
+pub const EMUHOST_ERROR_SETTING: u32 = 9;
+/// A Rust panic inside emuhost, caught at the boundary (a bug: the message says where).
+pub const EMUHOST_ERROR_PANIC: u32 = 10;
+/// Anything else (the message says what).
+pub const EMUHOST_ERROR_OTHER: u32 = 11;
+
+/// An error a call returned (opaque). Owned by the caller: delete it with `emuhost_error_delete`.
+///
+/// Thread safety: an error may be read from several threads at once and deleted from any thread.
+pub struct emuhost_error_t {
+    _private: [u8; 0],
+}
+
+/// A failed call's code and message.
+#[derive(Debug)]
+pub(crate) struct Error {
+    code: u32,
+    message: String,
+}
+
+impl Kind for Error {
+    type C = emuhost_error_t;
+    const NAME: &'static str = "error";
+}
+
+impl Error {
+    pub(crate) fn new(code: u32, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(EMUHOST_ERROR_INVALID_ARGUMENT, message)
+    }
+
+    pub(crate) fn panic(payload: &(dyn std::any::Any + Send)) -> Self {
+        let what = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(a panic payload that is not text)");
+        Self::new(EMUHOST_ERROR_PANIC, format!("emuhost panicked (a bug; please report it): {what}"))
+    }
+
+    /// The error as an owned C handle.
+    pub(crate) fn into_handle(self) -> *mut emuhost_error_t {
+        handle::register(self)
+    }
+
+    /// `e` and its sources on one line, with `code`.
+    fn chain(code: u32, e: &dyn std::error::Error) -> Self {
+        Self::new(code, emuhost::import::error_chain(e))
+    }
+}
+
+fn space_code(e: &SpaceError) -> u32 {
+    match e {
+        SpaceError::OutOfWindow { .. } | SpaceError::PastSection { .. } => EMUHOST_ERROR_OUT_OF_RANGE,
+        SpaceError::ZeroLength { .. }
+        | SpaceError::Unaligned { .. }
+        | SpaceError::BadWindow { .. }
+        | SpaceError::BadPlacement { .. }
+        | SpaceError::NoSection(_) => EMUHOST_ERROR_INVALID_ARGUMENT,
+        SpaceError::Adopt { .. }
+        | SpaceError::Held { .. }
+        | SpaceError::Foreign { .. }
+        | SpaceError::NotWritable { .. } => EMUHOST_ERROR_REFUSED,
+        SpaceError::Reserve { .. } | SpaceError::ReserveAt { .. } | SpaceError::Os { .. } => EMUHOST_ERROR_OS,
+    }
+}
+
+impl From<SpaceError> for Error {
+    fn from(e: SpaceError) -> Self {
+        Self::chain(space_code(&e), &e)
+    }
+}
+
+impl From<WatchError> for Error {
+    fn from(e: WatchError) -> Self {
+        let code = match &e {
+            WatchError::Space(s) => space_code(s),
+            WatchError::BadSwitch { .. } => EMUHOST_ERROR_SETTING,
+            WatchError::Unavailable { .. } | WatchError::SelfTest { .. } | WatchError::NoBackend { .. } => {
+                EMUHOST_ERROR_UNAVAILABLE
+            }
+            WatchError::Os { .. } => EMUHOST_ERROR_OS,
+            WatchError::SecondTracker { .. } => EMUHOST_ERROR_REFUSED,
+            WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
+            // Verify mode's mismatch, and what the watch module may add.
+            #[allow(unreachable_patterns)]
+            _ => EMUHOST_ERROR_OTHER,
+        };
+        Self::chain(code, &e)
+    }
+}
+
+fn import_code(e: &ImportError) -> u32 {
+    match e {
+        ImportError::Space(s) => space_code(s),
+        ImportError::BadChunk { .. }
+        | ImportError::EmptyBinding { .. }
+        | ImportError::BindingWraps { .. }
+        | ImportError::CoverWraps { .. }
+        | ImportError::ChunkTooLarge { .. }
+        | ImportError::BadPool { .. }
+        | ImportError::Unaligned { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
+        ImportError::Cooling { .. } | ImportError::Import { .. } | ImportError::Budget { .. } => EMUHOST_ERROR_REFUSED,
+        ImportError::Unavailable { .. } => EMUHOST_ERROR_UNAVAILABLE,
+        ImportError::Vulkan { .. } | ImportError::Cuda { .. } | ImportError::Verify { .. } => EMUHOST_ERROR_DEVICE,
+        ImportError::Os { .. } => EMUHOST_ERROR_OS,
+        ImportError::BadBackendName(_) | ImportError::BadSwitch { .. } => EMUHOST_ERROR_SETTING,
+    }
+}
+
+impl From<ImportError> for Error {
+    fn from(e: ImportError) -> Self {
+        Self::chain(import_code(&e), &e)
+    }
+}
+
+impl From<SettingError> for Error {
+    fn from(e: SettingError) -> Self {
+        Self::chain(EMUHOST_ERROR_SETTING, &e)
+    }
+}
+
+/// The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_NULL` for NULL, `EMUHOST_ERROR_BAD_HANDLE`
+/// where `error` is not a live error.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_error_code(error: *const emuhost_error_t) -> u32 {
+    crate::entry_or(EMUHOST_ERROR_PANIC, || {
+        handle::get::<Error>(error, "emuhost_error_code").map_or_else(|e| e.code, |e| e.code)
+    })
+}
+
+/// Copies the error's message into `buf` (at most `cap - 1` bytes and a NUL, cut at a character
+/// boundary), as `snprintf` does, and returns the message's full length in bytes (without the
+/// NUL): a return value of `cap` or more means it was cut. `buf` may be NULL when `cap` is 0 (to
+/// ask for the length). Where `error` is not a live error, the message says so.
+///
+/// # Safety
+/// `buf` is NULL or points to `cap` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_error_message(error: *const emuhost_error_t, buf: *mut c_char, cap: usize) -> usize {
+    crate::entry_or(0, || {
+        let message = match handle::get::<Error>(error, "emuhost_error_message") {
+            Ok(e) => e.message.clone(),
+            Err(e) => e.message,
+        };
+        // SAFETY: the caller vouches for `buf` and `cap`.
+        unsafe { crate::ffi::copy_str(&message, buf, cap) }
+    })
+}
+
+/// Deletes an error. NULL does nothing. Returns false (and deletes nothing) where `error` is not
+/// a live error: deleted already, or not an error handle.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_error_delete(error: *mut emuhost_error_t) -> bool {
+    crate::entry_or(false, || handle::delete::<Error>(error).is_ok())
+}

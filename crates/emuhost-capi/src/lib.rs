@@ -1,0 +1,67 @@
+//! emuhost's C ABI: the runtime (`emuhost`) for emulators written in C, C++ or C# (P/Invoke).
+//!
+//! Built as `libemuhost_capi.so` and `libemuhost_capi.a` (`cargo build -p emuhost-capi
+//! --release`); the header `include/emuhost.h` is generated from this crate by cbindgen (a test
+//! checks it is current) and `include/emuhost.hpp` wraps it for C++17.
+//!
+//! The shape is wasmtime's C API: opaque handles with a `*_delete` each, and every call that can
+//! fail returns an `emuhost_error_t *` (NULL on success) that the caller reads
+//! (`emuhost_error_code`, `emuhost_error_message`) and deletes. No panic crosses the boundary:
+//! every entry runs its body through `entry`, which catches a panic and returns it as an error
+//! (`EMUHOST_ERROR_PANIC`).
+//!
+//! Handles are not addresses: each is a number (never reused in the process) that a registry maps
+//! to the runtime object (`handle`). So a NULL, deleted (twice deleted), or mistyped handle is
+//! an error (`EMUHOST_ERROR_BAD_HANDLE`), never a use of freed memory, and a handle deleted on one
+//! thread while another thread's call is using it stays alive until that call returns.
+//!
+//! # Safety
+//! The entry points take raw pointers from C. Each
+//! `unsafe extern "C" fn` states what the caller vouches for (a pointer and length name memory
+//! the caller owns); everything that can be checked (NULL, alignment, lengths, enum values,
+//! UTF-8, handles) is checked by the helpers in `ffi` and `handle` before use.
+
+#![allow(non_camel_case_types)]
+
+mod error;
+mod ffi;
+mod handle;
+mod import;
+mod log;
+mod sched;
+mod settings;
+mod space;
+mod watch;
+
+pub use error::*;
+pub use ffi::{EMUHOST_PROT_EXEC, EMUHOST_PROT_READ, EMUHOST_PROT_WRITE};
+pub use import::*;
+pub use log::*;
+pub use sched::*;
+pub use settings::*;
+pub use space::*;
+pub use watch::*;
+
+use std::ffi::c_char;
+
+/// The version of emuhost this library was built from, NUL-terminated (static storage).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Runs an entry point's body: `Ok` becomes NULL, an error or a panic becomes an owned
+/// `emuhost_error_t *`. Every fallible entry point is `entry(|| { ... })`.
+pub(crate) fn entry(body: impl FnOnce() -> Result<(), Error>) -> *mut emuhost_error_t {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(e)) => e.into_handle(),
+        Err(payload) => Error::panic(payload.as_ref()).into_handle(),
+    }
+}
+
+/// [`entry`] for the few entry points that return a value instead of an error (the error's own
+/// accessors, deletes): a panic gives `fallback`.
+pub(crate) fn entry_or<T>(fallback: T, body: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(fallback)
+}

@@ -1,0 +1,419 @@
+//! `emuhost_tracker_t`: what the guest wrote (`emuhost::watch`).
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use emuhost::space::{GuestAddr, GuestRange, page_size};
+use emuhost::watch::{BackendKind, Consumer, FaultHandle, Tracker, TrackerConfig, Written};
+
+use crate::entry;
+use crate::error::{Error, emuhost_error_t};
+use crate::ffi::{put, slice_mut};
+use crate::handle::{self, Kind};
+use crate::settings::emuhost_settings_t;
+use crate::space::emuhost_space_t;
+
+/// The backend the self-test picks (userfaultfd, then mprotect), or the one `EMUHOST_WATCH` in
+/// the settings forces.
+pub const EMUHOST_WATCH_AUTO: u32 = 0;
+/// userfaultfd write-protect (async) read by `PAGEMAP_SCAN` (Linux 6.7+).
+pub const EMUHOST_WATCH_UFFD: u32 = 1;
+/// `mprotect` and a `SIGSEGV` handler (portable).
+pub const EMUHOST_WATCH_MPROTECT: u32 = 2;
+
+/// A write tracker on a space (opaque); one per space.
+///
+/// Thread safety: every call may be made from any thread, concurrently; collects run one at a
+/// time. The guest may write armed pages from any thread meanwhile. The tracker keeps its space
+/// alive. With the mprotect backend emuhost installs a `SIGSEGV` handler that chains to the one
+/// installed before it.
+pub struct emuhost_tracker_t {
+    _private: [u8; 0],
+}
+
+impl Kind for Tracker {
+    type C = emuhost_tracker_t;
+    const NAME: &'static str = "tracker";
+}
+
+/// What a collect found besides the pages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct emuhost_collect_t {
+    /// The number of written pages, written to the caller's array.
+    pub pages: usize,
+    /// Armed spans found not tracked any more (released behind the space's back).
+    pub untracked: usize,
+    /// The collect's number (1, 2, ... in the order the tracker's collects ran).
+    pub seq: u64,
+}
+
+fn kind_of(backend: u32) -> Result<Option<BackendKind>, Error> {
+    match backend {
+        EMUHOST_WATCH_AUTO => Ok(None),
+        EMUHOST_WATCH_UFFD => Ok(Some(BackendKind::Uffd)),
+        EMUHOST_WATCH_MPROTECT => Ok(Some(BackendKind::Mprotect)),
+        _ => Err(Error::invalid(format!("backend {backend} is not one of EMUHOST_WATCH_AUTO, _UFFD, _MPROTECT"))),
+    }
+}
+
+fn code_of(kind: BackendKind) -> u32 {
+    match kind {
+        BackendKind::Uffd => EMUHOST_WATCH_UFFD,
+        BackendKind::Mprotect => EMUHOST_WATCH_MPROTECT,
+    }
+}
+
+/// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV`. emuhost installs no handler (not
+/// even for its self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
+/// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
+pub const EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS: u32 = 1;
+
+/// A tracker on `space`. `backend`: `EMUHOST_WATCH_AUTO` (the settings' `EMUHOST_WATCH`, else the
+/// first backend that passes its self-test), or one backend, which must pass its self-test.
+/// `settings` may be NULL (defaults); `EMUHOST_VERIFY_COLLECT` in them turns verify mode on.
+/// `flags`: 0 or [`EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS`]. A second tracker on a space is
+/// `EMUHOST_ERROR_REFUSED`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_new(
+    space: *const emuhost_space_t,
+    settings: *const emuhost_settings_t,
+    backend: u32,
+    flags: u32,
+    out: *mut *mut emuhost_tracker_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let s = crate::space::get(space, "emuhost_tracker_new")?;
+        let settings = crate::settings::read(settings, "emuhost_tracker_new")?;
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        if flags & !EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS != 0 {
+            return Err(Error::invalid(format!(
+                "flags {flags:#x}: only EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS ({EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS:#x}) is known"
+            )));
+        }
+        let embedder = flags & EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS != 0;
+        let mut config = TrackerConfig::from_settings(&settings).embedder_handles_faults(embedder);
+        if let Some(kind) = kind_of(backend)? {
+            config = config.backend(Some(kind));
+        }
+        let tracker = Tracker::with_config(&s, &config)?;
+        // SAFETY: as the caller vouches.
+        unsafe { handle::give(out, tracker) }
+    })
+}
+
+/// Deletes the tracker: armed pages get their protection back. NULL does nothing; a handle
+/// deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_tracker_delete(tracker: *mut emuhost_tracker_t) -> *mut emuhost_error_t {
+    entry(|| handle::delete::<Tracker>(tracker))
+}
+
+fn get(tracker: *const emuhost_tracker_t, what: &str) -> Result<Arc<Tracker>, Error> {
+    handle::get::<Tracker>(tracker, what)
+}
+
+/// The tracker's backend (`EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`).
+///
+/// # Safety
+/// `backend` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_backend(
+    tracker: *const emuhost_tracker_t,
+    backend: *mut u32,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_backend")?;
+        // SAFETY: as the caller vouches.
+        unsafe { put(backend, "backend", code_of(t.kind())) }
+    })
+}
+
+/// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`; static storage), or NULL for
+/// a value that is none.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_watch_backend_name(backend: u32) -> *const c_char {
+    match backend {
+        EMUHOST_WATCH_AUTO => c"auto".as_ptr(),
+        EMUHOST_WATCH_UFFD => c"uffd".as_ptr(),
+        EMUHOST_WATCH_MPROTECT => c"mprotect".as_ptr(),
+        _ => std::ptr::null(),
+    }
+}
+
+/// Arms `addr..addr + len`: writes to its pages from now on are reported by the next collect.
+/// Pages armed already keep their writes.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_tracker_arm(tracker: *const emuhost_tracker_t, addr: u64, len: u64) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_arm")?;
+        Ok(t.arm(emuhost::space::GuestRange::new(emuhost::space::GuestAddr(addr), len)?)?)
+    })
+}
+
+/// Stops tracking `addr..addr + len` (its pages get their protection back).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_tracker_disarm(
+    tracker: *const emuhost_tracker_t,
+    addr: u64,
+    len: u64,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_disarm")?;
+        Ok(t.disarm(emuhost::space::GuestRange::new(emuhost::space::GuestAddr(addr), len)?)?)
+    })
+}
+
+/// Collects the pages of `addr..addr + len` written since the last collect, and arms them again
+/// in the same step. Their guest addresses go to `pages`, in order; `result` receives their
+/// number, the untracked spans' number and the collect's number.
+///
+/// `cap` must be at least the range's page count (`len / page_size`): checked before anything is
+/// collected, so no write is ever consumed without being handed over.
+///
+/// # Safety
+/// `pages` points to `cap` writable values; `result` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_collect(
+    tracker: *const emuhost_tracker_t,
+    addr: u64,
+    len: u64,
+    pages: *mut u64,
+    cap: usize,
+    result: *mut emuhost_collect_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_collect")?;
+        let range = emuhost::space::GuestRange::new(emuhost::space::GuestAddr(addr), len)?;
+        if (cap as u64) < range.pages() {
+            return Err(Error::invalid(format!(
+                "collect of {range}: room for {cap} pages, the range has {} (len / page size {:#x})",
+                range.pages(),
+                page_size()
+            )));
+        }
+        crate::ffi::check_ptr(result, "result")?;
+        // SAFETY: as the caller vouches.
+        let pages = unsafe { slice_mut(pages, cap, "pages") }?;
+        let got = t.collect(range)?;
+        let mut n = 0;
+        for a in got.page_addrs() {
+            pages[n] = a.0;
+            n += 1;
+        }
+        let r = emuhost_collect_t { pages: n, untracked: got.untracked.len(), seq: got.seq };
+        // SAFETY: as the caller vouches.
+        unsafe { put(result, "result", r) }
+    })
+}
+
+/// Hands the fault at host address `addr` (the signal's `si_addr`) to whichever tracker of the
+/// process has the page armed; call it first in the embedder's `SIGSEGV` handler. `is_write`:
+/// nonzero for a write fault (pass 1 where the handler cannot tell). Returns 1 where the fault was
+/// emuhost's (the page is writable now and marked written: return from the handler and the CPU
+/// retries the write), 0 where it is not (handle it, or chain to the previous handler).
+///
+/// Async-signal-safe: no allocation, no lock, no panic. With the uffd backend writes never fault,
+/// and it returns 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_handle_fault(addr: usize, is_write: i32) -> i32 {
+    emuhost::watch::handle_fault(addr, is_write != 0) as i32
+}
+
+/// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque; a
+/// plain value, valid after its tracker is deleted, when it takes no fault).
+pub struct emuhost_fault_handle_t {
+    handle: FaultHandle,
+}
+
+/// The tracker's fault handle, for [`emuhost_fault_handle_handle`]; free it with
+/// [`emuhost_fault_handle_delete`] once no handler can use it.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_fault_handle(
+    tracker: *const emuhost_tracker_t,
+    out: *mut *mut emuhost_fault_handle_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_fault_handle")?;
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        let h = Box::into_raw(Box::new(emuhost_fault_handle_t { handle: t.fault_handle() }));
+        // SAFETY: checked non-NULL and aligned; the caller vouches that it is writable.
+        unsafe { out.write(h) };
+        Ok(())
+    })
+}
+
+/// [`emuhost_handle_fault`] for this handle's tracker only. A NULL handle returns 0.
+/// Async-signal-safe.
+///
+/// # Safety
+/// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`] not deleted yet (it is a
+/// pointer, so that the signal handler reads it without a lock: delete it only once no handler
+/// can run with it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_fault_handle_handle(
+    handle: *const emuhost_fault_handle_t,
+    addr: usize,
+    is_write: i32,
+) -> i32 {
+    // SAFETY: NULL or live, as the caller vouches.
+    match unsafe { handle.as_ref() } {
+        Some(h) => h.handle.handle_fault(addr, is_write != 0) as i32,
+        None => 0,
+    }
+}
+
+/// Frees a fault handle. NULL does nothing.
+///
+/// # Safety
+/// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`], deleted once, that no
+/// signal handler is using or will use.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_fault_handle_delete(handle: *mut emuhost_fault_handle_t) {
+    if !handle.is_null() {
+        // SAFETY: made by Box::into_raw in emuhost_tracker_fault_handle, deleted once (as vouched).
+        drop(unsafe { Box::from_raw(handle) });
+    }
+}
+
+/// What a collect or query into words found.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct emuhost_written_t {
+    /// Pages reported written (each counted once).
+    pub pages: u64,
+    /// Of them, pages of spans found not tracked any more (reported written, to lose nothing).
+    pub untracked_pages: u64,
+    /// The tracker's collect number it belongs to.
+    pub seq: u64,
+}
+
+impl From<Written> for emuhost_written_t {
+    fn from(w: Written) -> Self {
+        Self { pages: w.pages, untracked_pages: w.untracked_pages, seq: w.seq }
+    }
+}
+
+/// The common part of the `*_collect_into` calls: the range, the words, the result.
+///
+/// # Safety
+/// `words` points to `nwords` writable values; `result` is NULL or writable.
+unsafe fn into_words(
+    addr: u64,
+    len: u64,
+    words: *mut u64,
+    nwords: usize,
+    result: *mut emuhost_written_t,
+    read: impl FnOnce(GuestRange, &mut [u64]) -> Result<Written, emuhost::watch::WatchError>,
+) -> Result<(), Error> {
+    let range = GuestRange::new(GuestAddr(addr), len)?;
+    // SAFETY: as the caller vouches.
+    let words = unsafe { slice_mut(words, nwords, "words") }?;
+    let w = read(range, words)?;
+    // SAFETY: as the caller vouches.
+    unsafe { crate::ffi::put_opt(result, "result", w.into()) }
+}
+
+/// Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
+/// pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit
+/// `i % 64` of `words[i / 64]`) is ORed in where any page of the `granularity` bytes from
+/// `addr + i * granularity` was written; no bit is cleared. `granularity`: a power of two, at least the
+/// page size. `nwords` must be at least `ceil(ceil(len / granularity) / 64)`; a bad granularity or
+/// too few words is an error before anything is collected. Allocates nothing once warm.
+///
+/// # Safety
+/// `words` points to `nwords` writable values; `result` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_collect_into(
+    tracker: *const emuhost_tracker_t,
+    addr: u64,
+    len: u64,
+    granularity: u64,
+    words: *mut u64,
+    nwords: usize,
+    query: i32,
+    result: *mut emuhost_written_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_collect_into")?;
+        // SAFETY: as the caller vouches.
+        unsafe {
+            into_words(addr, len, words, nwords, result, |r, w| match query {
+                0 => t.collect_into(r, granularity, w),
+                _ => t.query_into(r, granularity, w),
+            })
+        }
+    })
+}
+
+/// One consumer of a tracker's writes (opaque): its own dirty pages, fed by every collect of the
+/// tracker, so two caches on one tracker each see every write.
+///
+/// Thread safety: any thread; calls on one consumer may run concurrently (they take the
+/// tracker's lock). It keeps its tracker alive.
+pub struct emuhost_consumer_t {
+    _private: [u8; 0],
+}
+
+impl Kind for Consumer {
+    type C = emuhost_consumer_t;
+    const NAME: &'static str = "consumer";
+}
+
+/// A new consumer of `tracker`'s writes (see [`emuhost_consumer_t`]).
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_consumer_new(
+    tracker: *const emuhost_tracker_t,
+    out: *mut *mut emuhost_consumer_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_consumer_new")?;
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        // SAFETY: as the caller vouches.
+        unsafe { handle::give(out, Arc::new(t.consumer())) }
+    })
+}
+
+/// Deletes a consumer (its pending pages go with it). NULL does nothing; a handle deleted
+/// already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_consumer_delete(consumer: *mut emuhost_consumer_t) -> *mut emuhost_error_t {
+    entry(|| handle::delete::<Consumer>(consumer))
+}
+
+/// [`emuhost_tracker_collect_into`] for this consumer: a collect of the tracker (feeding every
+/// consumer), then this consumer's pending pages of the range into `words`; a query takes nothing.
+///
+/// # Safety
+/// `words` points to `nwords` writable values; `result` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_consumer_collect_into(
+    consumer: *const emuhost_consumer_t,
+    addr: u64,
+    len: u64,
+    granularity: u64,
+    words: *mut u64,
+    nwords: usize,
+    query: i32,
+    result: *mut emuhost_written_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let c = handle::get::<Consumer>(consumer, "emuhost_consumer_collect_into")?;
+        // SAFETY: as the caller vouches.
+        unsafe {
+            into_words(addr, len, words, nwords, result, |r, w| match query {
+                0 => c.collect_into(r, granularity, w),
+                _ => c.query_into(r, granularity, w),
+            })
+        }
+    })
+}

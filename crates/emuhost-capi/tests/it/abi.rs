@@ -1,0 +1,507 @@
+//! The C ABI called as C calls it: results, and misuse (NULL, stale and mistyped handles, ranges
+//! outside the window, bad constants and text, small buffers) coming back as errors.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr::{null, null_mut};
+
+use emuhost_capi::*;
+
+/// The code and message of `e` (deleted), or `None` for success.
+fn outcome(e: *mut emuhost_error_t) -> Option<(u32, String)> {
+    if e.is_null() {
+        return None;
+    }
+    let code = emuhost_error_code(e);
+    // SAFETY: a NULL buffer of capacity 0 asks for the length; then a buffer of that much more one.
+    let message = unsafe {
+        let n = emuhost_error_message(e, null_mut(), 0);
+        let mut buf = vec![0 as c_char; n + 1];
+        assert_eq!(emuhost_error_message(e, buf.as_mut_ptr(), buf.len()), n);
+        CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+    };
+    assert!(emuhost_error_delete(e));
+    Some((code, message))
+}
+
+#[track_caller]
+fn ok(e: *mut emuhost_error_t) {
+    if let Some((code, message)) = outcome(e) {
+        panic!("error {code}: {message}");
+    }
+}
+
+#[track_caller]
+fn fails(e: *mut emuhost_error_t, code: u32, says: &str) -> String {
+    let (got, message) = outcome(e).expect("the call succeeded");
+    assert_eq!(got, code, "{message}");
+    assert!(message.contains(says), "{message:?} does not say {says:?}");
+    message
+}
+
+fn page() -> u64 {
+    emuhost::space::page_size()
+}
+
+fn space(pages: u64) -> *mut emuhost_space_t {
+    let mut s = null_mut();
+    // SAFETY: an out-pointer to a local.
+    ok(unsafe { emuhost_space_reserve(pages * page(), 0, &mut s) });
+    s
+}
+
+#[test]
+fn null_handles_and_out_pointers_are_errors() {
+    let p = page();
+    fails(emuhost_space_commit(null(), 0, p, EMUHOST_PROT_READ), EMUHOST_ERROR_NULL, "space handle is NULL");
+    fails(emuhost_tracker_arm(null(), 0, p), EMUHOST_ERROR_NULL, "tracker handle is NULL");
+    fails(emuhost_importer_release_all(null()), EMUHOST_ERROR_NULL, "importer handle is NULL");
+    fails(emuhost_sleeper_sleep(null(), EMUHOST_CALLER_GUEST, 1), EMUHOST_ERROR_NULL, "sleeper handle is NULL");
+    // SAFETY: NULL out-pointers, which the calls check.
+    unsafe {
+        fails(emuhost_space_reserve(16 * p, 0, null_mut()), EMUHOST_ERROR_NULL, "out-pointer is NULL");
+        fails(emuhost_settings_new(null_mut()), EMUHOST_ERROR_NULL, "out-pointer is NULL");
+        let s = space(4);
+        fails(emuhost_space_info(s, null_mut()), EMUHOST_ERROR_NULL, "NULL");
+        fails(emuhost_space_write(s, 0, null(), 8), EMUHOST_ERROR_NULL, "data is NULL");
+        ok(emuhost_space_delete(s));
+    }
+    // Deleting NULL does nothing.
+    ok(emuhost_space_delete(null_mut()));
+    assert!(emuhost_error_delete(null_mut()));
+    assert_eq!(emuhost_error_code(null()), EMUHOST_ERROR_NULL);
+}
+
+#[test]
+fn ranges_outside_the_window_and_bad_constants_are_errors() {
+    let p = page();
+    let s = space(16);
+    fails(
+        emuhost_space_commit(s, 16 * p, p, EMUHOST_PROT_READ),
+        EMUHOST_ERROR_OUT_OF_RANGE,
+        "outside the guest window",
+    );
+    fails(emuhost_space_commit(s, 15 * p, 2 * p, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+    fails(emuhost_space_commit(s, u64::MAX - p + 1, 2 * p, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+    fails(emuhost_space_commit(s, 1, p, EMUHOST_PROT_READ), EMUHOST_ERROR_INVALID_ARGUMENT, "not aligned");
+    fails(emuhost_space_commit(s, 0, 0, EMUHOST_PROT_READ), EMUHOST_ERROR_INVALID_ARGUMENT, "zero length");
+    fails(emuhost_space_commit(s, 0, p, 8), EMUHOST_ERROR_INVALID_ARGUMENT, "protection 0x8");
+    // SAFETY: a local buffer and its length.
+    unsafe {
+        let buf = [0u8; 8];
+        fails(emuhost_space_write(s, 16 * p - 4, buf.as_ptr().cast(), 8), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        let mut t = null_mut();
+        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 0, &mut t));
+        fails(emuhost_tracker_arm(t, 0, 17 * p), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        fails(emuhost_tracker_new(s, null(), 7, 0, &mut t), EMUHOST_ERROR_INVALID_ARGUMENT, "backend 7");
+        let mut t2 = null_mut();
+        fails(
+            emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 2, &mut t2),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "flags 0x2",
+        );
+        // Words: a granularity that is no power of two, too few words, a range past the window.
+        let mut words = [0u64; 1];
+        let w = words.as_mut_ptr();
+        fails(
+            emuhost_tracker_collect_into(t, 0, p, 3 * p, w, 1, 0, null_mut()),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "granularity",
+        );
+        fails(
+            emuhost_tracker_collect_into(t, 0, 16 * p, p, w, 0, 0, null_mut()),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "words",
+        );
+        fails(
+            emuhost_tracker_collect_into(t, 0, 17 * p, p, w, 1, 1, null_mut()),
+            EMUHOST_ERROR_OUT_OF_RANGE,
+            "outside",
+        );
+        fails(emuhost_tracker_collect_into(t, 0, p, p, null_mut(), 1, 0, null_mut()), EMUHOST_ERROR_NULL, "words");
+        let mut c = null_mut();
+        ok(emuhost_consumer_new(t, &mut c));
+        ok(emuhost_consumer_delete(c));
+        fails(emuhost_consumer_delete(c), EMUHOST_ERROR_BAD_HANDLE, "not a live consumer handle");
+        fails(
+            emuhost_consumer_collect_into(c, 0, p, p, w, 1, 0, null_mut()),
+            EMUHOST_ERROR_BAD_HANDLE,
+            "not a live consumer",
+        );
+        // A fault handle of no tracker, and a NULL one, take no fault.
+        assert_eq!(emuhost_fault_handle_handle(null(), 0x1000, 1), 0);
+        assert_eq!(emuhost_handle_fault(0x1000, 1), 0);
+        ok(emuhost_tracker_delete(t));
+    }
+    fails(emuhost_sleeper_sleep(null(), 9, 1), EMUHOST_ERROR_NULL, "NULL");
+    fails(emuhost_set_log_level(0), EMUHOST_ERROR_INVALID_ARGUMENT, "log level 0");
+    assert!(emuhost_watch_backend_name(9).is_null() && emuhost_wait_name(9).is_null());
+    ok(emuhost_space_delete(s));
+}
+
+#[test]
+fn deleted_and_mistyped_handles_are_errors_and_a_double_delete_changes_nothing() {
+    let s = space(4);
+    let mut settings = null_mut();
+    // SAFETY: out-pointers to locals.
+    unsafe { ok(emuhost_settings_new(&mut settings)) };
+    // A settings handle is not a space.
+    let as_space = settings.cast::<emuhost_space_t>();
+    fails(emuhost_space_zero(as_space, 0, page()), EMUHOST_ERROR_BAD_HANDLE, "not a live space handle");
+    fails(emuhost_space_delete(as_space), EMUHOST_ERROR_BAD_HANDLE, "not a live space handle");
+    ok(emuhost_settings_delete(settings));
+    fails(emuhost_settings_delete(settings), EMUHOST_ERROR_BAD_HANDLE, "deleted already");
+
+    ok(emuhost_space_delete(s));
+    fails(emuhost_space_delete(s), EMUHOST_ERROR_BAD_HANDLE, "not a live space handle");
+    fails(emuhost_space_commit(s, 0, page(), EMUHOST_PROT_READ), EMUHOST_ERROR_BAD_HANDLE, "not a live space");
+    // A made-up value.
+    let bogus = std::ptr::without_provenance_mut::<emuhost_tracker_t>(0xdead_0000);
+    fails(emuhost_tracker_arm(bogus, 0, page()), EMUHOST_ERROR_BAD_HANDLE, "not a live tracker handle");
+
+    // Errors: a second delete says false and does nothing.
+    let e = emuhost_space_delete(s);
+    assert!(!e.is_null());
+    assert!(emuhost_error_delete(e));
+    assert!(!emuhost_error_delete(e));
+    assert_eq!(emuhost_error_code(e), EMUHOST_ERROR_BAD_HANDLE);
+}
+
+#[test]
+fn a_tracker_keeps_its_space_and_collects_into_the_callers_words() {
+    let p = page();
+    let s = space(16);
+    let mut t = null_mut();
+    // SAFETY: out-pointers and buffers are locals with their lengths.
+    unsafe {
+        ok(emuhost_space_commit(s, 0, 16 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_AUTO, 0, &mut t));
+        let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+        ok(emuhost_space_info(s, &mut info));
+        // The space handle goes; the tracker keeps the space.
+        ok(emuhost_space_delete(s));
+        fails(emuhost_space_info(s, &mut info), EMUHOST_ERROR_BAD_HANDLE, "space");
+        ok(emuhost_tracker_arm(t, 0, 16 * p));
+        let mut backend = 0;
+        ok(emuhost_tracker_backend(t, &mut backend));
+        assert!(!emuhost_watch_backend_name(backend).is_null());
+        // Writes straight to guest memory, as guest code makes them.
+        let base = info.host_base.cast::<u8>();
+        for i in [3u64, 4, 9] {
+            std::ptr::write_volatile(base.add((i * p + 1) as usize), 7u8);
+        }
+        let mut pages = [0u64; 16];
+        let mut r = emuhost_collect_t::default();
+        // Too little room: refused before anything is collected, so nothing is lost.
+        fails(
+            emuhost_tracker_collect(t, 0, 16 * p, pages.as_mut_ptr(), 15, &mut r),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "room for 15 pages",
+        );
+        fails(emuhost_tracker_collect(t, 0, 16 * p, pages.as_mut_ptr(), 16, null_mut()), EMUHOST_ERROR_NULL, "result");
+        ok(emuhost_tracker_collect(t, 0, 16 * p, pages.as_mut_ptr(), 16, &mut r));
+        assert_eq!(&pages[..r.pages], &[3 * p, 4 * p, 9 * p]);
+        assert_eq!(r.seq, 1);
+        ok(emuhost_tracker_collect(t, 0, 16 * p, pages.as_mut_ptr(), 16, &mut r));
+        assert_eq!(r.pages, 0);
+        ok(emuhost_tracker_delete(t));
+    }
+}
+
+#[test]
+fn settings_are_set_by_name_and_a_bad_one_is_named() {
+    let mut st = null_mut();
+    // SAFETY: out-pointers to locals; NUL-terminated literals.
+    unsafe {
+        ok(emuhost_settings_new(&mut st));
+        let m = fails(
+            emuhost_settings_set(st, c"EMUHOST_WACTH".as_ptr(), c"uffd".as_ptr()),
+            EMUHOST_ERROR_SETTING,
+            "EMUHOST_WACTH",
+        );
+        assert!(m.contains("EMUHOST_WATCH"), "{m}");
+        fails(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), c"fast".as_ptr()), EMUHOST_ERROR_SETTING, "\"fast\"");
+        fails(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), null()), EMUHOST_ERROR_NULL, "value is NULL");
+        let bad = [0xffu8, 0];
+        fails(
+            emuhost_settings_set(st, bad.as_ptr().cast(), c"1".as_ptr()),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "not UTF-8",
+        );
+        // A setting reaches what is made with it: the tracker's backend.
+        ok(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), c"mprotect".as_ptr()));
+        let s = space(4);
+        let mut t = null_mut();
+        ok(emuhost_tracker_new(s, st, EMUHOST_WATCH_AUTO, 0, &mut t));
+        let mut backend = 0;
+        ok(emuhost_tracker_backend(t, &mut backend));
+        assert_eq!(backend, EMUHOST_WATCH_MPROTECT);
+        // One tracker per space.
+        let mut t2 = null_mut();
+        fails(
+            emuhost_tracker_new(s, st, EMUHOST_WATCH_MPROTECT, 0, &mut t2),
+            EMUHOST_ERROR_REFUSED,
+            "one tracker per space",
+        );
+        ok(emuhost_tracker_delete(t));
+        ok(emuhost_space_delete(s));
+        // The sleep switch reaches the sleeper's rule.
+        ok(emuhost_settings_set(st, c"EMUHOST_SHORT_SLEEP_TIMER".as_ptr(), c"off".as_ptr()));
+        let mut sl = null_mut();
+        ok(emuhost_sleeper_new(st, &mut sl));
+        let mut rule = emuhost_sleep_rule_t::default();
+        let mut why = [0 as c_char; 16];
+        let mut len = 0;
+        ok(emuhost_sleeper_rule(sl, &mut rule, why.as_mut_ptr(), why.len(), &mut len));
+        assert_eq!((rule.guest, rule.host), (EMUHOST_WAIT_YIELD, EMUHOST_WAIT_YIELD));
+        // Cut to the buffer, NUL-terminated, with the full length given.
+        let cut = CStr::from_ptr(why.as_ptr()).to_str().unwrap();
+        assert_eq!(cut.len(), 15);
+        assert!(len > 15 && "EMUHOST_SHORT_SLEEP_TIMER".starts_with(cut), "{cut:?} {len}");
+        let t0 = std::time::Instant::now();
+        ok(emuhost_sleeper_sleep(sl, EMUHOST_CALLER_GUEST, 20_000));
+        assert!(t0.elapsed() >= std::time::Duration::from_micros(20));
+        fails(emuhost_sleeper_sleep(sl, 2, 1), EMUHOST_ERROR_INVALID_ARGUMENT, "caller 2");
+        ok(emuhost_sleeper_delete(sl));
+        ok(emuhost_settings_delete(st));
+    }
+}
+
+#[test]
+fn sections_map_views_that_alias() {
+    let p = page();
+    let s = space(16);
+    // SAFETY: out-pointers and buffers are locals with their lengths.
+    unsafe {
+        let mut id = 0;
+        ok(emuhost_space_create_section(s, 4 * p, &mut id));
+        ok(emuhost_space_map_section(s, 0, p, id, 0, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        let mut views = 0;
+        let pages = [0u64, 1, 3];
+        ok(emuhost_space_map_pages(
+            s,
+            8 * p,
+            id,
+            pages.as_ptr(),
+            3,
+            EMUHOST_PROT_READ | EMUHOST_PROT_WRITE,
+            &mut views,
+        ));
+        assert_eq!(views, 2);
+        ok(emuhost_space_write(s, 8, b"alias".as_ptr().cast(), 5));
+        let mut back = [0u8; 5];
+        ok(emuhost_space_read(s, 8 * p + 8, back.as_mut_ptr().cast(), 5));
+        assert_eq!(&back, b"alias");
+        let mut out = [emuhost_view_t::default(); 2];
+        let mut n = 0;
+        ok(emuhost_space_views(s, 0, 16 * p, out.as_mut_ptr(), 2, &mut n));
+        assert_eq!(n, 3, "three views, two returned");
+        assert_eq!(out[1], emuhost_view_t { addr: 8 * p, len: 2 * p, section: id, offset: 0 });
+        fails(
+            emuhost_space_map_section(s, 0, p, id, 4 * p, EMUHOST_PROT_READ),
+            EMUHOST_ERROR_OUT_OF_RANGE,
+            "past its end",
+        );
+        fails(
+            emuhost_space_map_section(s, 0, p, id + 1, 0, EMUHOST_PROT_READ),
+            EMUHOST_ERROR_INVALID_ARGUMENT,
+            "does not exist",
+        );
+        ok(emuhost_space_commit(s, 4 * p, 2 * p, EMUHOST_PROT_READ));
+        let mut allocs = [emuhost_allocation_t::default(); 4];
+        ok(emuhost_space_allocations(s, 0, 16 * p, allocs.as_mut_ptr(), 4, &mut n));
+        assert_eq!((n, allocs[0].addr, allocs[0].len), (1, 4 * p, 2 * p));
+        ok(emuhost_space_decommit(s, 4 * p, p));
+        ok(emuhost_space_allocations(s, 0, 16 * p, null_mut(), 0, &mut n));
+        assert_eq!(n, 1);
+        ok(emuhost_space_destroy_section(s, id));
+        fails(emuhost_space_destroy_section(s, id), EMUHOST_ERROR_INVALID_ARGUMENT, "does not exist");
+        ok(emuhost_space_delete(s));
+    }
+}
+
+#[test]
+fn an_importer_binds_pools_and_counts() {
+    let p = page();
+    let s = space(4096);
+    // SAFETY: out-pointers are locals; NUL-terminated literals.
+    unsafe {
+        let mut st = null_mut();
+        ok(emuhost_settings_new(&mut st));
+        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_BACKEND".as_ptr(), c"pin".as_ptr()));
+        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_CHUNK_MB".as_ptr(), c"1".as_ptr()));
+        let mut imp = null_mut();
+        ok(emuhost_importer_new(s, st, &mut imp));
+        ok(emuhost_settings_delete(st));
+        let mut gpu = 9;
+        let mut len = 0;
+        ok(emuhost_importer_backend(imp, &mut gpu, null_mut(), 0, &mut len));
+        assert_eq!(gpu, EMUHOST_GPU_NONE);
+        assert!(len > 0);
+        ok(emuhost_space_commit(s, 0, 512 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        let mut pool = 0;
+        ok(emuhost_importer_add_pool(imp, 0, 64 * p, &mut pool));
+        let mut b = emuhost_binding_t::default();
+        ok(emuhost_importer_bind(imp, 4 * p, p, &mut b));
+        assert!(b.made && b.import_lo == 0 && b.offset == 4 * p, "{b:?}");
+        ok(emuhost_importer_bind(imp, 5 * p, p, &mut b));
+        assert!(!b.made);
+        let mut stats = emuhost_import_stats_t::default();
+        ok(emuhost_importer_stats(imp, &mut stats));
+        assert_eq!((stats.imports, stats.reuses, stats.live), (1, 1, 1));
+        fails(emuhost_importer_bind(imp, 0, 0, &mut b), EMUHOST_ERROR_INVALID_ARGUMENT, "zero size");
+        // The import holds its pages: a decommit under it is refused.
+        fails(emuhost_space_decommit(s, 0, p), EMUHOST_ERROR_REFUSED, "held");
+        ok(emuhost_importer_remove_pool(imp, pool));
+        fails(emuhost_importer_remove_pool(imp, pool), EMUHOST_ERROR_INVALID_ARGUMENT, "not a live pool");
+        ok(emuhost_importer_release_all(imp));
+        ok(emuhost_space_decommit(s, 0, p));
+        ok(emuhost_importer_delete(imp));
+        ok(emuhost_space_delete(s));
+    }
+}
+
+static LINES: std::sync::Mutex<Vec<(u32, String, String)>> = std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn keep(user: *mut c_void, level: u32, target: *const c_char, message: *const c_char) {
+    assert_eq!(user as usize, 0x5eed);
+    // SAFETY: the strings live across the call (the callback's contract).
+    let (target, message) = unsafe { (CStr::from_ptr(target), CStr::from_ptr(message)) };
+    let line = (level, target.to_string_lossy().into_owned(), message.to_string_lossy().into_owned());
+    LINES.lock().unwrap().push(line);
+}
+
+#[test]
+fn the_log_callback_receives_emuhosts_lines() {
+    // SAFETY: `keep` is thread-safe and lives for the process.
+    unsafe { ok(emuhost_set_log_callback(Some(keep), std::ptr::without_provenance_mut(0x5eed))) };
+    let mut count = 0;
+    // SAFETY: out-pointers to locals.
+    unsafe { ok(emuhost_prepare_workers(EMUHOST_ALLOCATOR_LOCKED, &mut count, null_mut(), 0, null_mut())) };
+    assert!(count >= 1);
+    let lines = LINES.lock().unwrap().clone();
+    let line = lines.iter().find(|(_, _, m)| m.contains("sched: prepare_workers:"));
+    let (level, target, _) = line.unwrap_or_else(|| panic!("no prepare_workers line in {lines:?}"));
+    assert_eq!((*level, target.as_str()), (EMUHOST_LOG_INFO, "emuhost::sched::workers"));
+    // SAFETY: NULL stops the lines.
+    unsafe { ok(emuhost_set_log_callback(None, null_mut())) };
+}
+
+/// A panic inside the runtime (injected in `Space::commit`) comes back as an error, and the space
+/// still works afterwards.
+#[cfg(feature = "faults")]
+#[test]
+fn a_panic_inside_emuhost_comes_back_as_an_error() {
+    use emuhost::faults::{Plan, scoped};
+    let p = page();
+    let s = space(4);
+    let scope = scoped(Plan { panic_commit: true, ..Plan::default() });
+    fails(
+        emuhost_space_commit(s, 0, p, EMUHOST_PROT_READ),
+        EMUHOST_ERROR_PANIC,
+        "fault injected: a panic in Space::commit",
+    );
+    drop(scope);
+    ok(emuhost_space_commit(s, 0, p, EMUHOST_PROT_READ));
+    ok(emuhost_space_delete(s));
+}
+
+#[test]
+fn an_adopted_window_goes_back_to_the_caller_reserved() {
+    let p = page();
+    let len = 16 * p;
+    // SAFETY: a fresh anonymous reservation the test owns and unmaps at the end.
+    let base = unsafe {
+        libc::mmap(
+            null_mut(),
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: the reservation is the test's; nothing else maps in it while the space lives.
+    unsafe {
+        let mut s = null_mut();
+        ok(emuhost_space_adopt(base, len, &mut s));
+        let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+        ok(emuhost_space_info(s, &mut info));
+        assert!(info.adopted && info.host_base == base && info.window == len && info.guard == 0);
+        ok(emuhost_space_commit(s, 0, 2 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        *base.cast::<u8>() = 9;
+        ok(emuhost_space_delete(s));
+        // Still mapped (reserved): a window cannot be reserved over it.
+        let mut again = null_mut();
+        fails(emuhost_space_reserve_at(base, len, 0, &mut again), EMUHOST_ERROR_OS, "reserving host range");
+        assert_eq!(libc::munmap(base, len as usize), 0);
+        // Unmapped now: not a reservation to adopt.
+        fails(emuhost_space_adopt(base, len, &mut again), EMUHOST_ERROR_REFUSED, "adopting host range");
+    }
+}
+
+#[test]
+fn protect_zero_populate_and_commit_reserved() {
+    let p = page();
+    let s = space(8);
+    // SAFETY: out-pointers and buffers are locals with their lengths.
+    unsafe {
+        let rw = EMUHOST_PROT_READ | EMUHOST_PROT_WRITE;
+        ok(emuhost_space_commit(s, 0, 2 * p, rw));
+        let mut n = 0;
+        ok(emuhost_space_commit_reserved(s, 0, 4 * p, rw, &mut n));
+        assert_eq!(n, 2 * p, "only the two reserved pages");
+        ok(emuhost_space_populate(s, 0, 4 * p));
+        ok(emuhost_space_write(s, 16, b"bytes".as_ptr().cast(), 5));
+        ok(emuhost_space_zero(s, 0, p));
+        let mut back = [1u8; 5];
+        ok(emuhost_space_read(s, 16, back.as_mut_ptr().cast(), 5));
+        assert_eq!(back, [0; 5]);
+        ok(emuhost_space_protect(s, 0, p, EMUHOST_PROT_READ));
+        assert!(outcome(emuhost_space_write(s, 16, b"x".as_ptr().cast(), 1)).is_some(), "a read-only page was written");
+        fails(emuhost_space_protect(s, 8 * p, p, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        ok(emuhost_space_delete(s));
+    }
+}
+
+#[test]
+fn importers_on_callers_objects_refuse_null_ones() {
+    let s = space(16);
+    let mut imp = null_mut();
+    // SAFETY: NULL and zeroed descriptions, which the calls check before any use.
+    unsafe {
+        fails(emuhost_importer_new_cuda(s, null(), null_mut(), &mut imp), EMUHOST_ERROR_UNAVAILABLE, "");
+        fails(emuhost_importer_new_vulkan(s, null(), null(), &mut imp), EMUHOST_ERROR_NULL, "device is NULL");
+        let dev = emuhost_vulkan_device_t {
+            get_instance_proc_addr: None,
+            instance: null_mut(),
+            physical_device: null_mut(),
+            device: null_mut(),
+            enabled_extensions: null(),
+            enabled_extension_count: 0,
+            buffer_usage: 0,
+        };
+        fails(emuhost_importer_new_vulkan(s, null(), &dev, &mut imp), EMUHOST_ERROR_NULL, "get_instance_proc_addr");
+    }
+    assert!(imp.is_null());
+    ok(emuhost_space_delete(s));
+}
+
+#[test]
+fn fault_switches_are_installed_once() {
+    let mut st = null_mut();
+    // SAFETY: out-pointers to locals; NUL-terminated literals.
+    unsafe {
+        ok(emuhost_settings_new(&mut st));
+        // No fault: the process's plan is fixed as none.
+        ok(emuhost_settings_install_faults(st));
+        let e = emuhost_settings_set(st, c"EMUHOST_FAULT_UFFD".as_ptr(), c"eperm".as_ptr());
+        if cfg!(feature = "faults") {
+            ok(e);
+            fails(emuhost_settings_install_faults(st), EMUHOST_ERROR_REFUSED, "fixed already");
+        } else {
+            fails(e, EMUHOST_ERROR_SETTING, "no fault injection");
+        }
+        ok(emuhost_settings_delete(st));
+    }
+}

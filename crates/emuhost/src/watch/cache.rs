@@ -1,0 +1,224 @@
+//! Tracking shaped like an emulator's caches: collects into the caller's bitmap words, queries
+//! that report without arming again, and consumers (a buffer cache, a texture cache) that each
+//! have their own dirty pages on one tracker.
+//!
+//! Bitmap words: bit `i` (bit `i % 64` of word `i / 64`) stands for the `granularity` bytes of
+//! the range from `range.start + i * granularity`; it is set where a page written lies in them.
+//! Bits are OR-ed in; none is cleared.
+//!
+//! Consumers: every collect of the tracker (the tracker's own, or any consumer's) adds the pages
+//! it found to every consumer's pending pages, under the tracker's lock, so a write is reported
+//! once to each consumer whichever collects first. A consumer's pending pages are one bit per
+//! page of the window, in a zeroed vector that the allocator maps lazily (a 512 GiB window costs
+//! 16 MiB of address space and only the pages touched).
+
+use std::sync::Arc;
+
+use super::{Inner, Read, Scratch, Tracker, WatchError};
+use crate::space::{GuestRange, page_size};
+
+/// What a [`Tracker::collect_into`] (or a query, or a consumer's) reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Written {
+    /// Pages reported written (each once).
+    pub pages: u64,
+    /// Of those, pages of spans not tracked any more (released behind the space's back): their
+    /// content is unknown, so they are reported written.
+    pub untracked_pages: u64,
+    /// The collect's number ([`Tracker::collects_started`]); for a query, the number of the last
+    /// collect to start.
+    pub seq: u64,
+}
+
+/// One consumer's pending pages: a bit per page of the window.
+pub(super) struct Pending {
+    id: u64,
+    bits: Vec<u64>,
+}
+
+impl Pending {
+    /// Marks the pages of guest `(start, end)` pairs (page-aligned, inside the window).
+    pub(super) fn add(&mut self, runs: impl Iterator<Item = (u64, u64)>) {
+        let p = page_size();
+        for (s, e) in runs {
+            for i in s / p..e / p {
+                self.bits[(i / 64) as usize] |= 1 << (i % 64);
+            }
+        }
+    }
+
+    /// Calls `f` with each marked page of `a..b` (guest, page-aligned), clearing the marks if
+    /// `take`.
+    fn each(&mut self, a: u64, b: u64, take: bool, mut f: impl FnMut(u64)) {
+        let p = page_size();
+        let (mut i, end) = (a / p, b / p);
+        while i < end {
+            let w = (i / 64) as usize;
+            let (lo, hi) = (i % 64, (end - (i - i % 64)).min(64));
+            let mask = if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo };
+            let mut set = self.bits[w] & mask;
+            if take {
+                self.bits[w] &= !mask;
+            }
+            while set != 0 {
+                let bit = set.trailing_zeros() as u64;
+                set &= set - 1;
+                f((w as u64 * 64 + bit) * p);
+            }
+            i = i - lo + 64;
+        }
+    }
+}
+
+/// Checks a bitmap's granularity and length for `range` before anything is read (so a refused
+/// call consumes nothing).
+fn check(range: GuestRange, granularity: u64, have: usize) -> Result<(), WatchError> {
+    let page = page_size();
+    if !granularity.is_power_of_two() || granularity < page {
+        return Err(WatchError::BadGranularity { granularity, page });
+    }
+    let need = range.len().div_ceil(granularity).div_ceil(64);
+    let need = usize::try_from(need).unwrap_or(usize::MAX);
+    if have < need {
+        return Err(WatchError::WordsTooShort { range, granularity, need, have });
+    }
+    Ok(())
+}
+
+/// Sets the bits of guest `s..e` (inside `range`) in `words`.
+fn set(words: &mut [u64], range: GuestRange, granularity: u64, s: u64, e: u64) {
+    let a = range.start().0;
+    let shift = granularity.trailing_zeros();
+    for i in (s - a) >> shift..(e - a).div_ceil(granularity) {
+        words[(i / 64) as usize] |= 1 << (i % 64);
+    }
+}
+
+/// ORs the result of a read (`sc`) into `words`.
+fn or_read(sc: &Scratch, range: GuestRange, granularity: u64, words: &mut [u64], seq: u64) -> Written {
+    let p = page_size();
+    let mut out = Written { seq, ..Written::default() };
+    for &(s, e) in &sc.runs {
+        set(words, range, granularity, s, e);
+        out.pages += (e - s) / p;
+    }
+    // Untracked spans are reported written too; pages of theirs a run covered are counted once.
+    for u in &sc.untracked {
+        let (s, e) = (u.start().0, u.end().0);
+        set(words, range, granularity, s, e);
+        let covered: u64 = sc.runs.iter().filter_map(|&(x, y)| super::clip(s, e, x, y)).map(|(x, y)| (y - x) / p).sum();
+        out.pages += (e - s) / p - covered;
+        out.untracked_pages += (e - s) / p;
+    }
+    out
+}
+
+impl Tracker {
+    /// Collects the pages of `range` written since the last collect and arms them again, as
+    /// [`Tracker::collect`] does, and ORs one bit per `granularity` bytes into `words` (see the
+    /// module's doc for the layout: bit `i` is `range.start + i * granularity`). `granularity`
+    /// must be a power of two of at least the page size ([`WatchError::BadGranularity`]), and
+    /// `words` must hold `ceil(ceil(range.len / granularity) / 64)` words
+    /// ([`WatchError::WordsTooShort`]); either error is given before anything is collected.
+    /// Spans not tracked any more are reported written.
+    ///
+    /// Allocates nothing once the tracker's buffers have grown to the size of the range's
+    /// layout (the first collects of a range may grow them); verify mode, a failed read and
+    /// pages the space changed under the tracker (mapped anew, released) take the slow path.
+    pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
+        check(range, granularity, words.len())?;
+        self.read(range, Read::Collect, |sc, seq, _| or_read(sc, range, granularity, words, seq))
+    }
+
+    /// Reports the pages of `range` written since the last collect into `words` (as
+    /// [`Tracker::collect_into`] does), without taking them or arming anything: the next collect
+    /// reports them still. Pages a collect handed to consumers are the consumers' to report
+    /// ([`Consumer::query_into`]).
+    pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
+        check(range, granularity, words.len())?;
+        self.read(range, Read::Query, |sc, seq, _| or_read(sc, range, granularity, words, seq))
+    }
+
+    /// A new consumer of this tracker's writes, with its own dirty pages: every collect of the
+    /// tracker from now on (its own, or any consumer's) adds the pages it finds to each
+    /// consumer's, and a consumer's collect takes only its own. So two caches on one tracker
+    /// each see every write made after the consumer was made (and possibly some earlier ones).
+    pub fn consumer(self: &Arc<Self>) -> Consumer {
+        let mut inner = self.inner();
+        inner.consumer_ids += 1;
+        let id = inner.consumer_ids;
+        let pages = self.space.window() / page_size();
+        inner.consumers.push(Pending { id, bits: vec![0; pages.div_ceil(64) as usize] });
+        Consumer { tracker: self.clone(), id }
+    }
+}
+
+/// One consumer of a tracker's writes (made by [`Tracker::consumer`]): its own dirty pages, fed
+/// by every collect of the tracker. Dropping it drops its pending pages.
+pub struct Consumer {
+    tracker: Arc<Tracker>,
+    id: u64,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer").field("id", &self.id).finish()
+    }
+}
+
+impl Consumer {
+    /// The tracker it consumes.
+    pub fn tracker(&self) -> &Arc<Tracker> {
+        &self.tracker
+    }
+
+    fn pending<'a>(&self, inner: &'a mut Inner) -> &'a mut Pending {
+        inner.consumers.iter_mut().find(|c| c.id == self.id).expect("a live consumer has its pending pages")
+    }
+
+    /// Collects `range` on the tracker (adding what it finds to every consumer's pending pages),
+    /// then takes this consumer's pending pages of `range` into `words` as
+    /// [`Tracker::collect_into`] lays them out. The errors are its.
+    pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
+        check(range, granularity, words.len())?;
+        self.tracker.read(range, Read::Collect, |_, seq, inner| {
+            let p = page_size();
+            let mut out = Written { seq, ..Written::default() };
+            self.pending(inner).each(range.start().0, range.end().0, true, |s| {
+                set(words, range, granularity, s, s + p);
+                out.pages += 1;
+            });
+            out
+        })
+    }
+
+    /// Reports this consumer's pending pages of `range` and the tracker's pages written since
+    /// its last collect into `words`, taking nothing: this consumer's next collect reports them.
+    pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
+        check(range, granularity, words.len())?;
+        self.tracker.read(range, Read::Query, |sc, seq, inner| {
+            let p = page_size();
+            let mut out = or_read(sc, range, granularity, words, seq);
+            // Pending pages the read reported already are counted once.
+            self.pending(inner).each(range.start().0, range.end().0, false, |s| {
+                set(words, range, granularity, s, s + p);
+                // The runs are sorted and apart: the first that ends past `s` is the only candidate.
+                let i = sc.runs.partition_point(|&(_, y)| y <= s);
+                let seen = sc.runs.get(i).is_some_and(|&(x, _)| x <= s)
+                    || sc.untracked.iter().any(|u| u.start().0 <= s && s < u.end().0);
+                if !seen {
+                    out.pages += 1;
+                }
+            });
+            out
+        })
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.tracker.inner().consumers.retain(|c| c.id != id);
+    }
+}

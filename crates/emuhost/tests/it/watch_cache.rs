@@ -1,0 +1,384 @@
+//! Tracking shaped like an emulator's caches, on every usable backend: collects into the
+//! caller's bitmap words, queries that take nothing, consumers that do not eat each other's
+//! dirty pages, and `handle_fault` called from the test's own `SIGSEGV` handler.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+use emuhost::watch::{self, BackendKind, FaultHandle, Tracker, TrackerConfig, WatchError};
+
+use crate::watch::usable;
+
+fn p() -> u64 {
+    page_size()
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod uffd {
+            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Uffd) } )*
+        }
+        mod mprotect {
+            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Mprotect) } )*
+        }
+    };
+}
+
+conformance!(
+    collect_into_sets_one_bit_per_grain,
+    bad_granularity_or_short_words_are_errors_that_take_nothing,
+    a_query_reports_without_taking,
+    two_consumers_both_see_every_write,
+    handle_fault_from_the_embedders_own_handler,
+    handle_fault_racing_collects_loses_nothing,
+    collect_into_allocates_nothing_once_warm,
+);
+
+fn setup(kind: BackendKind, pages: u64) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
+    if !usable(kind) {
+        return None;
+    }
+    let s = Arc::new(Space::with_window(1 << 30).unwrap());
+    let t = Tracker::with_backend(&s, kind).unwrap();
+    let r = s.range(0, pages * p()).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    Some((s, t, r))
+}
+
+fn poke(s: &Space, page: u64) {
+    s.store(GuestAddr(page * p() + 8), &[0x5a]).unwrap();
+}
+
+/// The set bits' numbers.
+fn bits(words: &[u64]) -> Vec<u64> {
+    (0..words.len() as u64 * 64).filter(|i| words[(i / 64) as usize] & (1 << (i % 64)) != 0).collect()
+}
+
+fn collect_into_sets_one_bit_per_grain(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 2048) else { return };
+    let g = 64 << 10;
+    let per = g / p();
+    for page in [0, per + 1, per + 2, 6 * per + 3, 64 * per - 1, 64 * per, 2047] {
+        poke(&s, page);
+    }
+    // A word past the need stays as it was; bits already set stay set.
+    let mut words = [0, 0, 0, 1 << 7];
+    let w = t.collect_into(r, g, &mut words).unwrap();
+    assert_eq!(bits(&words), vec![0, 1, 6, 63, 64, 127, 192 + 7]);
+    assert_eq!((w.pages, w.untracked_pages), (7, 0), "{w:?}");
+    assert_eq!(w.seq, t.collects_started());
+    // Taken and armed again: the next collect has nothing until the next write.
+    let mut words = [0u64; 2];
+    assert_eq!(t.collect_into(r, g, &mut words).unwrap().pages, 0);
+    assert_eq!(words, [0, 0]);
+    poke(&s, 5 * per);
+    t.collect_into(r, g, &mut words).unwrap();
+    assert_eq!(bits(&words), vec![5]);
+    // A range from a grain's middle: bit 0 is its first `g` bytes; one bit per page at the page
+    // size.
+    let mid = s.range(3 * p(), 100 * p()).unwrap();
+    poke(&s, 3);
+    poke(&s, 3 + per);
+    poke(&s, 99);
+    let mut words = [0u64; 1];
+    t.collect_into(mid, g, &mut words).unwrap();
+    assert_eq!(bits(&words), vec![0, 1, 6], "page 99 is 96 pages into the range: grain 6 (of 7, the last partial)");
+    let mut words = [0u64; 2];
+    assert!(t.collect_into(mid, g, &mut words).unwrap().pages == 0);
+    poke(&s, 3);
+    poke(&s, 99);
+    t.collect_into(mid, p(), &mut words).unwrap();
+    assert_eq!(bits(&words), vec![0, 96]);
+}
+
+/// After a few rounds have grown the tracker's buffers, a collect into words (the tracker's and a
+/// consumer's) makes no heap allocation on the calling thread.
+fn collect_into_allocates_nothing_once_warm(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 512) else { return };
+    let c = t.consumer();
+    let mut words = [0u64; 8];
+    for round in 0..6 {
+        for page in [1, 2, 3, 100, 300, 301, 511] {
+            poke(&s, page);
+        }
+        words = [0; 8];
+        let before = crate::allocations();
+        let got = t.collect_into(r, p(), &mut words).unwrap();
+        let mine = c.collect_into(r, p(), &mut words).unwrap();
+        let made = crate::allocations() - before;
+        assert_eq!((got.pages, mine.pages), (7, 7));
+        if round >= 3 {
+            assert_eq!(made, 0, "round {round}: a warm collect_into allocated");
+        }
+    }
+    assert_eq!(bits(&words), vec![1, 2, 3, 100, 300, 301, 511]);
+}
+
+fn bad_granularity_or_short_words_are_errors_that_take_nothing(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 256) else { return };
+    poke(&s, 200);
+    let mut words = [0u64; 4];
+    for g in [0, 3000, p() / 2, 3 * p()] {
+        let e = t.collect_into(r, g, &mut words).unwrap_err();
+        assert!(matches!(e, WatchError::BadGranularity { granularity, .. } if granularity == g), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("granularity {g:#x} is not a power of two")), "{e}");
+        assert!(t.query_into(r, g, &mut words).is_err());
+    }
+    // 256 pages at one bit per page need 4 words.
+    let e = t.collect_into(r, p(), &mut words[..3]).unwrap_err();
+    assert!(matches!(e, WatchError::WordsTooShort { need: 4, have: 3, .. }), "{e:?}");
+    assert!(e.to_string().contains("needs 4 bitmap words; 3 given"), "{e}");
+    let c = t.consumer();
+    assert!(matches!(c.collect_into(r, p(), &mut words[..1]), Err(WatchError::WordsTooShort { .. })));
+    assert!(matches!(c.query_into(r, 5, &mut words), Err(WatchError::BadGranularity { .. })));
+    assert_eq!(words, [0; 4], "a refused call writes nothing");
+    // Nothing was taken.
+    t.collect_into(r, p(), &mut words).unwrap();
+    assert_eq!(bits(&words), vec![200]);
+}
+
+fn a_query_reports_without_taking(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 128) else { return };
+    let g = 4 * p();
+    poke(&s, 9);
+    poke(&s, 70);
+    for _ in 0..2 {
+        let mut words = [0u64; 1];
+        let w = t.query_into(r, g, &mut words).unwrap();
+        assert_eq!((bits(&words), w.pages), (vec![2, 17], 2));
+    }
+    let mut words = [0u64; 1];
+    t.collect_into(r, g, &mut words).unwrap();
+    assert_eq!(bits(&words), vec![2, 17], "the collect after queries reports the pages");
+    let mut words = [0u64; 1];
+    t.query_into(r, g, &mut words).unwrap();
+    assert_eq!(words, [0], "taken by the collect");
+    // A query does not arm: a page it reported is written again and still reported once.
+    poke(&s, 1);
+    t.query_into(r, g, &mut [0u64; 1]).unwrap();
+    poke(&s, 1);
+    let c = t.collect(r).unwrap();
+    assert_eq!(c.page_addrs(), vec![GuestAddr(p())]);
+}
+
+fn two_consumers_both_see_every_write(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 128) else { return };
+    let (buffers, textures) = (t.consumer(), t.consumer());
+    let take = |c: &watch::Consumer| {
+        let mut words = [0u64; 2];
+        c.collect_into(r, p(), &mut words).unwrap();
+        bits(&words)
+    };
+    poke(&s, 5);
+    assert_eq!(take(&buffers), vec![5]);
+    poke(&s, 6);
+    // The tracker's own collect feeds both consumers too.
+    assert_eq!(t.collect(r).unwrap().pages(), 1);
+    assert_eq!(take(&textures), vec![5, 6]);
+    assert_eq!(take(&buffers), vec![6]);
+    assert_eq!(take(&buffers), Vec::<u64>::new());
+    assert_eq!(take(&textures), Vec::<u64>::new());
+    // Query then collect, on each: both report, and a query takes nothing from the other.
+    poke(&s, 100);
+    for c in [&buffers, &textures] {
+        let mut words = [0u64; 2];
+        let w = c.query_into(r, p(), &mut words).unwrap();
+        assert_eq!((bits(&words), w.pages), (vec![100], 1));
+        assert_eq!(take(c), vec![100]);
+    }
+    // A third consumer made now sees what is written from now on; dropping one keeps the others.
+    let late = t.consumer();
+    drop(buffers);
+    poke(&s, 7);
+    assert_eq!(take(&late), vec![7]);
+    assert_eq!(take(&textures), vec![7]);
+    // Only the range asked is taken.
+    poke(&s, 8);
+    poke(&s, 120);
+    let low = s.range(0, 64 * p()).unwrap();
+    let mut words = [0u64; 1];
+    textures.collect_into(low, p(), &mut words).unwrap();
+    assert_eq!(bits(&words), vec![8]);
+    assert_eq!(take(&textures), vec![120]);
+    assert_eq!(take(&late), vec![8, 120]);
+}
+
+/// The test's own handler: a fault on its foreign page maps it in (a fault of the embedder's
+/// own); any other goes to the tracker's handle, and one it refuses restores the default action
+/// (the process dies, and the test with it).
+static HANDLE: std::sync::OnceLock<FaultHandle> = std::sync::OnceLock::new();
+static FOREIGN: AtomicUsize = AtomicUsize::new(0);
+static FOREIGN_SEEN: AtomicUsize = AtomicUsize::new(0);
+static TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// What a signal handler may keep: a handle is plain data, and a consumer moves between threads.
+#[test]
+fn a_fault_handle_is_plain_data_and_a_consumer_is_send_and_sync() {
+    fn plain<T: Copy + Send + Sync + 'static>() {}
+    fn shared<T: Send + Sync>() {}
+    plain::<FaultHandle>();
+    shared::<watch::Consumer>();
+    shared::<Tracker>();
+}
+
+/// Whether the fault was a write: the page-fault error code's write bit.
+#[cfg(target_arch = "x86_64")]
+fn is_write(ctx: *mut libc::c_void) -> bool {
+    // SAFETY: for SA_SIGINFO handlers the third argument is the thread's ucontext.
+    unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0 }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn is_write(_ctx: *mut libc::c_void) -> bool {
+    true
+}
+
+extern "C" fn embedder_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo; for a fault si_addr is the address.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let foreign = FOREIGN.load(SeqCst);
+    if foreign != 0 && (foreign..foreign + p() as usize).contains(&addr) {
+        let ours = HANDLE.get().is_some_and(|h| h.handle_fault(addr, is_write(ctx)));
+        FOREIGN_SEEN.fetch_add(if ours { 1000 } else { 1 }, SeqCst);
+        // SAFETY: the page is the test's own mapping; mprotect is async-signal-safe.
+        unsafe { libc::mprotect(foreign as *mut libc::c_void, p() as usize, libc::PROT_READ | libc::PROT_WRITE) };
+        return;
+    }
+    if HANDLE.get().is_some_and(|h| h.handle_fault(addr, is_write(ctx))) {
+        TAKEN.fetch_add(1, SeqCst);
+        return;
+    }
+    // SAFETY: a zeroed sigaction with SIG_DFL is the default action; the fault repeats fatally.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGSEGV, &dfl, std::ptr::null_mut());
+    }
+}
+
+/// The `SIGSEGV` handler now.
+fn current_handler() -> usize {
+    // SAFETY: reads the action into a zeroed struct.
+    unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut now), 0);
+        now.sa_sigaction
+    }
+}
+
+/// In a child process (handlers are the process's): installs the test's handler, makes a tracker
+/// that installs none, and returns it with its space, the range armed; `None` in the parent (the
+/// child ran and passed) or where the backend is not usable.
+fn embedded(kind: BackendKind, name: &str, pages: u64) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
+    let full = format!("watch_cache::{}::{name}", kind.name());
+    if std::env::var("EMUHOST_WATCH_CACHE_CHILD").ok().as_deref() != Some(full.as_str()) {
+        if usable(kind) {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([&full, "--exact", "--nocapture", "--test-threads=1"])
+                .env("EMUHOST_WATCH_CACHE_CHILD", &full)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success() && text.contains("test result: ok. 1 passed"), "child {full}: {text}");
+        }
+        return None;
+    }
+    // SAFETY: a zeroed sigaction filled in with a SA_SIGINFO handler.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = embedder_segv as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+        libc::sigemptyset(&mut act.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()), 0);
+    }
+    let s = Arc::new(Space::with_window(1 << 30).unwrap());
+    let config = TrackerConfig::default().backend(Some(kind)).embedder_handles_faults(true);
+    let t = Tracker::with_config(&s, &config).unwrap();
+    assert_eq!(t.kind(), kind);
+    assert_eq!(current_handler(), embedder_segv as *const () as usize, "emuhost installed a SIGSEGV handler");
+    HANDLE.set(t.fault_handle()).unwrap();
+    let r = s.range(0, pages * p()).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    Some((s, t, r))
+}
+
+fn handle_fault_from_the_embedders_own_handler(kind: BackendKind) {
+    let Some((s, t, r)) = embedded(kind, "handle_fault_from_the_embedders_own_handler", 64) else { return };
+    poke(&s, 2);
+    poke(&s, 9);
+    poke(&s, 9);
+    // With mprotect each first write faults once, into the handle; uffd's never fault.
+    let want = if kind == BackendKind::Mprotect { 2 } else { 0 };
+    assert_eq!(TAKEN.load(SeqCst), want);
+    let mut words = [0u64; 1];
+    t.collect_into(r, p(), &mut words).unwrap();
+    assert_eq!(bits(&words), vec![2, 9]);
+    poke(&s, 9);
+    let want = if kind == BackendKind::Mprotect { 3 } else { 0 };
+    assert_eq!(TAKEN.load(SeqCst), want, "armed again by the collect");
+    assert_eq!(t.collect(r).unwrap().page_addrs(), vec![GuestAddr(9 * p())]);
+    // A fault outside the window: the handle refuses it, and the test's handler sees it.
+    // SAFETY: a fresh mapping chosen by the kernel.
+    let own = unsafe {
+        libc::mmap(std::ptr::null_mut(), p() as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    assert_ne!(own, libc::MAP_FAILED);
+    FOREIGN.store(own as usize, SeqCst);
+    // SAFETY: the page is the test's own; its handler maps it writable.
+    unsafe { (own as *mut u8).write_volatile(1) };
+    assert_eq!(FOREIGN_SEEN.load(SeqCst), 1, "one fault, refused by the handle");
+    // Called directly: outside the window, a read, or the uffd backend: false; a write to an
+    // armed page of the window (mprotect): taken, marked, reported by the next collect.
+    let host = |page: u64| s.host_addr(GuestAddr(page * p())).unwrap();
+    assert!(!t.handle_fault(own as usize, true));
+    assert!(!t.handle_fault(host(30), false));
+    // A page of the window not armed: after a disarm (the self-test's tracker dropped) the first
+    // fault there may be a write that raced the disarm, retried once; a repeat is passed on.
+    t.handle_fault(host(100), true);
+    assert!(!t.handle_fault(host(100), true), "not armed, and the fault repeats");
+    assert_eq!(t.handle_fault(host(30) + 5, true), kind == BackendKind::Mprotect);
+    assert_eq!(watch::handle_fault(host(31), true), kind == BackendKind::Mprotect);
+    let marked: Vec<u64> = if kind == BackendKind::Mprotect { vec![30, 31] } else { vec![] };
+    assert_eq!(t.collect(r).unwrap().page_addrs(), marked.iter().map(|&i| GuestAddr(i * p())).collect::<Vec<_>>());
+    // Still no handler of emuhost's.
+    assert_eq!(current_handler(), embedder_segv as *const () as usize);
+}
+
+/// A writer stores to every page of the range, round after round, through the CPU (faults go to
+/// the test's handler and on to the handle) while a collector collects into words; each round
+/// starts after a collect, so every page must be in the round's collects: none lost.
+fn handle_fault_racing_collects_loses_nothing(kind: BackendKind) {
+    let pages = 512;
+    let Some((s, t, r)) = embedded(kind, "handle_fault_racing_collects_loses_nothing", pages) else { return };
+    let base = s.host_addr(GuestAddr(0)).unwrap();
+    let mut lost = 0;
+    for round in 0..20u64 {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let mut seen = [0u64; 8];
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                for i in 0..pages {
+                    let page = (i * 97 + round * 13) % pages;
+                    // SAFETY: the page is committed read-write in the space's window; the tracker
+                    // may have it read-only, and its handle (through the test's handler) gives
+                    // write access back.
+                    unsafe { ((base + (page * p()) as usize) as *mut u64).write_volatile(round) };
+                }
+                done.store(true, SeqCst);
+            });
+            while !done.load(SeqCst) {
+                t.collect_into(r, p(), &mut seen).unwrap();
+            }
+        });
+        t.collect_into(r, p(), &mut seen).unwrap();
+        lost += seen.iter().map(|w| w.count_zeros() as u64).sum::<u64>();
+    }
+    assert_eq!(lost, 0, "pages written and never reported");
+    if kind == BackendKind::Mprotect {
+        assert!(TAKEN.load(SeqCst) >= pages as usize, "the handle took {} faults", TAKEN.load(SeqCst));
+    }
+}

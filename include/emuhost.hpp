@@ -1,0 +1,393 @@
+// emuhost for C++17: a header-only wrapper of emuhost.h. Handles are move-only RAII objects that
+// delete their C handle; buffers are spans; a failed call throws emuhost::Error.
+//
+// Errors are exceptions, not std::error_code returns: the wrapper's point is RAII, and a
+// constructor (Space, Tracker, Importer) has no other way to fail; an error_code style would need
+// two-phase construction or a result type on every call. Code bases built with -fno-exceptions
+// use emuhost.h directly (every call returns its error there). Error::code() is the C code
+// (EMUHOST_ERROR_*), so a caller can still branch on it.
+//
+// Thread safety is the C handles' (see emuhost.h): every object may be used from several threads
+// at once; moving from or destroying one while another thread uses it is the caller's to avoid,
+// as with any C++ object.
+#ifndef EMUHOST_HPP
+#define EMUHOST_HPP
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if __has_include(<span>) && __cplusplus >= 202002L
+#include <span>
+#endif
+
+#include "emuhost.h"
+
+namespace emuhost {
+
+#if defined(__cpp_lib_span)
+template <class T>
+using span = std::span<T>;
+#else
+// std::span arrived in C++20; in C++17 this minimal one (pointer and count) stands in.
+template <class T>
+class span {
+public:
+    constexpr span() noexcept = default;
+    constexpr span(T *data, std::size_t size) noexcept : data_(data), size_(size) {}
+    template <class C, class = decltype(std::declval<C &>().data())>
+    constexpr span(C &c) noexcept : data_(c.data()), size_(c.size()) {}
+    constexpr T *data() const noexcept { return data_; }
+    constexpr std::size_t size() const noexcept { return size_; }
+    constexpr T *begin() const noexcept { return data_; }
+    constexpr T *end() const noexcept { return data_ + size_; }
+    constexpr T &operator[](std::size_t i) const noexcept { return data_[i]; }
+
+private:
+    T *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+#endif
+
+// A failed emuhost call: what() is the message, code() the EMUHOST_ERROR_* code.
+class Error : public std::runtime_error {
+public:
+    Error(std::uint32_t code, const std::string &message) : std::runtime_error(message), code_(code) {}
+    std::uint32_t code() const noexcept { return code_; }
+
+private:
+    std::uint32_t code_;
+};
+
+namespace detail {
+
+// Throws the error `e` (deleted first) as an emuhost::Error; nothing for NULL.
+inline void check(emuhost_error_t *e) {
+    if (!e) return;
+    std::string message(emuhost_error_message(e, nullptr, 0), '\0');
+    emuhost_error_message(e, message.data(), message.size() + 1);
+    std::uint32_t code = emuhost_error_code(e);
+    emuhost_error_delete(e);
+    throw Error(code, message);
+}
+
+// A string from a snprintf-style call `f(buf, cap, &len)`: called again only where the text is
+// longer than a first buffer.
+template <class F>
+std::string text(F f) {
+    char first[512];
+    std::size_t len = 0;
+    check(f(first, sizeof first, &len));
+    if (len < sizeof first) return std::string(first, len);
+    std::string s(len, '\0');
+    check(f(s.data(), len + 1, &len));
+    s.resize(len);
+    return s;
+}
+
+// A move-only owner of a C handle, deleted with `Delete` (whose error, impossible for a handle
+// the owner holds, is dropped: destructors do not throw).
+template <class T, emuhost_error_t *(*Delete)(T *)>
+class Handle {
+public:
+    Handle() noexcept = default;
+    explicit Handle(T *raw) noexcept : raw_(raw) {}
+    Handle(Handle &&o) noexcept : raw_(std::exchange(o.raw_, nullptr)) {}
+    Handle &operator=(Handle &&o) noexcept {
+        if (this != &o) {
+            reset();
+            raw_ = std::exchange(o.raw_, nullptr);
+        }
+        return *this;
+    }
+    Handle(const Handle &) = delete;
+    Handle &operator=(const Handle &) = delete;
+    ~Handle() { reset(); }
+
+    T *get() const noexcept { return raw_; }
+    T *release() noexcept { return std::exchange(raw_, nullptr); }
+    void reset() noexcept {
+        if (raw_) emuhost_error_delete(Delete(std::exchange(raw_, nullptr)));
+    }
+    explicit operator bool() const noexcept { return raw_ != nullptr; }
+
+private:
+    T *raw_ = nullptr;
+};
+
+}  // namespace detail
+
+// Settings: every EMUHOST_* switch, set by name; the defaults, or the environment on request.
+class Settings : public detail::Handle<emuhost_settings_t, emuhost_settings_delete> {
+public:
+    // Every switch at its default (no environment is read).
+    Settings() : Handle(make()) {}
+    static Settings from_env() {
+        emuhost_settings_t *raw = nullptr;
+        detail::check(emuhost_settings_from_env(&raw));
+        return Settings(raw);
+    }
+    Settings &set(const std::string &name, const std::string &value) {
+        detail::check(emuhost_settings_set(get(), name.c_str(), value.c_str()));
+        return *this;
+    }
+    void install_faults() const { detail::check(emuhost_settings_install_faults(get())); }
+
+private:
+    explicit Settings(emuhost_settings_t *raw) : Handle(raw) {}
+    static emuhost_settings_t *make() {
+        emuhost_settings_t *raw = nullptr;
+        detail::check(emuhost_settings_new(&raw));
+        return raw;
+    }
+};
+
+inline const emuhost_settings_t *raw(const Settings *s) { return s ? s->get() : nullptr; }
+
+// The guest address space.
+class Space : public detail::Handle<emuhost_space_t, emuhost_space_delete> {
+public:
+    static Space reserve(std::uint64_t window, std::uint64_t guard = 0) {
+        emuhost_space_t *raw = nullptr;
+        detail::check(emuhost_space_reserve(window, guard, &raw));
+        return Space(raw);
+    }
+    static Space reserve_at(void *base, std::uint64_t window, std::uint64_t guard = 0) {
+        emuhost_space_t *raw = nullptr;
+        detail::check(emuhost_space_reserve_at(base, window, guard, &raw));
+        return Space(raw);
+    }
+    // The caller's reservation (see emuhost_space_adopt's safety paragraph).
+    static Space adopt(void *base, std::uint64_t len) {
+        emuhost_space_t *raw = nullptr;
+        detail::check(emuhost_space_adopt(base, len, &raw));
+        return Space(raw);
+    }
+
+    emuhost_space_info_t info() const {
+        emuhost_space_info_t i{};
+        detail::check(emuhost_space_info(get(), &i));
+        return i;
+    }
+    // The host address of guest address `addr`.
+    std::uint8_t *host(std::uint64_t addr) const { return static_cast<std::uint8_t *>(info().host_base) + addr; }
+
+    void commit(std::uint64_t addr, std::uint64_t len, std::uint32_t prot) const {
+        detail::check(emuhost_space_commit(get(), addr, len, prot));
+    }
+    std::uint64_t commit_reserved(std::uint64_t addr, std::uint64_t len, std::uint32_t prot) const {
+        std::uint64_t n = 0;
+        detail::check(emuhost_space_commit_reserved(get(), addr, len, prot, &n));
+        return n;
+    }
+    void decommit(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_space_decommit(get(), addr, len)); }
+    void protect(std::uint64_t addr, std::uint64_t len, std::uint32_t prot) const {
+        detail::check(emuhost_space_protect(get(), addr, len, prot));
+    }
+    void zero(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_space_zero(get(), addr, len)); }
+    void populate(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_space_populate(get(), addr, len)); }
+    void write(std::uint64_t addr, span<const std::byte> data) const {
+        detail::check(emuhost_space_write(get(), addr, data.data(), data.size()));
+    }
+    void read(std::uint64_t addr, span<std::byte> buf) const {
+        detail::check(emuhost_space_read(get(), addr, buf.data(), buf.size()));
+    }
+
+    std::uint64_t create_section(std::uint64_t len) const {
+        std::uint64_t id = 0;
+        detail::check(emuhost_space_create_section(get(), len, &id));
+        return id;
+    }
+    void destroy_section(std::uint64_t id) const { detail::check(emuhost_space_destroy_section(get(), id)); }
+    void map_section(std::uint64_t addr, std::uint64_t len, std::uint64_t id, std::uint64_t offset, std::uint32_t prot) const {
+        detail::check(emuhost_space_map_section(get(), addr, len, id, offset, prot));
+    }
+    std::size_t map_pages(std::uint64_t addr, std::uint64_t id, span<const std::uint64_t> pages, std::uint32_t prot) const {
+        std::size_t views = 0;
+        detail::check(emuhost_space_map_pages(get(), addr, id, pages.data(), pages.size(), prot, &views));
+        return views;
+    }
+    std::vector<emuhost_allocation_t> allocations(std::uint64_t addr, std::uint64_t len) const {
+        return list<emuhost_allocation_t>(emuhost_space_allocations, addr, len);
+    }
+    std::vector<emuhost_view_t> views(std::uint64_t addr, std::uint64_t len) const {
+        return list<emuhost_view_t>(emuhost_space_views, addr, len);
+    }
+
+private:
+    explicit Space(emuhost_space_t *raw) : Handle(raw) {}
+
+    template <class T, class F>
+    std::vector<T> list(F f, std::uint64_t addr, std::uint64_t len) const {
+        std::vector<T> out;
+        std::size_t n = 0;
+        do {  // again where the list grew between the calls
+            out.resize(n);
+            detail::check(f(get(), addr, len, out.data(), out.size(), &n));
+        } while (n > out.size());
+        out.resize(n);
+        return out;
+    }
+};
+
+// A write tracker on a space (one per space); keeps the space alive.
+class Tracker : public detail::Handle<emuhost_tracker_t, emuhost_tracker_delete> {
+public:
+    // flags: 0, or EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS (the embedder's SIGSEGV handler calls
+    // emuhost_handle_fault first).
+    explicit Tracker(const Space &space, std::uint32_t backend = EMUHOST_WATCH_AUTO, const Settings *settings = nullptr,
+                     std::uint32_t flags = 0)
+        : Handle(make(space, backend, settings, flags)) {}
+    std::uint32_t backend() const {
+        std::uint32_t b = 0;
+        detail::check(emuhost_tracker_backend(get(), &b));
+        return b;
+    }
+    std::string backend_name() const { return emuhost_watch_backend_name(backend()); }
+    void arm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_arm(get(), addr, len)); }
+    void disarm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_disarm(get(), addr, len)); }
+    // The written pages' guest addresses go to the front of `pages` (room for len / page size).
+    emuhost_collect_t collect(std::uint64_t addr, std::uint64_t len, span<std::uint64_t> pages) const {
+        emuhost_collect_t r{};
+        detail::check(emuhost_tracker_collect(get(), addr, len, pages.data(), pages.size(), &r));
+        return r;
+    }
+    // ORs one bit per `granularity` bytes written into `words` (bit i: addr + i * granularity),
+    // taking them (collect) or not (query).
+    emuhost_written_t collect_into(std::uint64_t addr, std::uint64_t len, std::uint64_t granularity,
+                                   span<std::uint64_t> words, bool query = false) const {
+        emuhost_written_t r{};
+        detail::check(emuhost_tracker_collect_into(get(), addr, len, granularity, words.data(), words.size(), query, &r));
+        return r;
+    }
+
+private:
+    static emuhost_tracker_t *make(const Space &space, std::uint32_t backend, const Settings *settings,
+                                   std::uint32_t flags) {
+        emuhost_tracker_t *raw = nullptr;
+        detail::check(emuhost_tracker_new(space.get(), emuhost::raw(settings), backend, flags, &raw));
+        return raw;
+    }
+};
+
+// One consumer of a tracker's writes, with its own dirty pages; keeps the tracker alive.
+class Consumer : public detail::Handle<emuhost_consumer_t, emuhost_consumer_delete> {
+public:
+    explicit Consumer(const Tracker &tracker) : Handle(make(tracker)) {}
+    emuhost_written_t collect_into(std::uint64_t addr, std::uint64_t len, std::uint64_t granularity,
+                                   span<std::uint64_t> words, bool query = false) const {
+        emuhost_written_t r{};
+        detail::check(emuhost_consumer_collect_into(get(), addr, len, granularity, words.data(), words.size(), query, &r));
+        return r;
+    }
+
+private:
+    static emuhost_consumer_t *make(const Tracker &tracker) {
+        emuhost_consumer_t *raw = nullptr;
+        detail::check(emuhost_consumer_new(tracker.get(), &raw));
+        return raw;
+    }
+};
+
+// An importer of a space's memory into the GPU; keeps the space alive.
+class Importer : public detail::Handle<emuhost_importer_t, emuhost_importer_delete> {
+public:
+    // On a device emuhost opens (EMUHOST_IMPORT_BACKEND).
+    static Importer open(const Space &space, const Settings *settings = nullptr) {
+        emuhost_importer_t *raw = nullptr;
+        detail::check(emuhost_importer_new(space.get(), emuhost::raw(settings), &raw));
+        return Importer(raw);
+    }
+    // On the caller's VkDevice (see emuhost_importer_new_vulkan's safety paragraph).
+    static Importer vulkan(const Space &space, const emuhost_vulkan_device_t &device, const Settings *settings = nullptr) {
+        emuhost_importer_t *raw = nullptr;
+        detail::check(emuhost_importer_new_vulkan(space.get(), emuhost::raw(settings), &device, &raw));
+        return Importer(raw);
+    }
+    // In the caller's CUcontext.
+    static Importer cuda(const Space &space, void *context, const Settings *settings = nullptr) {
+        emuhost_importer_t *raw = nullptr;
+        detail::check(emuhost_importer_new_cuda(space.get(), emuhost::raw(settings), context, &raw));
+        return Importer(raw);
+    }
+
+    std::uint32_t gpu() const {
+        std::uint32_t g = 0;
+        detail::check(emuhost_importer_backend(get(), &g, nullptr, 0, nullptr));
+        return g;
+    }
+    std::string describe() const {
+        return detail::text([&](char *b, std::size_t c, std::size_t *l) { return emuhost_importer_backend(get(), nullptr, b, c, l); });
+    }
+    std::uint64_t add_pool(std::uint64_t lo, std::uint64_t size) const {
+        std::uint64_t id = 0;
+        detail::check(emuhost_importer_add_pool(get(), lo, size, &id));
+        return id;
+    }
+    void remove_pool(std::uint64_t id) const { detail::check(emuhost_importer_remove_pool(get(), id)); }
+    emuhost_binding_t bind(std::uint64_t addr, std::uint64_t size) const {
+        emuhost_binding_t b{};
+        detail::check(emuhost_importer_bind(get(), addr, size, &b));
+        return b;
+    }
+    emuhost_import_stats_t stats() const {
+        emuhost_import_stats_t s{};
+        detail::check(emuhost_importer_stats(get(), &s));
+        return s;
+    }
+    void release_all() const { detail::check(emuhost_importer_release_all(get())); }
+
+private:
+    explicit Importer(emuhost_importer_t *raw) : Handle(raw) {}
+};
+
+// Short sleeps for the guest and the host, by the rule.
+class Sleeper : public detail::Handle<emuhost_sleeper_t, emuhost_sleeper_delete> {
+public:
+    explicit Sleeper(const Settings *settings = nullptr) : Handle(make(settings)) {}
+    void sleep_guest(std::chrono::nanoseconds d) const { sleep(EMUHOST_CALLER_GUEST, d); }
+    void sleep_host(std::chrono::nanoseconds d) const { sleep(EMUHOST_CALLER_HOST, d); }
+    emuhost_sleep_rule_t rule() const {
+        emuhost_sleep_rule_t r{};
+        detail::check(emuhost_sleeper_rule(get(), &r, nullptr, 0, nullptr));
+        return r;
+    }
+    // Why the rule is what it is, in words.
+    std::string why() const {
+        return detail::text([&](char *b, std::size_t c, std::size_t *l) { return emuhost_sleeper_rule(get(), nullptr, b, c, l); });
+    }
+
+private:
+    static emuhost_sleeper_t *make(const Settings *settings) {
+        emuhost_sleeper_t *raw = nullptr;
+        detail::check(emuhost_sleeper_new(emuhost::raw(settings), &raw));
+        return raw;
+    }
+    void sleep(std::uint32_t caller, std::chrono::nanoseconds d) const {
+        detail::check(emuhost_sleeper_sleep(get(), caller, d.count() < 0 ? 0 : static_cast<std::uint64_t>(d.count())));
+    }
+};
+
+struct Workers {
+    std::uint32_t count;
+    std::string why;
+};
+
+// The worker count for a compile job on this machine (EMUHOST_ALLOCATOR_*).
+inline Workers prepare_workers(std::uint32_t allocator) {
+    Workers w{0, {}};
+    w.why = detail::text([&](char *b, std::size_t c, std::size_t *l) { return emuhost_prepare_workers(allocator, &w.count, b, c, l); });
+    return w;
+}
+
+// emuhost's log lines to `callback` (see emuhost_set_log_callback); nullptr stops them.
+inline void set_log_callback(emuhost_log_callback_t callback, void *user) { detail::check(emuhost_set_log_callback(callback, user)); }
+inline void set_log_level(std::uint32_t level) { detail::check(emuhost_set_log_level(level)); }
+
+}  // namespace emuhost
+
+#endif

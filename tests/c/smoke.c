@@ -1,0 +1,242 @@
+/* emuhost from C: a window at a fixed base, commit, arm, writes from two threads, the program's
+ * own SIGSEGV handler handing faults to emuhost_handle_fault (emuhost installs none), a collect
+ * into the program's own words (0 lost), a pool imported on a VkDevice the program made itself and read
+ * back through the GPU, a 20 us sleep through the short-sleep call, the backend and the rule's
+ * reason; and misuse caught as errors. Built and run against the shared and the static library by
+ * crates/emuhost-capi/tests/it/programs.rs. Compiled with -DSMOKE_NO_VULKAN where there are no
+ * Vulkan headers; without a device the Vulkan part is skipped unless EMUHOST_REQUIRE_VULKAN=1. */
+#include "emuhost.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef SMOKE_NO_VULKAN
+#include "vkdev.h"
+#endif
+
+#define BASE ((void *)(uintptr_t)0x200000000000ull) /* 32 TiB: free in a 47-bit address space */
+#define MIB (1ull << 20)
+#define WINDOW (64 * MIB)
+#define ARMED (4 * MIB)
+#define WRITTEN 256 /* pages, half from each thread */
+
+static void die(const char *what, emuhost_error_t *e) {
+    char msg[1024];
+    emuhost_error_message(e, msg, sizeof msg);
+    fprintf(stderr, "smoke: %s: error %u: %s\n", what, emuhost_error_code(e), msg);
+    emuhost_error_delete(e);
+    exit(1);
+}
+
+#define CHECK(call)                            \
+    do {                                       \
+        emuhost_error_t *e_ = (call);          \
+        if (e_) die(#call, e_);                \
+    } while (0)
+
+/* A call that must fail with `code`. */
+static void expect(const char *what, emuhost_error_t *e, uint32_t code) {
+    if (!e) {
+        fprintf(stderr, "smoke: %s succeeded; expected error %u\n", what, code);
+        exit(1);
+    }
+    if (emuhost_error_code(e) != code) die(what, e);
+    char msg[256];
+    emuhost_error_message(e, msg, sizeof msg);
+    printf("misuse caught: %s: %s\n", what, msg);
+    emuhost_error_delete(e);
+}
+
+static int log_lines;
+static int faults_handed; /* faults emuhost_handle_fault said were emuhost's */
+
+/* The program's own SIGSEGV handler, as an emulator has one: emuhost first, then its own work
+ * (here: none, so the default action, and the fault repeats fatally). */
+static void on_segv(int sig, siginfo_t *info, void *ctx) {
+    (void)ctx;
+    if (emuhost_handle_fault((uintptr_t)info->si_addr, 1)) {
+        __atomic_add_fetch(&faults_handed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    signal(sig, SIG_DFL);
+}
+
+static void on_log(void *user, uint32_t level, const char *target, const char *message) {
+    (void)user;
+    __atomic_add_fetch(&log_lines, 1, __ATOMIC_RELAXED);
+    fprintf(stderr, "log %u %s: %s\n", level, target, message);
+}
+
+struct writer {
+    volatile uint8_t *base;
+    uint64_t page;
+    int parity;
+};
+
+static void *write_pages(void *arg) {
+    struct writer *w = arg;
+    for (uint64_t i = (uint64_t)w->parity; i < WRITTEN; i += 2) w->base[i * w->page + 8] = (uint8_t)(i + 1);
+    return NULL;
+}
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+#ifndef SMOKE_NO_VULKAN
+/* Imports a pool on the program's own device and reads the bound bytes back through the GPU. */
+static void vulkan_part(emuhost_space_t *space, emuhost_settings_t *settings, uint8_t *host) {
+    struct smoke_vk vk;
+    char why[512];
+    const char *required = getenv("EMUHOST_REQUIRE_VULKAN");
+    if (smoke_vk_open(&vk, why, sizeof why) != 0) {
+        if (required && strcmp(required, "1") == 0) {
+            fprintf(stderr, "smoke: EMUHOST_REQUIRE_VULKAN=1 and no Vulkan device: %s\n", why);
+            exit(1);
+        }
+        printf("vulkan: skipped: no Vulkan device: %s\n", why);
+        return;
+    }
+    emuhost_vulkan_device_t dev = {
+        .get_instance_proc_addr = (emuhost_fn_t)vkGetInstanceProcAddr,
+        .instance = vk.instance,
+        .physical_device = vk.physical_device,
+        .device = vk.device,
+        .enabled_extensions = vk.extensions,
+        .enabled_extension_count = vk.extension_count,
+        .buffer_usage = 0,
+    };
+    emuhost_importer_t *imp;
+    CHECK(emuhost_importer_new_vulkan(space, settings, &dev, &imp));
+    const uint64_t pool = 32 * MIB, at = pool + 4096, len = 4096;
+    CHECK(emuhost_space_commit(space, pool, MIB, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+    for (uint64_t i = 0; i < len; i++) host[at + i] = (uint8_t)(i * 7 + 3);
+    uint64_t id;
+    CHECK(emuhost_importer_add_pool(imp, pool, MIB, &id));
+    emuhost_binding_t b;
+    CHECK(emuhost_importer_bind(imp, at, len, &b));
+    if (b.gpu != EMUHOST_GPU_VULKAN || !b.vk_memory || !b.vk_buffer) {
+        fprintf(stderr, "smoke: the binding has no Vulkan memory (gpu %u)\n", b.gpu);
+        exit(1);
+    }
+    static uint8_t back[4096];
+    if (smoke_vk_read(&vk, b.vk_buffer, b.offset, back, len, why, sizeof why) != 0) {
+        fprintf(stderr, "smoke: reading back through the GPU: %s\n", why);
+        exit(1);
+    }
+    if (memcmp(back, host + at, len) != 0) {
+        fprintf(stderr, "smoke: the bytes read back through the GPU differ\n");
+        exit(1);
+    }
+    emuhost_import_stats_t st;
+    CHECK(emuhost_importer_stats(imp, &st));
+    printf("vulkan: %llu bytes read back through the GPU on %s (import %#llx..%#llx, offset %#llx, %llu import)\n",
+           (unsigned long long)len, vk.name, (unsigned long long)b.import_lo, (unsigned long long)b.import_hi,
+           (unsigned long long)b.offset, (unsigned long long)st.imports);
+    CHECK(emuhost_importer_delete(imp)); /* before vkDestroyDevice: the imports go with it */
+    smoke_vk_close(&vk);
+}
+#endif
+
+int main(void) {
+    CHECK(emuhost_set_log_callback(on_log, NULL));
+    emuhost_settings_t *settings; /* the environment's EMUHOST_* switches (EMUHOST_WATCH=mprotect, ...) */
+    CHECK(emuhost_settings_from_env(&settings));
+
+    emuhost_space_t *space;
+    CHECK(emuhost_space_reserve_at(BASE, WINDOW, 2 * MIB, &space));
+    emuhost_space_info_t info;
+    CHECK(emuhost_space_info(space, &info));
+    if (info.host_base != BASE) {
+        fprintf(stderr, "smoke: the window is at %p, not %p\n", info.host_base, BASE);
+        return 1;
+    }
+    const uint64_t page = info.page_size;
+    CHECK(emuhost_space_commit(space, 0, ARMED, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, NULL) != 0) return 1;
+    emuhost_tracker_t *tracker;
+    CHECK(emuhost_tracker_new(space, settings, EMUHOST_WATCH_AUTO, EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS, &tracker));
+    struct sigaction now;
+    sigaction(SIGSEGV, NULL, &now);
+    if (now.sa_sigaction != on_segv) {
+        fprintf(stderr, "smoke: emuhost replaced the program's SIGSEGV handler\n");
+        return 1;
+    }
+    uint32_t backend;
+    CHECK(emuhost_tracker_backend(tracker, &backend));
+    printf("backend: %s\n", emuhost_watch_backend_name(backend));
+    CHECK(emuhost_tracker_arm(tracker, 0, ARMED));
+
+    struct writer w[2] = {{info.host_base, page, 0}, {info.host_base, page, 1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        if (pthread_create(&th[i], NULL, write_pages, &w[i]) != 0) return 1;
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+
+    /* One bit per page, in the program's own words; a query first (it takes nothing). */
+    uint64_t words[ARMED / 4096 / 64] = {0};
+    const size_t nwords = (size_t)(ARMED / page + 63) / 64;
+    emuhost_written_t got;
+    CHECK(emuhost_tracker_collect_into(tracker, 0, ARMED, page, words, nwords, 1, &got));
+    uint64_t queried = got.pages;
+    memset(words, 0, sizeof words);
+    CHECK(emuhost_tracker_collect_into(tracker, 0, ARMED, page, words, nwords, 0, &got));
+    unsigned lost = 0, extra = 0;
+    for (uint64_t i = 0; i < ARMED / page; i++) {
+        int set = (words[i / 64] >> (i % 64)) & 1;
+        lost += i < WRITTEN && !set;
+        extra += i >= WRITTEN && set;
+    }
+    printf("collect: %u pages written from 2 threads, %llu queried, %llu collected, %u lost; %d faults handed to emuhost\n",
+           WRITTEN, (unsigned long long)queried, (unsigned long long)got.pages, lost,
+           __atomic_load_n(&faults_handed, __ATOMIC_RELAXED));
+    if (lost || extra || got.pages != WRITTEN || queried != WRITTEN) return 1;
+    if (backend == EMUHOST_WATCH_MPROTECT && __atomic_load_n(&faults_handed, __ATOMIC_RELAXED) < WRITTEN) return 1;
+
+#ifndef SMOKE_NO_VULKAN
+    vulkan_part(space, settings, info.host_base);
+#else
+    printf("vulkan: skipped: built without Vulkan headers\n");
+#endif
+
+    emuhost_sleeper_t *sleeper;
+    CHECK(emuhost_sleeper_new(settings, &sleeper));
+    double t0 = now_us();
+    CHECK(emuhost_sleeper_sleep(sleeper, EMUHOST_CALLER_GUEST, 20000));
+    double slept = now_us() - t0;
+    emuhost_sleep_rule_t rule;
+    char why[512];
+    CHECK(emuhost_sleeper_rule(sleeper, &rule, why, sizeof why, NULL));
+    printf("sleep: 20 us guest sleep took %.1f us; rule: guest %s, host %s: %s\n", slept, emuhost_wait_name(rule.guest),
+           emuhost_wait_name(rule.host), why);
+    if (slept < 20.0) return 1;
+
+    /* Misuse: a NULL handle, a range outside the window, a double delete. */
+    expect("arm on a NULL tracker", emuhost_tracker_arm(NULL, 0, page), EMUHOST_ERROR_NULL);
+    expect("commit past the window", emuhost_space_commit(space, WINDOW, page, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE);
+    CHECK(emuhost_tracker_delete(tracker));
+    expect("tracker deleted twice", emuhost_tracker_delete(tracker), EMUHOST_ERROR_BAD_HANDLE);
+
+    CHECK(emuhost_sleeper_delete(sleeper));
+    CHECK(emuhost_space_delete(space));
+    CHECK(emuhost_settings_delete(settings));
+    if (__atomic_load_n(&log_lines, __ATOMIC_RELAXED) == 0) {
+        fprintf(stderr, "smoke: the log callback received no line\n");
+        return 1;
+    }
+    CHECK(emuhost_set_log_callback(NULL, NULL));
+    printf("smoke: ok (emuhost %s, C)\n", emuhost_version());
+    return 0;
+}

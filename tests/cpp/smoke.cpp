@@ -1,0 +1,183 @@
+// emuhost from C++17 through include/emuhost.hpp: the same steps as tests/c/smoke.c (a window
+// at a fixed base, commit, arm, writes from two threads, a collect into the program's own words,
+// an import on its own VkDevice read back through the GPU, a 20 us sleep, the backend and the
+// rule's reason, misuse caught), with RAII handles and exceptions. Built and run by
+// crates/emuhost-capi/tests/it/programs.rs.
+#include "emuhost.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#ifndef SMOKE_NO_VULKAN
+#include "vkdev.h"
+#endif
+
+namespace {
+
+constexpr std::uint64_t MIB = 1ull << 20;
+constexpr std::uint64_t WINDOW = 64 * MIB;
+constexpr std::uint64_t ARMED = 4 * MIB;
+constexpr std::uint64_t WRITTEN = 256;
+void *const BASE = reinterpret_cast<void *>(std::uintptr_t{0x208000000000ull});  // beside the C program's
+
+std::atomic<int> log_lines{0};
+
+void on_log(void *, std::uint32_t level, const char *target, const char *message) {
+    log_lines.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "log %u %s: %s\n", level, target, message);
+}
+
+// Runs `f`, which must throw emuhost::Error with `code`.
+template <class F>
+void expect(const char *what, std::uint32_t code, F f) {
+    try {
+        f();
+    } catch (const emuhost::Error &e) {
+        if (e.code() != code) {
+            std::fprintf(stderr, "smoke: %s: error %u (%s), expected %u\n", what, e.code(), e.what(), code);
+            std::exit(1);
+        }
+        std::printf("misuse caught: %s: %s\n", what, e.what());
+        return;
+    }
+    std::fprintf(stderr, "smoke: %s succeeded; expected error %u\n", what, code);
+    std::exit(1);
+}
+
+#ifndef SMOKE_NO_VULKAN
+void vulkan_part(const emuhost::Space &space, const emuhost::Settings &settings) {
+    smoke_vk vk;
+    char why[512];
+    const char *required = std::getenv("EMUHOST_REQUIRE_VULKAN");
+    if (smoke_vk_open(&vk, why, sizeof why) != 0) {
+        if (required && std::strcmp(required, "1") == 0) {
+            std::fprintf(stderr, "smoke: EMUHOST_REQUIRE_VULKAN=1 and no Vulkan device: %s\n", why);
+            std::exit(1);
+        }
+        std::printf("vulkan: skipped: no Vulkan device: %s\n", why);
+        return;
+    }
+    emuhost_vulkan_device_t dev{};
+    dev.get_instance_proc_addr = reinterpret_cast<emuhost_fn_t>(vkGetInstanceProcAddr);
+    dev.instance = vk.instance;
+    dev.physical_device = vk.physical_device;
+    dev.device = vk.device;
+    dev.enabled_extensions = vk.extensions;
+    dev.enabled_extension_count = vk.extension_count;
+    {
+        auto imp = emuhost::Importer::vulkan(space, dev, &settings);
+        const std::uint64_t pool = 32 * MIB, at = pool + 4096, len = 4096;
+        space.commit(pool, MIB, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
+        std::vector<std::byte> bytes(len);
+        for (std::uint64_t i = 0; i < len; i++) bytes[i] = std::byte(i * 5 + 1);
+        space.write(at, bytes);
+        imp.add_pool(pool, MIB);
+        auto b = imp.bind(at, len);
+        std::vector<std::byte> back(len);
+        if (b.gpu != EMUHOST_GPU_VULKAN || smoke_vk_read(&vk, b.vk_buffer, b.offset, back.data(), len, why, sizeof why) != 0) {
+            std::fprintf(stderr, "smoke: reading back through the GPU: %s\n", why);
+            std::exit(1);
+        }
+        if (back != bytes) {
+            std::fprintf(stderr, "smoke: the bytes read back through the GPU differ\n");
+            std::exit(1);
+        }
+        std::printf("vulkan: %llu bytes read back through the GPU on %s (%s)\n", static_cast<unsigned long long>(len),
+                    vk.name, imp.describe().c_str());
+    }  // the importer goes before the device
+    smoke_vk_close(&vk);
+}
+#endif
+
+int run() {
+    emuhost::set_log_callback(on_log, nullptr);
+    emuhost::Settings settings;
+    settings.set("EMUHOST_IMPORT_SPAN_MB", "64");
+
+    auto space = emuhost::Space::reserve_at(BASE, WINDOW, 2 * MIB);
+    auto info = space.info();
+    if (info.host_base != BASE) {
+        std::fprintf(stderr, "smoke: the window is at %p, not %p\n", info.host_base, BASE);
+        return 1;
+    }
+    const std::uint64_t page = info.page_size;
+    space.commit(0, ARMED, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
+
+    emuhost::Tracker tracker(space, EMUHOST_WATCH_AUTO, &settings);
+    std::printf("backend: %s\n", tracker.backend_name().c_str());
+    tracker.arm(0, ARMED);
+    // Two caches on one tracker, each with its own dirty pages.
+    emuhost::Consumer buffers(tracker), textures(tracker);
+
+    auto *base = static_cast<volatile std::uint8_t *>(info.host_base);
+    std::vector<std::thread> writers;
+    for (std::uint64_t parity = 0; parity < 2; parity++)
+        writers.emplace_back([=] {
+            for (std::uint64_t i = parity; i < WRITTEN; i += 2) base[i * page + 16] = static_cast<std::uint8_t>(i);
+        });
+    for (auto &t : writers) t.join();
+
+    // One bit per page in each cache's own words; the first cache's collect must not eat the
+    // second's bits.
+    unsigned lost = 0;
+    for (auto *cache : {&buffers, &textures}) {
+        std::vector<std::uint64_t> words((ARMED / page + 63) / 64);
+        auto got = cache->collect_into(0, ARMED, page, words);
+        for (std::uint64_t i = 0; i < WRITTEN; i++) lost += !((words[i / 64] >> (i % 64)) & 1);
+        std::printf("collect: %llu pages written from 2 threads, %llu reported to a consumer\n",
+                    static_cast<unsigned long long>(WRITTEN), static_cast<unsigned long long>(got.pages));
+        if (got.pages != WRITTEN) return 1;
+    }
+    std::printf("collect: %u lost\n", lost);
+    if (lost) return 1;
+
+#ifndef SMOKE_NO_VULKAN
+    vulkan_part(space, settings);
+#else
+    std::printf("vulkan: skipped: built without Vulkan headers\n");
+#endif
+
+    emuhost::Sleeper sleeper(&settings);
+    auto t0 = std::chrono::steady_clock::now();
+    sleeper.sleep_guest(std::chrono::microseconds(20));
+    auto slept = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    auto rule = sleeper.rule();
+    std::printf("sleep: 20 us guest sleep took %.1f us; rule: guest %s, host %s: %s\n", slept,
+                emuhost_wait_name(rule.guest), emuhost_wait_name(rule.host), sleeper.why().c_str());
+    if (slept < 20.0) return 1;
+    auto workers = emuhost::prepare_workers(EMUHOST_ALLOCATOR_LOCKED);
+    std::printf("workers: %s\n", workers.why.c_str());
+
+    // Misuse: a NULL (moved-from) handle, a range outside the window, a bad setting, a double delete.
+    emuhost::Tracker moved = std::move(tracker);
+    expect("arm on a moved-from tracker", EMUHOST_ERROR_NULL, [&] { tracker.arm(0, page); });
+    expect("commit past the window", EMUHOST_ERROR_OUT_OF_RANGE, [&] { space.commit(WINDOW, page, EMUHOST_PROT_READ); });
+    expect("a misspelt setting", EMUHOST_ERROR_SETTING, [&] { settings.set("EMUHOST_WACTH", "uffd"); });
+    emuhost_tracker_t *raw = moved.release();
+    emuhost::detail::check(emuhost_tracker_delete(raw));
+    expect("tracker deleted twice", EMUHOST_ERROR_BAD_HANDLE, [&] { emuhost::detail::check(emuhost_tracker_delete(raw)); });
+
+    if (log_lines.load() == 0) {
+        std::fprintf(stderr, "smoke: the log callback received no line\n");
+        return 1;
+    }
+    emuhost::set_log_callback(nullptr, nullptr);
+    std::printf("smoke: ok (emuhost %s, C++17)\n", emuhost_version());
+    return 0;
+}
+
+}  // namespace
+
+int main() {
+    try {
+        return run();
+    } catch (const emuhost::Error &e) {
+        std::fprintf(stderr, "smoke: error %u: %s\n", e.code(), e.what());
+        return 1;
+    }
+}

@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use emuhost::space::{GuestAddr, Prot, Space, page_size};
 use emuhost::watch::bare::BareUffd;
-use emuhost::watch::{self, BackendKind, StressReport, Tracker};
+use emuhost::watch::{self, BackendKind, Tracker};
+use emuhost_lab::stress::{self, StressReport};
 use serde_json::json;
 
 use super::median;
@@ -240,7 +241,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     }
     let mut stress = BTreeMap::new();
     for &kind in &kinds {
-        stress.insert(kind, watch::stress(kind, a.stress_writes)?);
+        stress.insert(kind, stress::stress(kind, a.stress_writes)?);
     }
     let lost: u64 = stress.values().map(|r| r.lost).sum();
     let report = Report { a: &a, kinds: &kinds, left_out: &left_out, samples: &samples, stress: &stress };

@@ -39,7 +39,10 @@ pub enum ImportError {
     Budget { what: &'static str, need: u64, used: u64, limit: u64 },
     #[error("the {backend} backend is not available: {why}")]
     Unavailable { backend: &'static str, why: String },
+    /// A Vulkan call failed: `code` is the API's own result code, as `ash` types it (feature
+    /// `vulkan`).
     #[error("{op} failed: {code:?}")]
+    #[cfg(feature = "vulkan")]
     Vulkan { op: &'static str, code: ash::vk::Result },
     #[error("{op} failed: CUDA error {code} ({name})")]
     Cuda { op: &'static str, code: u32, name: String },

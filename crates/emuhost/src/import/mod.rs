@@ -19,8 +19,16 @@
 //! import of fresh memory is the kernel faulting the pages in (6.5 ms of a 16 MiB import on an
 //! H200, against 1.0 ms for pages touched before): [`ImportConfig::populate_ahead`] faults a
 //! pool's pages in on a background thread when the pool is made.
+//!
+//! The Vulkan and CUDA backends are behind the cargo features `vulkan` and `cuda` (both on by
+//! default); without one, its backend's `open` says so and the automatic choice passes it over.
+//! Pin is always there.
 
 mod backend;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_disabled.rs"]
 mod cuda;
 mod error;
 mod importer;
@@ -28,6 +36,10 @@ mod pin;
 mod plan;
 mod pools;
 pub mod pools_file;
+#[cfg(feature = "vulkan")]
+pub(crate) mod vulkan;
+#[cfg(not(feature = "vulkan"))]
+#[path = "vulkan_disabled.rs"]
 pub(crate) mod vulkan;
 
 pub use backend::{
@@ -40,7 +52,9 @@ pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, PopulateAhead
 pub use pin::{Pin, Pinned};
 pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan, reference};
 pub use pools::{Pool, PoolId, Pools};
-pub use vulkan::{CallerDevice, Vulkan, VulkanImport};
+#[cfg(feature = "vulkan")]
+pub use vulkan::CallerDevice;
+pub use vulkan::{Vulkan, VulkanImport};
 
 /// An unsigned switch's value: `None` when unset or empty.
 fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, ImportError> {

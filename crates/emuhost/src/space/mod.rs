@@ -27,7 +27,7 @@
 //! page tables and fail (`EFAULT`) instead of faulting on a page the protection forbids.
 
 mod error;
-pub(crate) mod ranges;
+pub mod ranges;
 mod types;
 
 use std::collections::HashMap;

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use emuhost::prepare::{
+use emuhost_prepare::{
     CacheRejected, CacheStart, Corpus, DeviceInfo, GenConfig, JournalStart, Options, Phase, PrepareError, Report,
     check_cache_file, generate, prepare, probe_device, variant_key, wrap_cache_data,
 };

@@ -48,14 +48,21 @@ fn calls_total() -> Option<u64> {
     emuhost::counters::snapshot().map(|c| c.total())
 }
 
-/// One round of one backend: collect costs over `size` bytes, first-write cost, calls per allocation.
-fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> {
+/// One round of one backend: collect costs over `size` bytes, first-write cost, calls per
+/// allocation; for uffd also the bare kernel's arm on the same memory, before emuhost's where
+/// `bare_first` (rounds alternate the order, so neither arm always finds the machine as the
+/// other left it).
+fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> anyhow::Result<()> {
     let p = page_size();
     let pages = size / p;
     let s = Arc::new(Space::with_window(size * 2)?);
     let r = s.range(0, size)?;
     s.commit(r, Prot::READ_WRITE)?;
     s.populate(r)?;
+    let bare = kind == BackendKind::Uffd;
+    if bare && bare_first {
+        bare_round(&s, size, out)?;
+    }
     let t = Tracker::with_backend(&s, kind)?;
     t.arm(r)?;
     let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
@@ -133,7 +140,7 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
         put("calls_per_allocation", (a - b) as f64 / 1024.0);
     }
     anyhow::ensure!(c.pages() == 1024, "1,024 allocations written, collect reported {}", c.pages());
-    if kind == BackendKind::Uffd {
+    if bare && !bare_first {
         // The tracker gives the memory back (unregistered) when dropped.
         drop(t);
         bare_round(&s, size, out)?;
@@ -243,9 +250,9 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     let (kinds, left_out) = backends(settings.watch.map(BackendKind::name))?;
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();
-    for _ in 0..a.rounds {
+    for i in 0..a.rounds {
         for &kind in &kinds {
-            round(kind, size, samples.entry(kind).or_default())?;
+            round(kind, size, samples.entry(kind).or_default(), i % 2 == 1)?;
         }
     }
     let mut stress = BTreeMap::new();

@@ -96,8 +96,8 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> a
     for pct in [0].into_iter().chain(DIRTY_PERCENT) {
         for pass in 0..2 {
             let mut dirty = 0;
-            if pct > 0 {
-                for pg in (0..pages).step_by((100 / pct) as usize) {
+            if let Some(step) = 100u64.checked_div(pct) {
+                for pg in (0..pages).step_by(step as usize) {
                     // SAFETY: as above.
                     unsafe { s.store_unchecked(GuestAddr(pg * p), &[3]) }?;
                     dirty += 1;
@@ -181,8 +181,8 @@ fn bare_round(s: &Space, size: u64, out: &mut Samples) -> anyhow::Result<()> {
     // Steady state, as emuhost's arm above: each pattern scanned twice, the second timed.
     for pct in [0].into_iter().chain(DIRTY_PERCENT) {
         for pass in 0..2 {
-            if pct > 0 {
-                for pg in (0..pages).step_by((100 / pct) as usize) {
+            if let Some(step) = 100u64.checked_div(pct) {
+                for pg in (0..pages).step_by(step as usize) {
                     store(pg, 3);
                 }
             }

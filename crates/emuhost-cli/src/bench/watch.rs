@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
 use emuhost::watch::bare::BareUffd;
 use emuhost::watch::{self, BackendKind, Tracker};
 use emuhost_lab::stress::{self, StressReport};
@@ -88,31 +88,8 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> a
         anyhow::ensure!(c.pages() >= dirty, "{pct}% dirty: wrote {dirty} pages, collect reported {}", c.pages());
         put(&format!("dirty_{pct}pct_reported_per_written"), c.pages() as f64 / dirty as f64);
     }
-    // Steady state, as an emulator collects every frame: into the caller's words (no result to
-    // allocate) with the tracker's buffers warm: each pattern (clean, then 1/50/100 % written) is
-    // collected twice and the second timed, the whole collect per page of the range (the bare
-    // arm does the same, so the ratio needs no subtraction of a baseline).
-    let mut words = vec![0u64; pages.div_ceil(64) as usize];
-    for pct in [0].into_iter().chain(DIRTY_PERCENT) {
-        for pass in 0..2 {
-            let mut dirty = 0;
-            if let Some(step) = 100u64.checked_div(pct) {
-                for pg in (0..pages).step_by(step as usize) {
-                    // SAFETY: as above.
-                    unsafe { s.store_unchecked(GuestAddr(pg * p), &[3]) }?;
-                    dirty += 1;
-                }
-            }
-            words.fill(0);
-            let start = Instant::now();
-            let w = t.collect_into(r, p, &mut words)?;
-            let ns = ns_since(start);
-            anyhow::ensure!(w.pages >= dirty, "{pct}% dirty: wrote {dirty} pages, collect_into reported {}", w.pages);
-            if pass == 1 {
-                put(&format!("into_{pct}pct_ns_per_page"), ns / pages as f64);
-            }
-        }
-    }
+    steady(&s, &t, r, out)?;
+    let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
     // First write after arming: every page clean and armed now.
     let n = pages.min(16384);
     let start = Instant::now();
@@ -144,6 +121,38 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> a
         // The tracker gives the memory back (unregistered) when dropped.
         drop(t);
         bare_round(&s, size, out)?;
+    }
+    Ok(())
+}
+
+/// Steady state, as an emulator collects every frame: into the caller's words (no result to
+/// allocate) with the tracker's buffers warm: each pattern (clean, then 1/50/100 % written) is
+/// collected twice and the second timed, the whole collect per page of the range (the bare arm
+/// does the same, so the ratio needs no subtraction of a baseline).
+fn steady(s: &Space, t: &Tracker, r: GuestRange, out: &mut Samples) -> anyhow::Result<()> {
+    let p = page_size();
+    let pages = r.len() / p;
+    let mut words = vec![0u64; pages.div_ceil(64) as usize];
+    for pct in [0].into_iter().chain(DIRTY_PERCENT) {
+        for pass in 0..2 {
+            let mut dirty = 0;
+            if let Some(step) = 100u64.checked_div(pct) {
+                for pg in (0..pages).step_by(step as usize) {
+                    // SAFETY: the round's pages are committed read-write and armed; nothing
+                    // releases them meanwhile.
+                    unsafe { s.store_unchecked(GuestAddr(pg * p), &[3]) }?;
+                    dirty += 1;
+                }
+            }
+            words.fill(0);
+            let start = Instant::now();
+            let w = t.collect_into(r, p, &mut words)?;
+            let ns = ns_since(start);
+            anyhow::ensure!(w.pages >= dirty, "{pct}% dirty: wrote {dirty} pages, collect_into reported {}", w.pages);
+            if pass == 1 {
+                out.entry(format!("into_{pct}pct_ns_per_page")).or_default().push(ns / pages as f64);
+            }
+        }
     }
     Ok(())
 }

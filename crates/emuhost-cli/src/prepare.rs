@@ -75,15 +75,14 @@ pub struct GenArgs {
 
 impl GenArgs {
     pub fn config(&self) -> GenConfig {
-        GenConfig {
-            programs: self.programs as usize,
-            variants: self.variants as usize,
-            seed: self.seed,
-            statements: self.statements as usize,
-            broken_translate: self.broken_translate as usize,
-            broken_compile: self.broken_compile as usize,
-            ..GenConfig::default()
-        }
+        let mut c = GenConfig::default();
+        c.programs = self.programs as usize;
+        c.variants = self.variants as usize;
+        c.seed = self.seed;
+        c.statements = self.statements as usize;
+        c.broken_translate = self.broken_translate as usize;
+        c.broken_compile = self.broken_compile as usize;
+        c
     }
 
     /// The same shape as command-line arguments (for the benchmark's child runs).

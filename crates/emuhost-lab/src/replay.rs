@@ -27,6 +27,7 @@ use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceEr
 
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReplayError {
     #[error(transparent)]
     Trace(#[from] TraceError),

@@ -7,6 +7,7 @@ use emuhost::gpu::vulkan::InstanceError;
 /// compile is not one of these: it is reported in the run's [`Report`](super::Report) and the run
 /// goes on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PrepareError {
     #[error("{path}")]
     Io {

@@ -5,6 +5,7 @@ use crate::space::SpaceError;
 /// What went wrong in an import. Guest addresses and sizes are in hex; a driver's or the OS's
 /// error is kept as the source or named by its code.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ImportError {
     #[error("chunk {chunk:#x} is not a power of two of at least the backend's alignment {align:#x}")]
     BadChunk { chunk: u64, align: u64 },

@@ -58,6 +58,7 @@ pub enum Placement {
 
 /// How a space is made.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SpaceConfig {
     /// Bytes of guest address space to reserve (a multiple of the page size).
     pub window: u64,

@@ -103,6 +103,7 @@ impl BackendKind {
 
 /// What went wrong in write tracking.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WatchError {
     #[error("{name}={value:?} {why}")]
     BadSwitch { name: &'static str, value: String, why: &'static str },

@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Cursor, Read};
 
-use emuhost::trace::{Header, Reader, Record, TraceError, TraceWriter, read_str};
+use emuhost_lab::trace::{Header, Reader, Record, TraceError, TraceWriter, read_str};
 use libfuzzer_sys::fuzz_target;
 
 /// zstd's frame magic number, little-endian.

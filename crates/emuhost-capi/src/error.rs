@@ -96,6 +96,8 @@ fn space_code(e: &SpaceError) -> u32 {
         | SpaceError::Foreign { .. }
         | SpaceError::NotWritable { .. } => EMUHOST_ERROR_REFUSED,
         SpaceError::Reserve { .. } | SpaceError::ReserveAt { .. } | SpaceError::Os { .. } => EMUHOST_ERROR_OS,
+        // What the space module may add (its errors are `#[non_exhaustive]`).
+        _ => EMUHOST_ERROR_OTHER,
     }
 }
 
@@ -117,7 +119,6 @@ impl From<WatchError> for Error {
             WatchError::SecondTracker { .. } => EMUHOST_ERROR_REFUSED,
             WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
             // Verify mode's mismatch, and what the watch module may add.
-            #[allow(unreachable_patterns)]
             _ => EMUHOST_ERROR_OTHER,
         };
         Self::chain(code, &e)
@@ -139,6 +140,8 @@ fn import_code(e: &ImportError) -> u32 {
         ImportError::Vulkan { .. } | ImportError::Cuda { .. } | ImportError::Verify { .. } => EMUHOST_ERROR_DEVICE,
         ImportError::Os { .. } => EMUHOST_ERROR_OS,
         ImportError::BadBackendName(_) | ImportError::BadSwitch { .. } => EMUHOST_ERROR_SETTING,
+        // What the import module may add (its errors are `#[non_exhaustive]`).
+        _ => EMUHOST_ERROR_OTHER,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use emuhost::trace::ReplayReport;
+use emuhost_lab::replay::ReplayReport;
 use plotters::prelude::*;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";

@@ -1,5 +1,5 @@
 //! `emuhost prepare [CORPUS]`: translate and compile a corpus of compute shaders through the
-//! Vulkan driver with a pipeline cache on disk (see `emuhost::prepare`). Without CORPUS, the
+//! Vulkan driver with a pipeline cache on disk (see `emuhost_prepare`). Without CORPUS, the
 //! generated corpus of `--programs`/`--variants` is used. A progress bar on stderr when it is a
 //! terminal; a summary on stdout (`--json`: one object). Exit 0 all prepared, 1 a shader failed
 //! (each named with its error; the run went on), 2 an error (bad input, no Vulkan device, I/O).
@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use anyhow::Context as _;
-use emuhost::prepare::{CacheStart, Corpus, GenConfig, JournalStart, Options, Report, generate, prepare};
 use emuhost::sched::{Allocator, Machine};
+use emuhost_prepare::{CacheStart, Corpus, GenConfig, JournalStart, Options, Report, generate, prepare};
 use serde_json::json;
 
 use crate::Outcome;
@@ -75,15 +75,14 @@ pub struct GenArgs {
 
 impl GenArgs {
     pub fn config(&self) -> GenConfig {
-        GenConfig {
-            programs: self.programs as usize,
-            variants: self.variants as usize,
-            seed: self.seed,
-            statements: self.statements as usize,
-            broken_translate: self.broken_translate as usize,
-            broken_compile: self.broken_compile as usize,
-            ..GenConfig::default()
-        }
+        let mut c = GenConfig::default();
+        c.programs = self.programs as usize;
+        c.variants = self.variants as usize;
+        c.seed = self.seed;
+        c.statements = self.statements as usize;
+        c.broken_translate = self.broken_translate as usize;
+        c.broken_compile = self.broken_compile as usize;
+        c
     }
 
     /// The same shape as command-line arguments (for the benchmark's child runs).
@@ -165,7 +164,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let peak = emuhost::prepare::peak_memory_bytes();
+    let peak = emuhost_prepare::peak_memory_bytes();
     if a.json {
         outln!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));
     } else {
@@ -271,7 +270,7 @@ fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cach
         }
         JournalStart::Discarded(why) => outln!("  journal     discarded: {why}"),
     }
-    let par = |t: emuhost::prepare::PhaseTime| ms(t.busy) / ms(t.wall).max(1e-9);
+    let par = |t: emuhost_prepare::PhaseTime| ms(t.busy) / ms(t.wall).max(1e-9);
     outln!(
         "  translate   {} programs, {} variants in {:.1} ms (busy {:.1} ms: {:.1} workers' worth)",
         r.translated_programs,

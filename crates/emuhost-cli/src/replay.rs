@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use emuhost::settings::Settings;
-use emuhost::trace::{ReplayConfig, ReplayReport, replay_default, replay_file};
+use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
 use serde_json::{Value, json};
 
 use crate::Outcome;

@@ -6,10 +6,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use emuhost::trace::{
-    DEFAULT_GROWTH_LIMIT, ReplayConfig, ReplayReport, SoakLoop, SoakVerdict, judge, memory, replay_default,
-    replay_file, trim_heap,
-};
+use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
+use emuhost_lab::soak::{DEFAULT_GROWTH_LIMIT, SoakLoop, SoakVerdict, judge, memory, trim_heap};
 use serde_json::json;
 
 use crate::Outcome;
@@ -146,6 +144,7 @@ fn shown(loops: &[SoakLoop]) -> (Vec<&SoakLoop>, usize) {
     (rows, every)
 }
 
+// Just over 80 lines: one line per figure of the soak's report, in the order printed.
 fn print_report(
     loops: &[SoakLoop],
     v: &SoakVerdict,

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use emuhost::trace::{self, FileReader, Stats, Synth, SynthConfig, TraceError, TraceWriter};
+use emuhost_lab::synth::{self, Synth, SynthConfig};
+use emuhost_lab::trace::{FileReader, Stats, TraceError, TraceWriter};
 use serde_json::json;
 
 use crate::Outcome;
@@ -15,7 +16,7 @@ pub enum Which {
     /// Write a synthetic session shaped on the measured one (the default session with the default seed).
     Synth {
         /// The generator's seed.
-        #[arg(long, default_value_t = trace::DEFAULT_SEED)]
+        #[arg(long, default_value_t = synth::DEFAULT_SEED)]
         seed: u64,
         /// Write here instead of to stdout; a name ending in `.zst` is compressed.
         #[arg(short = 'o', long, value_name = "FILE")]
@@ -106,6 +107,8 @@ fn big(n: u128) -> serde_json::Value {
     u64::try_from(n).map_or_else(|_| json!(n as f64), |v| json!(v))
 }
 
+// Just over 80 lines: one line or one JSON field per figure of the trace; split, it would only
+// move the figures apart from their labels.
 fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result<Outcome> {
     if chunk_mib == 0 || !chunk_mib.is_power_of_two() || chunk_mib > 1 << 20 {
         bail!("--chunk-mib {chunk_mib}: not a power of two from 1 to 1048576");
@@ -119,7 +122,7 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
             (path.display().to_string(), s)
         }
         None => {
-            ("the default session".to_owned(), Stats::of(trace::default_session().map(Ok::<_, anyhow::Error>), chunk)?)
+            ("the default session".to_owned(), Stats::of(synth::default_session().map(Ok::<_, anyhow::Error>), chunk)?)
         }
     };
     if as_json {

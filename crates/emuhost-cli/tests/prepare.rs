@@ -16,7 +16,7 @@ mod vulkan_gate;
 /// choice is the same); `false`: the test skips, see `vulkan_gate`.
 #[track_caller]
 fn device() -> bool {
-    vulkan_gate::vulkan_or_skip(emuhost::prepare::probe_device(None)).is_some()
+    vulkan_gate::vulkan_or_skip(emuhost_prepare::probe_device(None)).is_some()
 }
 
 fn emuhost(args: &[&str]) -> Output {

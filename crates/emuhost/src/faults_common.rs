@@ -32,6 +32,7 @@ pub const SWITCHES: [&str; 7] = [
 
 /// A fault switch that cannot be honoured.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FaultError {
     #[error("{name}={value:?}: {why}")]
     BadSwitch { name: &'static str, value: String, why: String },

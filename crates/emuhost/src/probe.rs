@@ -65,3 +65,7 @@ impl Probe {
         matches!(self.uffd_features, Offer::Yes(f) if f & uapi::UFFD_FEATURE_WP_UNPOPULATED != 0)
     }
 }
+
+/// The process's own memory figures, as the kernel and the C allocator keep them: for a caller
+/// that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a preparation).
+pub use crate::sys::procstat::{Heap, heap, self_status, trim_heap};

@@ -405,18 +405,20 @@ impl SessionResult {
 
 fn session_arms(b: &Arc<AnyBackend>, seed: u64, rounds: u32, base: ImportConfig) -> anyhow::Result<SessionResult> {
     let s = session(seed, base.plan.chunk);
+    // The configs are `#[non_exhaustive]`: each arm is the base with fields set.
+    let with = |span_off: bool, ahead: PopulateAhead| {
+        let mut c = base;
+        if span_off {
+            c.plan.span_cap = 0;
+        }
+        c.populate_ahead = ahead;
+        c
+    };
     let cfgs = [
-        (
-            "naive chunks",
-            ImportConfig {
-                plan: emuhost::import::PlanConfig { span_cap: 0, ..base.plan },
-                populate_ahead: PopulateAhead::Off,
-                ..base
-            },
-        ),
-        ("span", ImportConfig { populate_ahead: PopulateAhead::Off, ..base }),
-        ("span + populate pools ahead", ImportConfig { populate_ahead: PopulateAhead::Pools, ..base }),
-        ("span + populate chunks ahead", ImportConfig { populate_ahead: PopulateAhead::Chunks, ..base }),
+        ("naive chunks", with(true, PopulateAhead::Off)),
+        ("span", with(false, PopulateAhead::Off)),
+        ("span + populate pools ahead", with(false, PopulateAhead::Pools)),
+        ("span + populate chunks ahead", with(false, PopulateAhead::Chunks)),
     ];
     let mut arms: Vec<(&'static str, Vec<ArmRun>)> = cfgs.iter().map(|(n, _)| (*n, Vec::new())).collect();
     for round in 0..rounds as usize {

@@ -144,39 +144,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     counts.sort_unstable();
     counts.dedup();
-    let dir = std::env::temp_dir().join(format!("emuhost-bench-prepare-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
-    let cache = dir.join("pipelines.vkpc");
-    let journal = dir.join("pipelines.vkpc.journal");
-    let mut cold: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
-    let mut warm: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
-    let mut device = Value::Null;
-    let result = (|| -> anyhow::Result<()> {
-        for r in 0..a.rounds as usize {
-            for k in 0..counts.len() {
-                let i = (r + k) % counts.len();
-                let _ = std::fs::remove_file(&cache);
-                let _ = std::fs::remove_file(&journal);
-                let c = child(&a, counts[i], &cache)?;
-                device = c["device"].clone();
-                cold[i].add(&c);
-                let w = child(&a, counts[i], &cache)?;
-                warm[i].add(&w);
-                if !a.json {
-                    eprintln!(
-                        "round {} workers {:>3}: cold {:>9.1} ms, warm {:>9.1} ms",
-                        r + 1,
-                        counts[i],
-                        c["total_ms"].as_f64().unwrap_or(f64::NAN),
-                        w["total_ms"].as_f64().unwrap_or(f64::NAN)
-                    );
-                }
-            }
-        }
-        Ok(())
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result?;
+    let (cold, warm, device) = measure(&a, &counts)?;
 
     let (cold_base, warm_base) = (cold[0].total.median_ms(), warm[0].total.median_ms());
     let rows: Vec<Value> = counts
@@ -197,9 +165,54 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         );
         return Ok(Outcome::Ok);
     }
+    print_table(&a, allocator_name, usable, &device, cold[0].pipelines, &rows, &rule.why);
+    Ok(Outcome::Ok)
+}
+
+/// Each worker count's cold and warm runs (each a child process, the counts alternated within
+/// each round) in a scratch folder, and the device they ran on.
+fn measure(a: &Args, counts: &[u64]) -> anyhow::Result<(Vec<Cell>, Vec<Cell>, Value)> {
+    let dir = std::env::temp_dir().join(format!("emuhost-bench-prepare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    let cache = dir.join("pipelines.vkpc");
+    let journal = dir.join("pipelines.vkpc.journal");
+    let mut cold: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
+    let mut warm: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
+    let mut device = Value::Null;
+    let result = (|| -> anyhow::Result<()> {
+        for r in 0..a.rounds as usize {
+            for k in 0..counts.len() {
+                let i = (r + k) % counts.len();
+                let _ = std::fs::remove_file(&cache);
+                let _ = std::fs::remove_file(&journal);
+                let c = child(a, counts[i], &cache)?;
+                device = c["device"].clone();
+                cold[i].add(&c);
+                let w = child(a, counts[i], &cache)?;
+                warm[i].add(&w);
+                if !a.json {
+                    eprintln!(
+                        "round {} workers {:>3}: cold {:>9.1} ms, warm {:>9.1} ms",
+                        r + 1,
+                        counts[i],
+                        c["total_ms"].as_f64().unwrap_or(f64::NAN),
+                        w["total_ms"].as_f64().unwrap_or(f64::NAN)
+                    );
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    Ok((cold, warm, device))
+}
+
+/// The text report of `bench prepare`.
+fn print_table(a: &Args, allocator_name: &str, usable: u64, device: &Value, pipelines: u64, rows: &[Value], why: &str) {
     outln!(
         "emuhost prepare: {} pipelines, allocator {allocator_name}, {usable} usable CPUs, {} rounds (medians), device {}",
-        cold[0].pipelines,
+        pipelines,
         a.rounds,
         device["name"].as_str().unwrap_or("?")
     );
@@ -217,7 +230,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         "peak MiB",
         "hits"
     );
-    for r in &rows {
+    for r in rows {
         let f = |p: &str| r.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
         let mark = if r["rule"].as_bool() == Some(true) { "*" } else { " " };
         outln!(
@@ -235,9 +248,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             f("/warm/cache_hits"),
         );
     }
-    outln!("  * the rule's count here: {}", rule.why);
+    outln!("  * the rule's count here: {}", why);
     if !a.keep_driver_cache {
         outln!("  (the drivers' own disk caches were off: MESA_SHADER_CACHE_DISABLE=true, __GL_SHADER_DISK_CACHE=0)");
     }
-    Ok(Outcome::Ok)
 }

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
 use emuhost::watch::bare::BareUffd;
-use emuhost::watch::{self, BackendKind, StressReport, Tracker};
+use emuhost::watch::{self, BackendKind, Tracker};
+use emuhost_lab::stress::{self, StressReport};
 use serde_json::json;
 
 use super::median;
@@ -47,14 +48,21 @@ fn calls_total() -> Option<u64> {
     emuhost::counters::snapshot().map(|c| c.total())
 }
 
-/// One round of one backend: collect costs over `size` bytes, first-write cost, calls per allocation.
-fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> {
+/// One round of one backend: collect costs over `size` bytes, first-write cost, calls per
+/// allocation; for uffd also the bare kernel's arm on the same memory, before emuhost's where
+/// `bare_first` (rounds alternate the order, so neither arm always finds the machine as the
+/// other left it).
+fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> anyhow::Result<()> {
     let p = page_size();
     let pages = size / p;
     let s = Arc::new(Space::with_window(size * 2)?);
     let r = s.range(0, size)?;
     s.commit(r, Prot::READ_WRITE)?;
     s.populate(r)?;
+    let bare = kind == BackendKind::Uffd;
+    if bare && bare_first {
+        bare_round(&s, size, out)?;
+    }
     let t = Tracker::with_backend(&s, kind)?;
     t.arm(r)?;
     let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
@@ -80,6 +88,8 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
         anyhow::ensure!(c.pages() >= dirty, "{pct}% dirty: wrote {dirty} pages, collect reported {}", c.pages());
         put(&format!("dirty_{pct}pct_reported_per_written"), c.pages() as f64 / dirty as f64);
     }
+    steady(&s, &t, r, out)?;
+    let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
     // First write after arming: every page clean and armed now.
     let n = pages.min(16384);
     let start = Instant::now();
@@ -107,10 +117,42 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples) -> anyhow::Result<()> 
         put("calls_per_allocation", (a - b) as f64 / 1024.0);
     }
     anyhow::ensure!(c.pages() == 1024, "1,024 allocations written, collect reported {}", c.pages());
-    if kind == BackendKind::Uffd {
+    if bare && !bare_first {
         // The tracker gives the memory back (unregistered) when dropped.
         drop(t);
         bare_round(&s, size, out)?;
+    }
+    Ok(())
+}
+
+/// Steady state, as an emulator collects every frame: into the caller's words (no result to
+/// allocate) with the tracker's buffers warm: each pattern (clean, then 1/50/100 % written) is
+/// collected twice and the second timed, the whole collect per page of the range (the bare arm
+/// does the same, so the ratio needs no subtraction of a baseline).
+fn steady(s: &Space, t: &Tracker, r: GuestRange, out: &mut Samples) -> anyhow::Result<()> {
+    let p = page_size();
+    let pages = r.len() / p;
+    let mut words = vec![0u64; pages.div_ceil(64) as usize];
+    for pct in [0].into_iter().chain(DIRTY_PERCENT) {
+        for pass in 0..2 {
+            let mut dirty = 0;
+            if let Some(step) = 100u64.checked_div(pct) {
+                for pg in (0..pages).step_by(step as usize) {
+                    // SAFETY: the round's pages are committed read-write and armed; nothing
+                    // releases them meanwhile.
+                    unsafe { s.store_unchecked(GuestAddr(pg * p), &[3]) }?;
+                    dirty += 1;
+                }
+            }
+            words.fill(0);
+            let start = Instant::now();
+            let w = t.collect_into(r, p, &mut words)?;
+            let ns = ns_since(start);
+            anyhow::ensure!(w.pages >= dirty, "{pct}% dirty: wrote {dirty} pages, collect_into reported {}", w.pages);
+            if pass == 1 {
+                out.entry(format!("into_{pct}pct_ns_per_page")).or_default().push(ns / pages as f64);
+            }
+        }
     }
     Ok(())
 }
@@ -145,6 +187,21 @@ fn bare_round(s: &Space, size: u64, out: &mut Samples) -> anyhow::Result<()> {
         put(&format!("bare_dirty_{pct}pct_ns_per_dirty_page"), (ns_since(start) - clean_ns).max(0.0) / dirty as f64);
         anyhow::ensure!(n >= dirty * p, "bare, {pct}% dirty: wrote {dirty} pages, the scan found {n} bytes");
     }
+    // Steady state, as emuhost's arm above: each pattern scanned twice, the second timed.
+    for pct in [0].into_iter().chain(DIRTY_PERCENT) {
+        for pass in 0..2 {
+            if let Some(step) = 100u64.checked_div(pct) {
+                for pg in (0..pages).step_by(step as usize) {
+                    store(pg, 3);
+                }
+            }
+            let start = Instant::now();
+            b.scan(host, size as usize)?;
+            if pass == 1 {
+                put(&format!("bare_{pct}pct_ns_per_page"), ns_since(start) / pages as f64);
+            }
+        }
+    }
     let n = pages.min(16384);
     let start = Instant::now();
     for pg in 0..n {
@@ -156,13 +213,14 @@ fn bare_round(s: &Space, size: u64, out: &mut Samples) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// emuhost's uffd figures over the bare kernel's: (name, key, target ratio).
-const OVER_BARE: [(&str, &str, f64); 5] = [
-    ("clean page", "clean_ns_per_page", 1.1),
-    ("dirty page at 1 %", "dirty_1pct_ns_per_dirty_page", 1.2),
-    ("dirty page at 50 %", "dirty_50pct_ns_per_dirty_page", 1.2),
-    ("dirty page at 100 %", "dirty_100pct_ns_per_dirty_page", 1.2),
-    ("first write", "first_write_ns", 1.1),
+/// emuhost's uffd figures (steady state, into words: a whole collect per page of the range) over
+/// the bare kernel's: (name, emuhost's key, the bare key, target ratio).
+const OVER_BARE: [(&str, &str, &str, f64); 5] = [
+    ("clean", "into_0pct_ns_per_page", "bare_0pct_ns_per_page", 1.1),
+    ("1 % of pages written", "into_1pct_ns_per_page", "bare_1pct_ns_per_page", 1.2),
+    ("50 % written", "into_50pct_ns_per_page", "bare_50pct_ns_per_page", 1.2),
+    ("100 % written", "into_100pct_ns_per_page", "bare_100pct_ns_per_page", 1.2),
+    ("first write", "first_write_ns", "bare_first_write_ns", 1.1),
 ];
 
 /// The backends to measure, and those left out with why: the one `EMUHOST_WATCH` names when it
@@ -201,14 +259,14 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     let (kinds, left_out) = backends(settings.watch.map(BackendKind::name))?;
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();
-    for _ in 0..a.rounds {
+    for i in 0..a.rounds {
         for &kind in &kinds {
-            round(kind, size, samples.entry(kind).or_default())?;
+            round(kind, size, samples.entry(kind).or_default(), i % 2 == 1)?;
         }
     }
     let mut stress = BTreeMap::new();
     for &kind in &kinds {
-        stress.insert(kind, watch::stress(kind, a.stress_writes)?);
+        stress.insert(kind, stress::stress(kind, a.stress_writes)?);
     }
     let lost: u64 = stress.values().map(|r| r.lost).sum();
     let report = Report { a: &a, kinds: &kinds, left_out: &left_out, samples: &samples, stress: &stress };
@@ -240,8 +298,8 @@ impl Report<'_> {
         let u = BackendKind::Uffd;
         OVER_BARE
             .iter()
-            .map(|&(_, key, target)| {
-                let r = self.med(u, key).zip(self.med(u, &format!("bare_{key}"))).map(|(e, b)| e / b);
+            .map(|&(_, key, bare, target)| {
+                let r = self.med(u, key).zip(self.med(u, bare)).map(|(e, b)| e / b);
                 (key, r, target)
             })
             .collect()
@@ -359,7 +417,7 @@ impl Report<'_> {
         }
         if self.kinds.contains(&BackendKind::Uffd) {
             outln!("  uffd over the bare kernel (same memory, same run; target):");
-            for ((name, _, _), (_, r, target)) in OVER_BARE.iter().zip(self.over_bare()) {
+            for ((name, ..), (_, r, target)) in OVER_BARE.iter().zip(self.over_bare()) {
                 let r = r.map_or("n/a".into(), |r| format!("{r:.2}x"));
                 outln!("    {name:<22} {r:>8}  (<= {target}x)");
             }

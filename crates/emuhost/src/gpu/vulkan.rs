@@ -1,7 +1,7 @@
-//! The one Vulkan setup of the crate, used by the import backend ([`crate::import::Vulkan`]) and
-//! the shader preparation ([`crate::prepare`]): the process's loader and instance, the choice of
-//! a physical device ([`best`], by [`rank`]) and the mapping of an instance's failure into each
-//! one's error type. An importer built on the caller's device ([`crate::import::Vulkan::from_caller`])
+//! The one Vulkan setup of the process, used by the import backend ([`crate::import::Vulkan`]) and
+//! the shader preparation (the `emuhost-prepare` crate): the process's loader and instance, the
+//! choice of a physical device ([`best`], by [`rank`]) and the mapping of an instance's failure
+//! into each one's error type. An importer built on the caller's device ([`crate::import::Vulkan::from_caller`])
 //! uses none of the instance: it loads the caller's functions from the caller's handles.
 //!
 //! One Vulkan loader and one instance for the whole process, made on first use and kept until
@@ -27,16 +27,22 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use ash::vk;
 
 /// The process's loader and instance.
-pub(crate) struct Shared {
+pub struct Shared {
     /// Kept for the process's life: the instance's function pointers live in the loader.
     _entry: ash::Entry,
     pub instance: ash::Instance,
 }
 
 /// Why the instance could not be made (nothing is kept then: the next call tries again).
-#[derive(Debug)]
-pub(crate) enum InstanceError {
-    Loader(ash::LoadingError),
+///
+/// Its fields are `ash`'s: this is the raw layer under the import backend and the shader
+/// preparation, each of which maps it into its own error type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InstanceError {
+    #[error("no Vulkan loader: {0}")]
+    Loader(#[source] ash::LoadingError),
+    #[error("Vulkan: {op} failed: {code}")]
     Vulkan { op: &'static str, code: vk::Result },
 }
 
@@ -54,17 +60,8 @@ impl From<InstanceError> for crate::import::ImportError {
     }
 }
 
-impl From<InstanceError> for crate::prepare::PrepareError {
-    fn from(e: InstanceError) -> Self {
-        match e {
-            InstanceError::Loader(e) => crate::prepare::PrepareError::Loader(e),
-            InstanceError::Vulkan { op, code } => crate::prepare::PrepareError::Vulkan { what: op, result: code },
-        }
-    }
-}
-
 /// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
-pub(crate) fn rank(t: vk::PhysicalDeviceType) -> u32 {
+pub fn rank(t: vk::PhysicalDeviceType) -> u32 {
     match t {
         vk::PhysicalDeviceType::DISCRETE_GPU => 0,
         vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
@@ -77,7 +74,7 @@ pub(crate) fn rank(t: vk::PhysicalDeviceType) -> u32 {
 /// The best-ranked physical device of `instance` that `fits` accepts (it returns what the caller
 /// needs of the device, e.g. its queue family), the first of equals in the loader's order.
 /// `fits` sees every device, so a caller can also note why one was passed over.
-pub(crate) fn best<T>(
+pub fn best<T>(
     instance: &ash::Instance,
     mut fits: impl FnMut(vk::PhysicalDevice, &vk::PhysicalDeviceProperties) -> Option<T>,
 ) -> Result<Option<(vk::PhysicalDevice, T)>, vk::Result> {
@@ -98,7 +95,7 @@ pub(crate) fn best<T>(
 }
 
 /// The process's instance, made on the first call.
-pub(crate) fn shared() -> Result<&'static Shared, InstanceError> {
+pub fn shared() -> Result<&'static Shared, InstanceError> {
     let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = *slot {
         return Ok(s);

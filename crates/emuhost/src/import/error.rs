@@ -5,6 +5,7 @@ use crate::space::SpaceError;
 /// What went wrong in an import. Guest addresses and sizes are in hex; a driver's or the OS's
 /// error is kept as the source or named by its code.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ImportError {
     #[error("chunk {chunk:#x} is not a power of two of at least the backend's alignment {align:#x}")]
     BadChunk { chunk: u64, align: u64 },
@@ -39,7 +40,10 @@ pub enum ImportError {
     Budget { what: &'static str, need: u64, used: u64, limit: u64 },
     #[error("the {backend} backend is not available: {why}")]
     Unavailable { backend: &'static str, why: String },
+    /// A Vulkan call failed: `code` is the API's own result code, as `ash` types it (feature
+    /// `vulkan`).
     #[error("{op} failed: {code:?}")]
+    #[cfg(feature = "vulkan")]
     Vulkan { op: &'static str, code: ash::vk::Result },
     #[error("{op} failed: CUDA error {code} ({name})")]
     Cuda { op: &'static str, code: u32, name: String },

@@ -25,8 +25,16 @@
 //! binding in each of its chunks would import (the same plan, the retry without the span), up to a
 //! budget of bytes imported and not yet bound. A binding whose import is in flight waits for it;
 //! one with nothing ready imports as before. The binding thread's waits are in [`Stats`].
+//!
+//! The Vulkan and CUDA backends are behind the cargo features `vulkan` and `cuda` (both on by
+//! default); without one, its backend's `open` says so and the automatic choice passes it over.
+//! Pin is always there.
 
 mod backend;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_disabled.rs"]
 mod cuda;
 mod error;
 mod importer;
@@ -34,6 +42,10 @@ mod pin;
 mod plan;
 mod pools;
 pub mod pools_file;
+#[cfg(feature = "vulkan")]
+pub(crate) mod vulkan;
+#[cfg(not(feature = "vulkan"))]
+#[path = "vulkan_disabled.rs"]
 pub(crate) mod vulkan;
 
 pub use backend::{
@@ -46,7 +58,9 @@ pub use importer::{Bound, DEFAULT_COOLING, ImportConfig, Importer, PopulateAhead
 pub use pin::{Pin, Pinned};
 pub use plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig, Planned, binding_cover, grow, plan, reference};
 pub use pools::{Pool, PoolId, Pools};
-pub use vulkan::{CallerDevice, Vulkan, VulkanImport};
+#[cfg(feature = "vulkan")]
+pub use vulkan::CallerDevice;
+pub use vulkan::{Vulkan, VulkanImport};
 
 /// An unsigned switch's value: `None` when unset or empty.
 fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, ImportError> {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 /// What went wrong reading what the machine gives a process: a file that could not be read or
 /// that does not say what the kernel writes there. The OS error is kept as the source.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SchedError {
     #[error("reading {path} failed")]
     Read {

@@ -37,10 +37,10 @@ impl SchedHost for OsHost {
     }
 
     fn timer_wait_until(&self, deadline_ns: u64) {
-        if let Err(e) = sys::timer_wait_until(deadline_ns) {
-            if !TIMER_FAILED.swap(true, Ordering::Relaxed) {
-                tracing::warn!("sched: a timer wait failed ({e}); short sleeps yield out what the timer left");
-            }
+        if let Err(e) = sys::timer_wait_until(deadline_ns)
+            && !TIMER_FAILED.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!("sched: a timer wait failed ({e}); short sleeps yield out what the timer left");
         }
     }
 

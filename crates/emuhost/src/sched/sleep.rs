@@ -32,16 +32,23 @@ pub const HOST_EXACT_WAIT: Wait = Wait::Yield;
 /// from the lateness it sees ([`LearnedMargin`]) unless [`SleeperBuilder::hybrid_margin`] fixes it.
 pub const HYBRID_MARGIN: Duration = Duration::from_micros(100);
 
-/// The hybrid's margin, learned as it runs: a running estimate of a high percentile (about the
-/// 99.4th) of how late the timer wakes past the time it was asked for. Each timer wait of the
-/// hybrid adds one sample: one later than the margin raises it by an eighth, one within it
-/// lowers it by 1/1600. In balance the margin sits where about 0.6 % of the wake-ups pass it (an
-/// eighth up, ln 1.125 ≈ 0.118, weighs as much as 190 steps down), so on a quiet machine the hybrid
-/// spins little and on a noisy one the margin grows within a few dozen late wake-ups and the
-/// sleeps stay exact. Lock-free: several threads may sleep at once.
+/// The hybrid's margins, learned as it runs. Each is a running estimate of a high percentile
+/// (about the 99.4th) of how late the timer wakes past the time it was asked for: a sample later
+/// than the estimate raises it by an eighth, one within it lowers it by 1/1600, so in balance
+/// about 0.6 % of the wake-ups pass it (an eighth up, ln 1.125 ≈ 0.118, weighs as much as 190
+/// steps down). A noisy machine raises it within a few dozen late wake-ups.
+///
+/// Two stages, because a long sleep and a short one do not wake alike: after a long sleep the
+/// processor may have gone to a deep idle state, whose exit costs tens to hundreds of
+/// microseconds (the H200 machine's timer woke 23 µs late at the median and 122 µs at p99 after
+/// 1 ms); after a short one the idle governor picks a shallow state. So the hybrid sleeps until
+/// the long margin before the deadline, then on the timer again until the short margin, and
+/// yields only that last part: the spin is the short margin, not the long one.
+/// Lock-free: several threads may sleep at once.
 #[derive(Debug)]
 pub struct LearnedMargin {
-    ns: AtomicU64,
+    long: AtomicU64,
+    short: AtomicU64,
 }
 
 impl LearnedMargin {
@@ -49,25 +56,47 @@ impl LearnedMargin {
     pub const MIN: Duration = Duration::from_micros(2);
     /// The most: a short sleep's length; past it the hybrid is the yield loop.
     pub const MAX: Duration = SHORT_SLEEP;
+    /// Where the short stage's margin starts.
+    pub const SHORT_START: Duration = Duration::from_micros(20);
 
+    /// Margins starting at `start` (the long stage) and at [`LearnedMargin::SHORT_START`] or
+    /// `start`, whichever is less (the short stage).
     pub fn new(start: Duration) -> Self {
-        let ns = (start.as_nanos() as u64).clamp(Self::MIN.as_nanos() as u64, Self::MAX.as_nanos() as u64);
-        Self { ns: AtomicU64::new(ns) }
+        let ns = clamp_ns(start.as_nanos() as u64);
+        let short = ns.min(Self::SHORT_START.as_nanos() as u64);
+        Self { long: AtomicU64::new(ns), short: AtomicU64::new(short) }
     }
 
-    /// The margin now.
+    /// The long stage's margin now: how long before the deadline the first timer wait ends.
     pub fn get(&self) -> Duration {
-        Duration::from_nanos(self.ns.load(Ordering::Relaxed))
+        Duration::from_nanos(self.long.load(Ordering::Relaxed))
     }
 
-    /// One timer wake-up `late_ns` after the time it was asked for.
-    pub fn observe(&self, late_ns: u64) {
-        let (lo, hi) = (Self::MIN.as_nanos() as u64, Self::MAX.as_nanos() as u64);
-        let _ = self.ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-            let next = if late_ns > m { m + m / 8 } else { m - m / 1600 };
-            Some(next.clamp(lo, hi))
-        });
+    /// The short stage's margin now: what the hybrid yields.
+    pub fn spin(&self) -> Duration {
+        Duration::from_nanos(self.short.load(Ordering::Relaxed))
     }
+
+    /// One wake-up of the long stage `late_ns` after the time it was asked for.
+    pub fn observe(&self, late_ns: u64) {
+        learn(&self.long, late_ns);
+    }
+
+    /// One wake-up of the short stage.
+    pub fn observe_short(&self, late_ns: u64) {
+        learn(&self.short, late_ns);
+    }
+}
+
+fn clamp_ns(ns: u64) -> u64 {
+    ns.clamp(LearnedMargin::MIN.as_nanos() as u64, LearnedMargin::MAX.as_nanos() as u64)
+}
+
+/// One step of the percentile estimate in `m` (see [`LearnedMargin`]).
+fn learn(m: &AtomicU64, late_ns: u64) {
+    let _ = m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+        Some(clamp_ns(if late_ns > m { m + m / 8 } else { m - m / 1600 }))
+    });
 }
 
 /// Who sleeps.
@@ -203,11 +232,28 @@ fn wait_until_observed<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns:
     late
 }
 
-/// [`wait_until`] by the hybrid with a margin `margin` learns from (the bench's learned arm and
-/// a [`Sleeper`]'s hybrid).
+/// [`wait_until`] by the hybrid in two stages with the margins `margin` learns (the bench's
+/// learned arm and a [`Sleeper`]'s hybrid): a timer wait until the long margin before the
+/// deadline, one until the short margin, then yields (see [`LearnedMargin`]). Each stage is
+/// made only where more than its margin is left.
 pub fn wait_until_learning<H: SchedHost + ?Sized>(host: &H, deadline_ns: u64, margin: &LearnedMargin) {
-    if let Some(late) = wait_until_observed(host, Wait::Hybrid, deadline_ns, margin.get().as_nanos() as u64) {
+    let stage = |m: Duration| {
+        let m = m.as_nanos() as u64;
+        let now = host.now_ns();
+        (deadline_ns.saturating_sub(now) > m).then(|| {
+            let target = deadline_ns - m;
+            host.timer_wait_until(target);
+            host.now_ns().saturating_sub(target)
+        })
+    };
+    if let Some(late) = stage(margin.get()) {
         margin.observe(late);
+    }
+    if let Some(late) = stage(margin.spin()) {
+        margin.observe_short(late);
+    }
+    while host.now_ns() < deadline_ns {
+        host.yield_now();
     }
 }
 

@@ -3,6 +3,7 @@ use std::io;
 /// What went wrong in the guest address space. Addresses and lengths are guest addresses
 /// (offsets into the window), in hex; an OS failure keeps the OS error as its source.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpaceError {
     #[error("guest range {addr:#x}+{len:#x} is outside the guest window 0x0..{window:#x}")]
     OutOfWindow { addr: u64, len: u64, window: u64 },

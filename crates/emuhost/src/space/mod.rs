@@ -27,7 +27,7 @@
 //! page tables and fail (`EFAULT`) instead of faulting on a page the protection forbids.
 
 mod error;
-pub(crate) mod ranges;
+pub mod ranges;
 mod types;
 
 use std::collections::HashMap;
@@ -58,6 +58,7 @@ pub enum Placement {
 
 /// How a space is made.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SpaceConfig {
     /// Bytes of guest address space to reserve (a multiple of the page size).
     pub window: u64,

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+/// Disjoint half-open ranges mapped to values (see the module's docs).
 #[derive(Clone, Debug)]
-pub(crate) struct RangeMap<V> {
+pub struct RangeMap<V> {
     map: BTreeMap<u64, (u64, V)>,
 }
 

@@ -41,7 +41,6 @@ mod backend;
 pub mod bare;
 mod bitmap;
 mod cache;
-mod stress;
 
 use std::collections::HashMap;
 use std::io;
@@ -50,7 +49,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use bitmap::PageBitmap;
 pub use cache::{Consumer, Written};
-pub use stress::{StressConfig, StressOps, StressReport, stress, stress_with};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{
@@ -105,6 +103,7 @@ impl BackendKind {
 
 /// What went wrong in write tracking.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WatchError {
     #[error("{name}={value:?} {why}")]
     BadSwitch { name: &'static str, value: String, why: &'static str },

@@ -8,16 +8,14 @@ mod import;
 mod import_caller;
 #[path = "../support/logs.rs"]
 mod logs;
-mod prepare;
-mod replay;
 mod sched;
-mod settings;
 mod space;
-mod trace;
 #[path = "../support/vulkan.rs"]
 mod vulkan_gate;
 mod watch;
 mod watch_cache;
+#[path = "../support/watch.rs"]
+mod watch_gate;
 
 /// Counts each thread's heap allocations, for the tests that check a path allocates nothing
 /// ([`allocations`]).

@@ -351,11 +351,14 @@ fn real_sleeps_end_at_or_after_their_deadline() {
 fn hybrid_waits_on_the_timer_until_the_margin() {
     for cpus in counts() {
         let s = builder(None).host_exact(Wait::Hybrid).build(Counting::new(cpus));
-        // Margin 100 µs, 1 µs a yield: a timer wait to 100 µs before the deadline, then 100 yields.
-        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (100, 1), "cpus {cpus:?}");
-        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (100, 1), "cpus {cpus:?}");
-        // Shorter than the margin: all yields.
-        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(20)), (20, 0), "cpus {cpus:?}");
+        // Margins 100 µs (long stage) and 20 µs (short), 1 µs a yield: a timer wait to 100 µs
+        // before the deadline, one to 20 µs before it, then 20 yields (the spin is the short margin).
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(500)), (20, 2), "cpus {cpus:?}");
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_millis(2)), (20, 2), "cpus {cpus:?}");
+        // Shorter than the long margin: the short stage only.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(60)), (20, 1), "cpus {cpus:?}");
+        // Shorter than the short margin: all yields.
+        assert_eq!(sleep_counted(&s, Caller::Host, Duration::from_micros(10)), (10, 0), "cpus {cpus:?}");
         assert_eq!(s.rule().host, Wait::Hybrid);
     }
     let s =

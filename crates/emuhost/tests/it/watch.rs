@@ -1,47 +1,17 @@
-//! The conformance suite every write-tracking backend passes, and the no-lost-writes stress.
+//! The conformance suite every write-tracking backend passes (the no-lost-writes stress is
+//! `emuhost-lab`'s, with its tests).
 
 use std::sync::Arc;
 
 use emuhost::counters;
-use emuhost::probe::{Offer, Probe};
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
-use emuhost::watch::{self, BackendKind, Collected, PageRun, StressConfig, Tracker, WatchError};
+use emuhost::watch::{self, BackendKind, Collected, PageRun, Tracker, WatchError};
+
+pub(crate) use crate::watch_gate::usable;
+use crate::watch_gate::{ALONE, expected};
 
 fn p() -> u64 {
     page_size()
-}
-
-/// Whether this machine should have `kind`, by its probed capabilities (not by the backend's own
-/// self-test): `Err(why not)` where the kernel lacks what it needs.
-fn expected(kind: BackendKind) -> Result<(), String> {
-    match kind {
-        BackendKind::Uffd => {
-            let p = Probe::run();
-            if !p.uffd_wp_async() {
-                return Err(format!("userfaultfd has no WP_ASYNC (features: {:?})", p.uffd_features));
-            }
-            match p.pagemap_scan {
-                Offer::Yes(()) => Ok(()),
-                Offer::No(why) => Err(format!("PAGEMAP_SCAN: {why}")),
-            }
-        }
-        BackendKind::Mprotect => Ok(()),
-    }
-}
-
-/// Whether a test of `kind` can run here (the one rule for every test of this binary that names a
-/// backend): `false` (a test that then returns) after printing
-/// `skipped: <backend>: <reason>` where the kernel lacks what the backend needs. A backend the
-/// probed capabilities say this machine has must pass its self-test: a failing one fails the test.
-pub(crate) fn usable(kind: BackendKind) -> bool {
-    match (watch::self_test(kind), expected(kind)) {
-        (Ok(()), _) => true,
-        (Err(e), Err(why)) => {
-            eprintln!("skipped: {}: {why} (its self-test: {e})", kind.name());
-            false
-        }
-        (Err(e), Ok(())) => panic!("{}: this kernel offers what it needs, but its self-test failed: {e}", kind.name()),
-    }
 }
 
 fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>)> {
@@ -122,7 +92,6 @@ conformance!(
     commit_and_protect_over_watched_pages,
     view_split_keeps_tracking,
     host_writes_after_prepare,
-    no_lost_writes,
     dropping_the_tracker_gives_the_pages_their_protection_back,
     a_second_tracker_on_a_space_is_refused,
     a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno,
@@ -363,87 +332,6 @@ fn host_writes_after_prepare(kind: BackendKind) {
     assert_eq!(&b, b"hello");
 }
 
-fn stress(kind: BackendKind, cfg: StressConfig) -> Option<(u64, u64)> {
-    if !usable(kind) {
-        return None;
-    }
-    let r = watch::stress_with(kind, cfg).unwrap();
-    eprintln!("{}: {r:?}", kind.name());
-    // Every kind of operation ran beside the others: one dropped from the stress fails here.
-    for (name, count) in r.ops.kinds() {
-        let armer = name == "arms" || name == "disarms";
-        assert!(count > 0 || (armer && !cfg.arm_races), "{}: no {name} in the stress: {:?}", kind.name(), r.ops);
-    }
-    assert_eq!(r.writes, r.ops.cpu_stores + r.ops.host_writes);
-    assert!(r.ops.cpu_stores >= 2 * cfg.writes_per_writer);
-    // Most writes are owed a report (only those the armer raced are not), and some are owed it
-    // by exactly one collect (made between two).
-    assert!(r.unchecked * 4 < r.writes && r.exact > 0, "{r:?}");
-    assert_eq!(r.dropped, None);
-    Some((r.writes - r.unchecked, r.lost))
-}
-
-/// CPU stores, host writes, populates (of written pages and of pages just remapped or recommitted),
-/// commits, protections, releases beside written pages and view splits at once, with a
-/// collector: no write lost.
-fn no_lost_writes(kind: BackendKind) {
-    let Some((writes, lost)) = stress(kind, StressConfig { arm_races: false, ..StressConfig::new(100_000) }) else {
-        return;
-    };
-    eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
-    assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
-}
-
-/// The same with a thread arming, disarming and arming again pages the writers write: no write
-/// made entirely after an arm returned (and before the next arm or disarm began) is lost, and
-/// nothing crashes.
-fn no_lost_writes_with_arms_racing(kind: BackendKind) {
-    let Some((writes, lost)) = stress(kind, StressConfig::new(100_000)) else { return };
-    eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
-    assert_eq!(lost, 0, "{} of {writes} writes lost", lost);
-}
-
-#[test]
-fn uffd_no_lost_writes_with_arms_racing() {
-    no_lost_writes_with_arms_racing(BackendKind::Uffd)
-}
-
-#[test]
-fn mprotect_no_lost_writes_with_arms_racing() {
-    // Before the fix of issue 14 item 10: an arm racing a handler lost a write now and then, and
-    // a disarm racing a store killed the process (the page was disarmed before its protection was
-    // given back, so the fault was not the tracker's and went to the default action).
-    no_lost_writes_with_arms_racing(BackendKind::Mprotect)
-}
-
-#[test]
-#[ignore = "long: 10^7 writes per backend (cargo test -- --ignored)"]
-fn no_lost_writes_long() {
-    for kind in [BackendKind::Uffd, BackendKind::Mprotect] {
-        let Some((writes, lost)) = stress(kind, StressConfig::new(5_000_000)) else { continue };
-        eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
-        assert!(writes >= 9_000_000 && lost == 0, "{}: {lost} of {writes} lost", kind.name());
-    }
-}
-
-/// The stress check itself: a collect that leaves out one page it owed (the test hook drops one
-/// report of a page written between two collects, which the collects before and after reported
-/// too) is caught by each write's own window, and passes the old rule (a report by any collect
-/// from the one running when the write began), which an earlier write to the page satisfies.
-#[test]
-fn the_stress_check_catches_a_report_that_an_earlier_write_would_hide() {
-    let kind = BackendKind::Uffd;
-    if !usable(kind) {
-        return;
-    }
-    let cfg = StressConfig { arm_races: false, drop_one_report: true, ..StressConfig::new(20_000) };
-    let r = watch::stress_with(kind, cfg).unwrap();
-    eprintln!("{r:?}");
-    assert!(r.dropped.is_some(), "the hook found no report to drop: {r:?}");
-    assert_eq!(r.lost_by_start_epochs, 0, "the old rule misses the dropped report: {r:?}");
-    assert!(r.lost >= 1, "the dropped report is caught: {r:?}");
-}
-
 #[test]
 fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
     let choice = watch::choose_from(None).unwrap();
@@ -473,61 +361,6 @@ fn bad_input_is_an_error_naming_it() {
     assert!(t.collect(outside).is_err());
     assert!(GuestRange::new(GuestAddr(0), 0).is_err());
     assert!(GuestRange::new(GuestAddr(3), p()).is_err());
-}
-
-/// The environment switch that marks a child process running one stress test alone.
-const ALONE: &str = "EMUHOST_TEST_WATCH_CHILD";
-
-/// Runs this module's test `name` alone in a child process of this test binary (the map limit is
-/// the process's: tests beside it would be refused their mappings); panics unless it ran and
-/// passed.
-fn in_child_alone(name: &str) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([&format!("watch::{name}"), "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env(ALONE, name)
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && text.contains("test result: ok. 1 passed"),
-        "child {name}: {:?}\n{text}",
-        out.status
-    );
-    eprintln!("{text}");
-}
-
-/// Writes, host writes and populates racing collects with the process a few mappings below
-/// `vm.max_map_count`: the writers' faults split mappings until the kernel refuses, and the
-/// mprotect backend's handler then unprotects the page's whole 2 MiB block. No write is lost,
-/// nothing crashes, and (mprotect) collects report pages of a block no write explains, which
-/// only that path makes.
-fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
-    if std::env::var_os(ALONE).is_none() {
-        return in_child_alone(name);
-    }
-    if !usable(kind) {
-        return;
-    }
-    let cfg = StressConfig { map_pressure: true, arm_races: false, ..StressConfig::new(50_000) };
-    let r = watch::stress_with(kind, cfg).unwrap();
-    eprintln!("{}: {r:?}", kind.name());
-    assert!(r.ops.collects > 0 && r.ops.host_writes > 0 && r.ops.populates_written > 0, "{r:?}");
-    assert_eq!(r.lost, 0, "{r:?}");
-    if kind == BackendKind::Mprotect {
-        assert!(r.block_reports_unwritten > 0, "the block path never ran: {r:?}");
-    }
-}
-
-#[test]
-// Before the fix: under concurrency a collect's re-protect failed with ENOMEM (an error), and now
-// and then the handler's block unprotect needed a split too and the store died of SIGSEGV.
-fn mprotect_no_lost_writes_at_the_map_limit() {
-    no_lost_writes_at_the_map_limit(BackendKind::Mprotect, "mprotect_no_lost_writes_at_the_map_limit")
-}
-
-#[test]
-fn uffd_no_lost_writes_at_the_map_limit() {
-    no_lost_writes_at_the_map_limit(BackendKind::Uffd, "uffd_no_lost_writes_at_the_map_limit")
 }
 
 /// The environment variable that makes the test binary run one test as a child.
@@ -708,7 +541,7 @@ fn after_a_disarm_a_fault_outside_the_windows_is_passed_on_at_once() {
     use std::sync::atomic::Ordering::SeqCst;
     let name = "after_a_disarm_a_fault_outside_the_windows_is_passed_on_at_once";
     if std::env::var_os(ALONE).is_none() {
-        return in_child_alone(name);
+        return crate::watch_gate::in_child_alone(&format!("watch::{name}"));
     }
     let set = |f: usize| {
         // SAFETY: a zeroed sigaction filled in with a SA_SIGINFO handler; the old one is returned.

@@ -366,7 +366,9 @@ fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usiz
     let mut marked = 0;
     let mut a = lo;
     while a < hi {
-        if mark_busy(table.slot(a).expect("inside the table"), Some(bits)).is_none() {
+        // Inside the table (lo..hi lies in first..last); no panic in a signal handler all the same.
+        let Some(state) = table.slot(a) else { break };
+        if mark_busy(state, Some(bits)).is_none() {
             break;
         }
         marked += 1;
@@ -374,7 +376,9 @@ fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usiz
     }
     let ok = marked > 0 && mprotect(lo, marked * len, bits).is_ok();
     for i in 0..marked {
-        table.slot(lo + i * len).expect("inside the table").fetch_sub(BUSY_ONE, SeqCst);
+        if let Some(state) = table.slot(lo + i * len) {
+            state.fetch_sub(BUSY_ONE, SeqCst);
+        }
     }
     ok && lo + marked * len > page
 }

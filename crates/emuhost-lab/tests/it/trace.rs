@@ -3,9 +3,10 @@ use std::io::{Cursor, Read};
 use std::sync::Arc;
 
 use emuhost::space::GuestAddr;
-use emuhost::trace::{
-    self, CHUNK, Event, FileReader, Header, KOKIRI_BIND, KOKIRI_END, KOKIRI_POOL, LONE_POOL, Malformed, Reader, Record,
-    Recorder, SleepKind, Stats, Synth, SynthConfig, Thread, TraceError, TraceWriter,
+use emuhost_lab::synth::{self, CHUNK, KOKIRI_BIND, KOKIRI_END, KOKIRI_POOL, LONE_POOL, Synth, SynthConfig};
+use emuhost_lab::trace::{
+    self, Event, FileReader, Header, Malformed, Reader, Record, Recorder, SleepKind, Stats, Thread, TraceError,
+    TraceWriter,
 };
 
 /// A short session (12 s, fewer pools) with every kind of event, for round trips.
@@ -246,7 +247,7 @@ fn judgeable_share(records: impl Iterator<Item = Record>) -> f64 {
 fn every_pool_written_is_collected_after_the_write() {
     // The built-in session and two other seeds: at least 99 % of written pages have a collect
     // in a later frame (only the last frames' writes have none).
-    for synth in [trace::default_session(), Synth::new(SynthConfig::default().seed(1)).unwrap()] {
+    for synth in [synth::default_session(), Synth::new(SynthConfig::default().seed(1)).unwrap()] {
         let share = judgeable_share(synth);
         assert!(share >= 0.99, "{:.2} % of written pages judgeable", share * 100.0);
     }
@@ -296,7 +297,7 @@ fn check_figures(s: &Stats) {
 
 #[test]
 fn the_default_session_matches_its_targets() {
-    let s = Stats::of(trace::default_session().map(Ok::<_, ()>), CHUNK).unwrap();
+    let s = Stats::of(synth::default_session().map(Ok::<_, ()>), CHUNK).unwrap();
     check_figures(&s);
     for seed in [1, 0xdead_beef] {
         check_figures(
@@ -304,7 +305,7 @@ fn the_default_session_matches_its_targets() {
         );
     }
     // Counted in 32 MiB chunks, fewer chunks and fewer crossings.
-    let s32 = Stats::of(trace::default_session().map(Ok::<_, ()>), 32 << 20).unwrap();
+    let s32 = Stats::of(synth::default_session().map(Ok::<_, ()>), 32 << 20).unwrap();
     assert!(s32.chunks_touched < s.chunks_touched && s32.pools_crossing_chunk_end < s.pools_crossing_chunk_end);
 }
 
@@ -313,8 +314,8 @@ fn the_generator_is_deterministic_by_seed() {
     let a = to_text(short_session(7)).1;
     assert_eq!(a, to_text(short_session(7)).1);
     assert_ne!(a, to_text(short_session(8)).1);
-    let d: Vec<Record> = trace::default_session().take(5000).collect();
-    assert_eq!(d, trace::default_session().take(5000).collect::<Vec<_>>());
+    let d: Vec<Record> = synth::default_session().take(5000).collect();
+    assert_eq!(d, synth::default_session().take(5000).collect::<Vec<_>>());
 }
 
 /// Replays the session's bookkeeping: what a replay relies on holds in every frame.
@@ -335,7 +336,7 @@ fn the_default_session_is_replayable_and_has_the_kokiri_layout() {
             .map(|(&lo, &(s, made))| (lo, s, made))
             .filter(|&(lo, s, _)| addr + size <= lo + s)
     };
-    for r in trace::default_session() {
+    for r in synth::default_session() {
         match r.event {
             Event::Frame { index } => frame = index as i64,
             Event::Commit { lo, size, .. } => {

@@ -25,9 +25,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::error::TraceError;
-use super::event::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread};
-use crate::space::{GuestAddr, Prot};
+use emuhost::space::{GuestAddr, Prot};
+
+use crate::trace::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread, TraceError};
 
 /// The chunk the session is laid out in (the importer's default).
 pub const CHUNK: u64 = 16 << 20;
@@ -295,17 +295,41 @@ fn chunk_of(addr: u64) -> usize {
     ((addr - REGION) / CHUNK) as usize
 }
 
+/// Where the chunks went: each chunk's role, the groups (first chunk, length; Kokiri's pair and
+/// the lone chunk first) and the end chunk of each unbound pair.
+struct Layout {
+    role: Vec<Role>,
+    groups: Vec<(usize, usize)>,
+    unbound_ends: Vec<usize>,
+}
+
 impl Synth {
+    /// The session `cfg` describes. Every random draw comes from one generator, in the order of
+    /// the steps below: a step moved changes every seed's session.
     pub fn new(cfg: SynthConfig) -> Result<Self, TraceError> {
         cfg.check().map_err(|what| TraceError::BadConfig { what })?;
         let mut rng = Rng::new(cfg.seed);
-        let frames = cfg.frames();
         let load = u64::from(cfg.load_seconds) * u64::from(cfg.fps);
-        let play = frames - load;
+        let mut s = Synth::empty(cfg.clone());
+        let layout = Self::lay_out(&cfg, &mut rng)?;
+        let lone = chunk_of(LONE_POOL.0);
+        s.touched = (0..layout.role.len()).filter(|&i| layout.role[i] != Role::Empty && i != lone).collect();
+        let bound = Self::choose_bound(&cfg, &layout.groups, &mut rng);
+        let links = s.make_long_lived(&layout, &bound, load, &mut rng)?;
+        debug_assert_eq!(s.pools.len() as u64, cfg.long_lived());
+        s.choose_watched(&bound, &mut rng);
+        s.plan_bindings(&bound, &links, load, &mut rng);
+        s.plan_short_lived(&mut rng);
+        s.rng = rng;
+        Ok(s)
+    }
+
+    /// A generator with nothing planned yet.
+    fn empty(cfg: SynthConfig) -> Synth {
         let n = REGION_CHUNKS as usize;
-        let mut s = Synth {
+        Synth {
             frame_us: 1_000_000 / u64::from(cfg.fps),
-            frames,
+            frames: cfg.frames(),
             frame: 0,
             pools: Vec::new(),
             chunk_pools: vec![Vec::new(); n],
@@ -325,10 +349,13 @@ impl Synth {
             written: Vec::new(),
             queue: VecDeque::new(),
             rng: Rng::new(0),
-            cfg: cfg.clone(),
-        };
+            cfg,
+        }
+    }
 
-        // Lay the chunks out: fixed Kokiri pair and lone chunk, the rest shuffled around them.
+    /// Lays the chunks out: the fixed Kokiri pair and lone chunk, the rest shuffled around them.
+    fn lay_out(cfg: &SynthConfig, rng: &mut Rng) -> Result<Layout, TraceError> {
+        let n = REGION_CHUNKS as usize;
         let kokiri = chunk_of(KOKIRI_POOL.0);
         let lone = chunk_of(LONE_POOL.0);
         let [singles, pairs, triples, quads] = cfg.groups;
@@ -374,12 +401,15 @@ impl Synth {
             }
             p += len;
         }
-        let role: Vec<Role> = role.into_iter().map(|r| r.unwrap_or(Role::Empty)).collect();
-        s.touched = (0..n).filter(|&i| role[i] != Role::Empty && i != lone).collect();
+        let role = role.into_iter().map(|r| r.unwrap_or(Role::Empty)).collect();
+        Ok(Layout { role, groups, unbound_ends })
+    }
 
-        // Bound chunks: every group chunk but one end chunk of a few groups.
-        let mut bound = vec![false; n];
-        for &(first, len) in &groups {
+    /// The chunks that get bound: every group chunk but one end chunk of a few groups.
+    fn choose_bound(cfg: &SynthConfig, groups: &[(usize, usize)], rng: &mut Rng) -> Vec<bool> {
+        let kokiri = chunk_of(KOKIRI_POOL.0);
+        let mut bound = vec![false; REGION_CHUNKS as usize];
+        for &(first, len) in groups {
             bound[first..first + len].fill(true);
         }
         let mut multi: Vec<(usize, usize)> =
@@ -389,11 +419,23 @@ impl Synth {
             let end = if rng.next() & 1 == 0 { first } else { first + len - 1 };
             bound[end] = false;
         }
+        bound
+    }
 
-        // Pools. Long-lived ones are made in the first half of the load.
+    /// The long-lived pools, made in the first half of the load: one across each inner end of a
+    /// group (returned: those ends), one across each unbound pair's end, the lone pool, and pools
+    /// inside the other touched chunks and the bound ones.
+    fn make_long_lived(
+        &mut self,
+        layout: &Layout,
+        bound: &[bool],
+        load: u64,
+        rng: &mut Rng,
+    ) -> Result<Vec<u64>, TraceError> {
+        let lone = chunk_of(LONE_POOL.0);
         let make_frame = |rng: &mut Rng| rng.range(0, load / 2);
         let mut links: Vec<u64> = Vec::new();
-        for &(first, len) in &groups {
+        for &(first, len) in &layout.groups {
             for c in first + 1..first + len {
                 let end = chunk_lo(c);
                 let (lo, size) = if end == KOKIRI_END {
@@ -402,80 +444,88 @@ impl Synth {
                     let tail = rng.pages(16 << 10, 6 << 20);
                     (end - tail, tail + rng.pages(16 << 10, 6 << 20))
                 };
-                let f = make_frame(&mut rng);
-                s.add_long(lo, size, f);
+                let f = make_frame(rng);
+                self.add_long(lo, size, f);
                 links.push(end);
             }
         }
-        for &end_chunk in &unbound_ends {
+        for &end_chunk in &layout.unbound_ends {
             let end = chunk_lo(end_chunk);
             let tail = rng.pages(16 << 10, 6 << 20);
             let size = tail + rng.pages(16 << 10, 6 << 20);
-            let f = make_frame(&mut rng);
-            s.add_long(end - tail, size, f);
+            let f = make_frame(rng);
+            self.add_long(end - tail, size, f);
         }
-        let f = make_frame(&mut rng);
-        s.add_long(LONE_POOL.0, LONE_POOL.1, f);
-        for i in 0..n {
-            let single = groups.iter().any(|&(g, len)| g == i && len == 1);
-            let base = role[i] == Role::Other || (single && i != lone);
-            let extra = bound[i] && i != lone;
+        let f = make_frame(rng);
+        self.add_long(LONE_POOL.0, LONE_POOL.1, f);
+        for (i, &is_bound) in bound.iter().enumerate() {
+            let single = layout.groups.iter().any(|&(g, len)| g == i && len == 1);
+            let base = layout.role[i] == Role::Other || (single && i != lone);
+            let extra = is_bound && i != lone;
             for _ in 0..(usize::from(base) + usize::from(extra)) {
                 let size = rng.pages(64 << 10, 4 << 20);
-                let f = make_frame(&mut rng);
-                let lo = s.place(i, size, &mut rng).ok_or_else(|| TraceError::BadConfig {
+                let f = make_frame(rng);
+                let lo = self.place(i, size, rng).ok_or_else(|| TraceError::BadConfig {
                     what: format!("no room for a long-lived pool in chunk {:#x}", chunk_lo(i)),
                 })?;
-                s.add_long(lo, size, f);
+                self.add_long(lo, size, f);
             }
         }
-        debug_assert_eq!(s.pools.len() as u64, cfg.long_lived());
+        Ok(links)
+    }
 
-        // Watched pools (written often, collected by the renderer): Kokiri's and a few more.
-        s.watched.extend(s.pools.iter().position(|p| (p.lo, p.size) == KOKIRI_POOL));
-        let in_bound: Vec<usize> =
-            (0..s.pools.len()).filter(|&p| bound[chunk_of(s.pools[p].lo)] && s.pools[p].lo != LONE_POOL.0).collect();
+    /// Watched pools (written often, collected by the renderer): Kokiri's and a few more.
+    fn choose_watched(&mut self, bound: &[bool], rng: &mut Rng) {
+        self.watched.extend(self.pools.iter().position(|p| (p.lo, p.size) == KOKIRI_POOL));
+        let in_bound: Vec<usize> = (0..self.pools.len())
+            .filter(|&p| bound[chunk_of(self.pools[p].lo)] && self.pools[p].lo != LONE_POOL.0)
+            .collect();
         for _ in 0..7 {
             let p = rng.pick(&in_bound);
-            if !s.watched.contains(&p) {
-                s.watched.push(p);
+            if !self.watched.contains(&p) {
+                self.watched.push(p);
             }
         }
+    }
 
-        // First bindings: during the load, after the long-lived pools; the lone chunk's in play.
-        for i in (0..n).filter(|&i| bound[i]) {
+    /// First bindings: during the load, after the long-lived pools; the lone chunk's in play.
+    /// Then the group ends bound across (of `links`): Kokiri's and two more in play, the rest late
+    /// in the load.
+    fn plan_bindings(&mut self, bound: &[bool], links: &[u64], load: u64, rng: &mut Rng) {
+        let lone = chunk_of(LONE_POOL.0);
+        let play = self.frames - load;
+        for i in (0..bound.len()).filter(|&i| bound[i]) {
             let f = if i == lone { load + play * 45 / 100 } else { rng.range(load / 2, load * 3 / 4) };
-            s.first_bind.entry(f).or_default().push(i);
+            self.first_bind.entry(f).or_default().push(i);
         }
-        // Ends bound across: Kokiri's and two more in play, the rest late in the load.
         let mut ends: Vec<u64> = links
             .iter()
             .copied()
             .filter(|&e| e != KOKIRI_END && bound[chunk_of(e) - 1] && bound[chunk_of(e)])
             .collect();
         rng.shuffle(&mut ends);
-        ends.truncate(cfg.reimport_ends as usize - 1);
-        s.crossings.push((KOKIRI_END, load + play * 18 / 100));
+        ends.truncate(self.cfg.reimport_ends as usize - 1);
+        self.crossings.push((KOKIRI_END, load + play * 18 / 100));
         for (k, e) in ends.into_iter().enumerate() {
             let f = match k {
                 0 => load + play * 8 / 100,
                 1 => load + play * 75 / 100,
                 _ => rng.range(load * 3 / 4, load),
             };
-            s.crossings.push((e, f));
+            self.crossings.push((e, f));
         }
+    }
 
-        // Short-lived pools: made all session long, each living 10 frames to a minute.
-        let short = u64::from(cfg.pools) - s.pools.len() as u64;
+    /// Short-lived pools: made all session long, each living 10 frames to a minute.
+    fn plan_short_lived(&mut self, rng: &mut Rng) {
+        let short = u64::from(self.cfg.pools) - self.pools.len() as u64;
         for _ in 0..short {
-            let f = rng.range(0, frames - 1);
+            let f = rng.range(0, self.frames - 1);
             let most = 1 << rng.range(0, 9);
             let size = rng.range(1, most + 1) * GUEST_PAGE;
-            let life = rng.range(10, 60 * u64::from(cfg.fps));
-            s.short_makes.entry(f).or_default().push(Planned { size, life });
+            let life = rng.range(10, 60 * u64::from(self.cfg.fps));
+            self.short_makes.entry(f).or_default().push(Planned { size, life });
         }
-        s.rng = rng;
-        Ok(s)
     }
 
     /// The header of the trace this generates.

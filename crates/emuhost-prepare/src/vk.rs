@@ -66,7 +66,7 @@ impl Driver {
     /// (discrete GPU, integrated, virtual, CPU) where `None`. Make the cache next
     /// ([`Driver::make_cache`]), once its file was checked against [`Driver::info`].
     pub fn open(index: Option<usize>) -> Result<Driver, PrepareError> {
-        let shared = crate::gpu::vulkan::shared()?;
+        let shared = emuhost::gpu::vulkan::shared()?;
         Self::open_device(&shared.instance, index)
     }
 
@@ -86,7 +86,7 @@ impl Driver {
                 let pd = *pdevs.get(i).ok_or(PrepareError::NoSuchDevice { index: i, count: pdevs.len() })?;
                 (pd, compute_family(pd).ok_or(PrepareError::NoComputeDevice)?)
             }
-            None => crate::gpu::vulkan::best(instance, |pd, _| compute_family(pd))
+            None => emuhost::gpu::vulkan::best(instance, |pd, _| compute_family(pd))
                 .map_err(vkerr("vkEnumeratePhysicalDevices"))?
                 .ok_or(PrepareError::NoComputeDevice)?,
         };

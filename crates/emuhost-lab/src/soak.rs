@@ -28,12 +28,12 @@ pub struct Memory {
 
 /// Reads the process's memory from `/proc/self/status`.
 pub fn memory() -> io::Result<Memory> {
-    let status = crate::sys::procstat::self_status()?;
+    let status = emuhost::probe::self_status()?;
     let field = |key: &str| {
         status_bytes(&status, key)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in /proc/self/status")))
     };
-    let heap = crate::sys::procstat::heap().unwrap_or_default();
+    let heap = emuhost::probe::heap().unwrap_or_default();
     Ok(Memory { rss: field("VmRSS")?, locked: field("VmLck")?, heap_in_use: heap.in_use, heap_free: heap.free_held })
 }
 
@@ -46,7 +46,7 @@ pub fn memory() -> io::Result<Memory> {
 /// nothing is leaked (on this VM: 15 MiB free after loop 1, 31 MiB after loop 7, 1.5 MiB in use
 /// throughout). A runtime gives it back the same way when a session ends.
 pub fn trim_heap() -> bool {
-    crate::sys::procstat::trim_heap()
+    emuhost::probe::trim_heap()
 }
 
 /// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes.

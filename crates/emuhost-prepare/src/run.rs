@@ -244,8 +244,6 @@ fn read_cache(path: &Path, dev: &DeviceInfo) -> Result<(CacheStart, Vec<u8>), Pr
 
 /// Prepares `corpus`: see the module's docs. `progress(phase, done, total)` is called after
 /// each job, from the worker that did it.
-// Long, in the order a run goes (files, device, journal, translate, compile, save): the two
-// phases' closures borrow the driver, the journal and the failures from this one frame.
 pub fn prepare(
     corpus: &Corpus,
     opts: &Options,
@@ -269,60 +267,13 @@ pub fn prepare(
         ash::vk::api_version_minor(dev.api_version),
         opts.workers
     );
-    let (cache_start, initial) = match &opts.cache {
-        Some(path) => read_cache(path, &dev)?,
-        None => (CacheStart::None, Vec::new()),
-    };
-    let handed = driver.make_cache(&initial)?;
-    let cache_start = match cache_start {
-        CacheStart::Warm { .. } => CacheStart::Warm { bytes: handed },
-        other => other,
-    };
-    drop(initial);
+    let cache_start = start_cache(&mut driver, opts.cache.as_deref(), &dev)?;
 
     // The journal is trusted only beside a cache file that was used.
     let journal_path = opts.cache.as_deref().map_or_else(PathBuf::new, |p| sibling(p, ".journal"));
     let mut done: HashSet<u64> = HashSet::new();
-    let journal_start = match (&opts.cache, &cache_start) {
-        (None, _) => JournalStart::None,
-        (Some(_), CacheStart::Warm { .. }) => match std::fs::read_to_string(&journal_path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => JournalStart::None,
-            Err(source) => return Err(PrepareError::Io { path: journal_path, source }),
-            Ok(text) => match parse_journal(&text, &dev) {
-                Ok(keys) => {
-                    done.extend(keys);
-                    JournalStart::Resumed { skipped: 0 }
-                }
-                Err(why) => {
-                    tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
-                    JournalStart::Discarded(why)
-                }
-            },
-        },
-        (Some(_), _) => {
-            if journal_path.exists() {
-                let why = "the cache file it goes with was not used".to_string();
-                tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
-                JournalStart::Discarded(why)
-            } else {
-                JournalStart::None
-            }
-        }
-    };
-
-    // What is left: per program, the variants not in the journal.
-    let mut skipped = 0;
-    let pending: Vec<(usize, Vec<usize>)> = corpus
-        .programs
-        .iter()
-        .enumerate()
-        .filter_map(|(pi, p)| {
-            let left: Vec<usize> =
-                (0..p.variants.len()).filter(|&vi| !done.contains(&variant_key(p, &p.variants[vi]))).collect();
-            skipped += p.variants.len() - left.len();
-            (!left.is_empty()).then_some((pi, left))
-        })
-        .collect();
+    let journal_start = read_journal(opts.cache.is_some(), &cache_start, &journal_path, &dev, &mut done)?;
+    let (pending, skipped) = pending(corpus, &done);
     let journal_start = match journal_start {
         JournalStart::Resumed { .. } => {
             tracing::info!(
@@ -333,43 +284,168 @@ pub fn prepare(
         }
         other => other,
     };
-    let journal = match (&opts.cache, &journal_start) {
-        (None, _) => None,
-        (Some(_), JournalStart::Resumed { .. }) => Some(
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(&journal_path)
-                .map_err(|source| PrepareError::Io { path: journal_path.clone(), source })?,
-        ),
-        (Some(_), _) => {
-            let io = |source| PrepareError::Io { path: journal_path.clone(), source };
-            let mut f = File::create(&journal_path).map_err(io)?;
-            // One write: the header is whole or the file is empty (both known to be ours).
-            f.write_all(format!("{}\n", journal_header(&dev)).as_bytes()).map_err(io)?;
-            Some(f)
-        }
-    };
+    let journal = open_journal(opts.cache.is_some(), &journal_start, &journal_path, &dev)?;
 
     let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
-    let cancel = &opts.cancel;
+    let translated = translate_phase(corpus, opts, &pending, &failures, progress);
+    let compiled = compile_phase(corpus, opts, &driver, journal, &journal_path, &translated, &failures, progress)?;
+    let interrupted = translated.interrupted || compiled.interrupted;
 
-    // Phase 1: translate the programs with something left.
+    let mut failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+    failures.sort_by(|a, b| {
+        (&a.program, a.variant.as_ref().map(|v| v.0)).cmp(&(&b.program, b.variant.as_ref().map(|v| v.0)))
+    });
+    let journal_kept = opts.cache.is_some() && (interrupted || !failures.is_empty());
+    if opts.cache.is_some() && !journal_kept {
+        // Everything is in the saved cache: nothing to resume. The next run makes every
+        // pipeline again, from the warm cache.
+        std::fs::remove_file(&journal_path)
+            .map_err(|source| PrepareError::Io { path: journal_path.clone(), source })?;
+    }
+    Ok(Report {
+        cache_hits: dev.creation_feedback.then_some(compiled.hits),
+        device: dev,
+        workers: opts.workers,
+        programs: corpus.programs.len(),
+        variants: corpus.variant_count(),
+        cache: cache_start,
+        journal: journal_start,
+        translated_programs: translated.programs,
+        translated_variants: translated.spirv.len(),
+        created: compiled.created,
+        failures,
+        translate: translated.time,
+        compile: compiled.time,
+        saves: compiled.saves,
+        cache_bytes: compiled.cache_bytes,
+        interrupted,
+        journal_kept,
+    })
+}
+
+/// The driver's pipeline cache, made from the cache file's data where there is one and it is
+/// good (`Warm` then says how many bytes the driver was handed).
+fn start_cache(driver: &mut Driver, cache: Option<&Path>, dev: &DeviceInfo) -> Result<CacheStart, PrepareError> {
+    let (cache_start, initial) = match cache {
+        Some(path) => read_cache(path, dev)?,
+        None => (CacheStart::None, Vec::new()),
+    };
+    let handed = driver.make_cache(&initial)?;
+    Ok(match cache_start {
+        CacheStart::Warm { .. } => CacheStart::Warm { bytes: handed },
+        other => other,
+    })
+}
+
+/// Reads the journal beside a cache file that was used into `done` (the keys of the variants
+/// it lists); a journal that does not go with the cache is discarded with a warning.
+fn read_journal(
+    has_cache: bool,
+    cache_start: &CacheStart,
+    journal_path: &Path,
+    dev: &DeviceInfo,
+    done: &mut HashSet<u64>,
+) -> Result<JournalStart, PrepareError> {
+    Ok(match (has_cache, cache_start) {
+        (false, _) => JournalStart::None,
+        (true, CacheStart::Warm { .. }) => match std::fs::read_to_string(journal_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => JournalStart::None,
+            Err(source) => return Err(PrepareError::Io { path: journal_path.to_path_buf(), source }),
+            Ok(text) => match parse_journal(&text, dev) {
+                Ok(keys) => {
+                    done.extend(keys);
+                    JournalStart::Resumed { skipped: 0 }
+                }
+                Err(why) => {
+                    tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
+                    JournalStart::Discarded(why)
+                }
+            },
+        },
+        (true, _) => {
+            if journal_path.exists() {
+                let why = "the cache file it goes with was not used".to_string();
+                tracing::warn!("prepare: journal {} discarded: {why}", journal_path.display());
+                JournalStart::Discarded(why)
+            } else {
+                JournalStart::None
+            }
+        }
+    })
+}
+
+/// What is left: per program (its index), the variants not in `done`; and how many were.
+fn pending(corpus: &Corpus, done: &HashSet<u64>) -> (Vec<(usize, Vec<usize>)>, usize) {
+    let mut skipped = 0;
+    let pending = corpus
+        .programs
+        .iter()
+        .enumerate()
+        .filter_map(|(pi, p)| {
+            let left: Vec<usize> =
+                (0..p.variants.len()).filter(|&vi| !done.contains(&variant_key(p, &p.variants[vi]))).collect();
+            skipped += p.variants.len() - left.len();
+            (!left.is_empty()).then_some((pi, left))
+        })
+        .collect();
+    (pending, skipped)
+}
+
+/// The journal this run appends to: the old one when resuming, else a new one with its header.
+fn open_journal(
+    has_cache: bool,
+    journal_start: &JournalStart,
+    journal_path: &Path,
+    dev: &DeviceInfo,
+) -> Result<Option<File>, PrepareError> {
+    let io = |source| PrepareError::Io { path: journal_path.to_path_buf(), source };
+    Ok(match (has_cache, journal_start) {
+        (false, _) => None,
+        (true, JournalStart::Resumed { .. }) => {
+            Some(std::fs::OpenOptions::new().append(true).open(journal_path).map_err(io)?)
+        }
+        (true, _) => {
+            let mut f = File::create(journal_path).map_err(io)?;
+            // One write: the header is whole or the file is empty (both known to be ours).
+            f.write_all(format!("{}\n", journal_header(dev)).as_bytes()).map_err(io)?;
+            Some(f)
+        }
+    })
+}
+
+/// What phase 1 made: each variant's SPIR-V (program, variant, key), in corpus order.
+struct Translated {
+    spirv: Vec<(usize, usize, u64, Spirv)>,
+    programs: usize,
+    time: PhaseTime,
+    interrupted: bool,
+}
+
+/// Phase 1: translates the programs with something left, workers pulling programs.
+fn translate_phase(
+    corpus: &Corpus,
+    opts: &Options,
+    pending: &[(usize, Vec<usize>)],
+    failures: &Mutex<Vec<Failure>>,
+    progress: &(dyn Fn(Phase, usize, usize) + Sync),
+) -> Translated {
+    let cancel = &opts.cancel;
     let spirv: Mutex<Vec<(usize, usize, u64, Spirv)>> = Mutex::new(Vec::new());
     let translated = AtomicUsize::new(0);
     let stop = AtomicBool::new(cancel.load(Ordering::Relaxed));
-    let translate_time = pool(opts.workers, pending.len(), &stop, |j| {
+    let time = pool(opts.workers, pending.len(), &stop, |j| {
         let (pi, left) = &pending[j];
         let p = &corpus.programs[*pi];
         match translate::parse(p) {
             Err(error) => {
-                lock(&failures).push(Failure { program: p.name.clone(), variant: None, phase: Phase::Translate, error })
+                lock(failures).push(Failure { program: p.name.clone(), variant: None, phase: Phase::Translate, error })
             }
             Ok(parsed) => {
                 for &vi in left {
                     let v = &p.variants[vi];
                     match parsed.variant(v) {
                         Ok(s) => lock(&spirv).push((*pi, vi, variant_key(p, v), s)),
-                        Err(error) => lock(&failures).push(Failure {
+                        Err(error) => lock(failures).push(Failure {
                             program: p.name.clone(),
                             variant: Some((vi, v.describe())),
                             phase: Phase::Translate,
@@ -385,24 +461,49 @@ pub fn prepare(
     let mut spirv = spirv.into_inner().unwrap_or_else(|e| e.into_inner());
     // Corpus order, so that a run's pipelines (and the journal) come in the same order each time.
     spirv.sort_by_key(|(pi, vi, ..)| (*pi, *vi));
-    let translated_variants = spirv.len();
-    let mut interrupted = stop.load(Ordering::Relaxed);
+    Translated { spirv, programs: translated.into_inner(), time, interrupted: stop.load(Ordering::Relaxed) }
+}
 
-    // Phase 2: create every variant's pipeline through the cache.
+/// What phase 2 made.
+struct Compiled {
+    created: usize,
+    hits: usize,
+    time: PhaseTime,
+    saves: usize,
+    cache_bytes: usize,
+    interrupted: bool,
+}
+
+/// Phase 2: creates every translated variant's pipeline through the cache, workers pulling
+/// variants; saves the cache and appends the journal every `checkpoint_every` pipelines and at
+/// the end.
+#[allow(clippy::too_many_arguments)] // The run's parts, each borrowed from `prepare`'s frame.
+fn compile_phase(
+    corpus: &Corpus,
+    opts: &Options,
+    driver: &Driver,
+    journal: Option<File>,
+    journal_path: &Path,
+    translated: &Translated,
+    failures: &Mutex<Vec<Failure>>,
+    progress: &(dyn Fn(Phase, usize, usize) + Sync),
+) -> Result<Compiled, PrepareError> {
+    let cancel = &opts.cancel;
+    let spirv = &translated.spirv;
     let shared = Shared {
-        driver: &driver,
+        driver,
         cache_path: opts.cache.as_deref(),
         journal: Mutex::new(journal),
-        journal_path: journal_path.clone(),
+        journal_path: journal_path.to_path_buf(),
         unsaved: Mutex::new(Vec::new()),
         checkpoint: Mutex::new((0, 0)),
         error: Mutex::new(None),
-        stop: AtomicBool::new(interrupted),
+        stop: AtomicBool::new(translated.interrupted),
     };
     let created = AtomicUsize::new(0);
     let hits = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
-    let compile_time = pool(opts.workers, spirv.len(), &shared.stop, |j| {
+    let time = pool(opts.workers, spirv.len(), &shared.stop, |j| {
         let (pi, vi, key, s) = &spirv[j];
         match driver.create_compute(s) {
             Ok(out) => {
@@ -427,7 +528,7 @@ pub fn prepare(
             }
             Err(error) => {
                 let p = &corpus.programs[*pi];
-                lock(&failures).push(Failure {
+                lock(failures).push(Failure {
                     program: p.name.clone(),
                     variant: Some((*vi, p.variants[*vi].describe())),
                     phase: Phase::Compile,
@@ -441,48 +542,15 @@ pub fn prepare(
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
     }
-    interrupted |= shared.stop.load(Ordering::Relaxed);
+    let interrupted = shared.stop.load(Ordering::Relaxed);
     shared.save()?;
     let (saves, cache_bytes) = *lock(&shared.checkpoint);
-    drop(shared);
-
-    let mut failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
-    failures.sort_by(|a, b| {
-        (&a.program, a.variant.as_ref().map(|v| v.0)).cmp(&(&b.program, b.variant.as_ref().map(|v| v.0)))
-    });
-    let journal_kept = opts.cache.is_some() && (interrupted || !failures.is_empty());
-    if opts.cache.is_some() && !journal_kept {
-        // Everything is in the saved cache: nothing to resume. The next run makes every
-        // pipeline again, from the warm cache.
-        std::fs::remove_file(&journal_path)
-            .map_err(|source| PrepareError::Io { path: journal_path.clone(), source })?;
-    }
-    let created = created.into_inner();
-    let report = Report {
-        cache_hits: dev.creation_feedback.then(|| hits.into_inner()),
-        device: dev,
-        workers: opts.workers,
-        programs: corpus.programs.len(),
-        variants: corpus.variant_count(),
-        cache: cache_start,
-        journal: journal_start,
-        translated_programs: translated.into_inner(),
-        translated_variants,
-        created,
-        failures,
-        translate: translate_time,
-        compile: compile_time,
-        saves,
-        cache_bytes,
-        interrupted,
-        journal_kept,
-    };
-    Ok(report)
+    Ok(Compiled { created: created.into_inner(), hits: hits.into_inner(), time, saves, cache_bytes, interrupted })
 }
 
 /// The process's peak resident memory (`VmHWM` in `/proc/self/status`), in bytes.
 pub fn peak_memory_bytes() -> Option<u64> {
-    let status = crate::sys::procstat::self_status().ok()?;
+    let status = emuhost::probe::self_status().ok()?;
     parse_vm_hwm(&status)
 }
 

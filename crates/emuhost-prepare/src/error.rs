@@ -1,10 +1,13 @@
 use std::io;
 use std::path::PathBuf;
 
+use emuhost::gpu::vulkan::InstanceError;
+
 /// What stopped a preparation or a corpus from loading. A shader that fails to translate or
 /// compile is not one of these: it is reported in the run's [`Report`](super::Report) and the run
 /// goes on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PrepareError {
     #[error("{path}")]
     Io {
@@ -18,6 +21,8 @@ pub enum PrepareError {
     Loader(#[source] ash::LoadingError),
     #[error("Vulkan: {what} failed: {result}")]
     Vulkan { what: &'static str, result: ash::vk::Result },
+    #[error("the Vulkan instance could not be made")]
+    Instance(#[source] InstanceError),
     #[error("no Vulkan device with a compute queue")]
     NoComputeDevice,
     #[error("no Vulkan device {index:#x}: {count:#x} present")]
@@ -31,6 +36,17 @@ pub enum PrepareError {
     /// A corpus file is there already: written over only when asked (`force`).
     #[error("{path} exists: a corpus is not written over it unless forced")]
     Exists { path: PathBuf },
+}
+
+impl From<InstanceError> for PrepareError {
+    fn from(e: InstanceError) -> Self {
+        match e {
+            InstanceError::Loader(e) => PrepareError::Loader(e),
+            InstanceError::Vulkan { op, code } => PrepareError::Vulkan { what: op, result: code },
+            // `InstanceError` may grow: a new kind is kept whole.
+            other => PrepareError::Instance(other),
+        }
+    }
 }
 
 /// Why a pipeline cache file was not used.

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{BackendKind, Tracker, WatchError};
-use crate::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, GuestRange, Prot, SectionId, Space, page_size};
+use emuhost::watch::{BackendKind, Tracker, WatchError};
 
 /// How many operations of each kind a stress run made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -267,7 +267,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
 }
 
 /// The space of a run: pages as [`PAGES`] says, all armed.
-fn layout(kind: BackendKind) -> Result<(Arc<Space>, Arc<Tracker>, crate::space::SectionId), WatchError> {
+fn layout(kind: BackendKind) -> Result<(Arc<Space>, Arc<Tracker>, SectionId), WatchError> {
     let p = page_size();
     let s = Arc::new(Space::with_window(1 << 30)?);
     let t = Tracker::with_backend(&s, kind)?;
@@ -344,7 +344,7 @@ fn populator(pace: &Arc<Pace>, s: Arc<Space>, t: Arc<Tracker>) -> JoinHandle<Res
 
 /// The mutator's step `i`: a commit over written pages, a protection, a view split, releases
 /// beside written pages and of a page of its own, and populates of the pages just mapped.
-fn mutate(s: &Space, t: &Tracker, sec: crate::space::SectionId, i: u64) -> Result<(), WatchError> {
+fn mutate(s: &Space, t: &Tracker, sec: SectionId, i: u64) -> Result<(), WatchError> {
     let p = page_size();
     let a = i % 4;
     // The commit also brings back the page of this allocation released four steps ago.

@@ -2,8 +2,10 @@
 //! lavapipe's imports pin nothing; Vulkan's conformance is in `import`).
 
 use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig};
-use emuhost::trace::{ReplayConfig, ReplayError, ReplayReport, Synth, SynthConfig, read_str, replay};
 use emuhost::watch::BackendKind;
+use emuhost_lab::replay::{ReplayConfig, ReplayError, ReplayReport, replay};
+use emuhost_lab::synth::{Synth, SynthConfig};
+use emuhost_lab::trace::read_str;
 
 const MIB: u64 = 1 << 20;
 
@@ -23,7 +25,7 @@ fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
 /// The backends a test of every backend runs with here: those the kernel offers (the others print
 /// why they are skipped; one the kernel offers that fails its self-test fails the test).
 fn backends() -> impl Iterator<Item = BackendKind> {
-    BackendKind::AUTO.into_iter().filter(|k| crate::watch::usable(*k))
+    BackendKind::AUTO.into_iter().filter(|k| crate::watch_gate::usable(*k))
 }
 
 /// The best backend here, for tests that need one and do not care which.
@@ -98,7 +100,7 @@ fn a_small_trace_gives_known_counts() {
 
 #[test]
 fn without_imports_uffd_reports_exactly_the_pages_written() {
-    if !crate::watch::usable(BackendKind::Uffd) {
+    if !crate::watch_gate::usable(BackendKind::Uffd) {
         return;
     }
     let lines: Vec<&str> = SMALL.lines().filter(|l| !l.contains(" bind ") && !l.starts_with("end")).collect();
@@ -173,8 +175,8 @@ fn a_short_synthetic_session_imports_less_with_spans() {
 /// A short synthesized session with six game threads and three host threads, where the host
 /// threads take a share of the game threads' writes and of the render thread's bindings and
 /// collects: writes, bindings and collects on ten threads at once.
-fn many_threads_session() -> (emuhost::trace::Header, Vec<emuhost::trace::Record>) {
-    use emuhost::trace::{Event, Thread};
+fn many_threads_session() -> (emuhost_lab::trace::Header, Vec<emuhost_lab::trace::Record>) {
+    use emuhost_lab::trace::{Event, Thread};
     let synth = SynthConfig {
         seconds: 8,
         load_seconds: 3,
@@ -215,7 +217,7 @@ fn many_threads_session() -> (emuhost::trace::Header, Vec<emuhost::trace::Record
 
 #[test]
 fn a_session_on_many_threads_loses_no_write_and_leaks_no_import() {
-    use emuhost::trace::{Event, Thread};
+    use emuhost_lab::trace::{Event, Thread};
     let (header, records) = many_threads_session();
     // What the trace asks for, and that every kind of event runs on several threads.
     let p = emuhost::space::page_size();

@@ -14,14 +14,14 @@ struct RunSet {
 impl RunSet {
     fn insert(&mut self, mut start: u64, mut end: u64) {
         // Merge with a run that starts at or before `start` and reaches it.
-        if let Some((&s, &e)) = self.runs.range(..=start).next_back() {
-            if e >= start {
-                if e >= end {
-                    return;
-                }
-                start = s;
-                self.runs.remove(&s);
+        if let Some((&s, &e)) = self.runs.range(..=start).next_back()
+            && e >= start
+        {
+            if e >= end {
+                return;
             }
+            start = s;
+            self.runs.remove(&s);
         }
         // Swallow runs that start inside `start..=end`.
         while let Some((&s, &e)) = self.runs.range(start..=end).next() {

@@ -1,7 +1,7 @@
 //! The C allocator's figures and `trim_heap`, in a process of their own (resident memory is the
 //! process's: other tests running beside this one would move it).
 
-use emuhost::trace::{memory, trim_heap};
+use emuhost_lab::soak::{memory, trim_heap};
 
 const MIB: u64 = 1 << 20;
 

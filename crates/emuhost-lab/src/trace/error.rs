@@ -59,6 +59,7 @@ pub enum Malformed {
 
 /// What went wrong reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     /// A line of the input is malformed. `line` counts from 1.
     #[error("line {line}: {what}")]

@@ -6,7 +6,7 @@
 //! stay above a few bytes are memory the driver keeps.
 //!
 //! ```sh
-//! EMUHOST_IMPORT_BACKEND=vulkan cargo run --release -p emuhost --example driver_heap -- 300
+//! EMUHOST_IMPORT_BACKEND=vulkan cargo run --release -p emuhost-lab --example driver_heap -- 300
 //! ```
 //!
 //! It explains what `emuhost replay --soak` shows with a short trace: each loop's threads are
@@ -14,7 +14,7 @@
 
 use emuhost::import::{AnyBackend, Backend, HostSpan};
 use emuhost::space::{Prot, Space};
-use emuhost::trace::{memory, trim_heap};
+use emuhost_lab::soak::{memory, trim_heap};
 
 const ROUNDS: usize = 3;
 const SPAN: u64 = 16 << 20;

@@ -203,6 +203,7 @@ impl Corpus {
 
 /// What [`generate`] makes.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GenConfig {
     pub programs: usize,
     pub variants: usize,

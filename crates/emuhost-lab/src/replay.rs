@@ -16,16 +16,18 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Event, Header, Record, SleepKind, Thread, TraceError};
-use crate::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
-use crate::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
-use crate::settings::Settings;
-use crate::space::ranges::RangeMap;
-use crate::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
-use crate::watch::{self, Tracker, WatchError};
+use emuhost::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
+use emuhost::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
+use emuhost::settings::Settings;
+use emuhost::space::ranges::RangeMap;
+use emuhost::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
+use emuhost::watch::{self, Tracker, WatchError};
+
+use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceError};
 
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReplayError {
     #[error(transparent)]
     Trace(#[from] TraceError),
@@ -181,13 +183,9 @@ fn failed(line: u64, r: &Record, e: impl std::error::Error + Send + Sync + 'stat
     ReplayError::Event { line, event: r.event.to_string(), source: Box::new(e) }
 }
 
-/// Runs one trace thread's events. Long: one arm per event, in one loop so that the thread's
-/// state (its frame's figures, its store pattern) stays in locals.
+/// Runs one trace thread's events, until the reader hangs up.
 fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
-    let mut f = ThreadFigures::default();
-    let mut frame: Option<FrameFigures> = None;
-    let mut present = Instant::now();
-    let mut pattern = 0u8;
+    let mut w = Worker { sh, f: ThreadFigures::default(), frame: None, present: Instant::now(), pattern: 0 };
     for msg in rx {
         let (line, r) = match msg {
             Msg::Sync(ack) => {
@@ -199,146 +197,179 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
         if sh.failed.load(SeqCst) {
             continue;
         }
-        let result: Result<(), ReplayError> = (|| {
-            match r.event {
-                Event::Frame { index } => {
-                    if sh.paced {
-                        let due = sh.paced_start + Duration::from_micros(r.t_us);
-                        let now = Instant::now();
-                        if due > now {
-                            sh.sleeper.sleep(Caller::Host, due - now);
-                        }
-                    }
-                    let now = Instant::now();
-                    if let Some(mut done) = frame.take() {
-                        done.present_to_present = now - present;
-                        f.frames.push(done);
-                    }
-                    present = now;
-                    frame = Some(FrameFigures { index, ..Default::default() });
-                }
-                Event::Pool { lo, size } => {
-                    let id = sh.importer.add_pool(lo.0, size).map_err(|e| failed(line, &r, e))?;
-                    sh.pools.lock().unwrap_or_else(|p| p.into_inner()).entry((lo.0, size)).or_default().push(id);
-                }
-                Event::Unpool { lo, size } => {
-                    let id =
-                        sh.pools.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&(lo.0, size)).and_then(|v| v.pop());
-                    match id {
-                        Some(id) => {
-                            sh.importer.remove_pool(id);
-                        }
-                        None => {
-                            return Err(ReplayError::Bad {
-                                line,
-                                what: format!("no pool {:#x}+{size:#x} to release", lo.0),
-                            });
-                        }
-                    }
-                }
-                Event::Commit { lo, size, prot } => {
-                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
-                    sh.space.commit(g, prot).map_err(|e| failed(line, &r, e))?;
-                    sh.tracker.arm(g).map_err(|e| failed(line, &r, e))?;
-                }
-                Event::Decommit { lo, size } => {
-                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
-                    // The space refuses to decommit pages a live GPU import holds, in one step
-                    // with the check (no binding on the render thread gets in between).
-                    match sh.space.decommit(g) {
-                        Ok(()) => {}
-                        Err(SpaceError::Held { .. }) => {
-                            // They stay mapped: zero them instead (a write by the kernel, which
-                            // armed pages must be prepared for, with no collect on the render
-                            // thread arming them again in between).
-                            let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
-                            zeroed.map_err(|e| failed(line, &r, e))?.map_err(|e| failed(line, &r, e))?;
-                            f.zeroed += 1;
-                        }
-                        Err(e) => return Err(failed(line, &r, e)),
-                    }
-                }
-                Event::Bind { addr, size } => {
-                    let t = Instant::now();
-                    let bound = match sh.importer.bind(addr.0, size) {
-                        Ok(b) => Some(b),
-                        // The importer logged it and holds the range cooling: the game goes on.
-                        Err(e) if e.is_refused() => {
-                            f.bind_failures += 1;
-                            None
-                        }
-                        Err(e) => return Err(failed(line, &r, e)),
-                    };
-                    let took = t.elapsed();
-                    if let Some(fr) = frame.as_mut() {
-                        fr.runtime += took;
-                        // A binding makes at most one import (the spanned range or, failing
-                        // that, the plain one).
-                        if bound.is_some_and(|b| b.made) {
-                            fr.imports += took;
-                            fr.imports_made += 1;
-                        }
-                    }
-                }
-                Event::Write { addr, size } => {
-                    pattern = pattern.wrapping_add(1);
-                    let e1 = sh.tracker.collects_started();
-                    store_pattern(sh.space, addr, size, pattern).map_err(|e| failed(line, &r, e))?;
-                    let e2 = sh.tracker.collects_started();
-                    let p = page_size();
-                    for pg in addr.0 / p..(addr.0 + size).div_ceil(p) {
-                        f.writes.push((pg, e1, e2));
-                    }
-                }
-                Event::Collect { lo, size } => {
-                    let g = sh.space.range(lo.0, size).map_err(|e| failed(line, &r, e))?;
-                    let t = Instant::now();
-                    // Numbered by the tracker as it runs: collects on several threads are
-                    // checked in the order they read the pages.
-                    let got = sh.tracker.collect(g).map_err(|e| failed(line, &r, e))?;
-                    let n = got.seq;
-                    let took = t.elapsed();
-                    if let Some(fr) = frame.as_mut() {
-                        fr.runtime += took;
-                        fr.collects += took;
-                    }
-                    let p = page_size();
-                    let pages: Vec<u64> = got.page_addrs().iter().map(|a| a.0 / p).collect();
-                    sh.collects
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(n, (lo.0 / p, (lo.0 + size) / p, pages));
-                }
-                Event::Sleep { kind, ns, count } => {
-                    let (caller, fig) = match kind {
-                        SleepKind::Guest => (Caller::Guest, &mut f.guest_sleeps),
-                        SleepKind::Host => (Caller::Host, &mut f.host_sleeps),
-                    };
-                    let cpu = sched::thread_cpu_time();
-                    let t = Instant::now();
-                    for _ in 0..count {
-                        sh.sleeper.sleep(caller, Duration::from_nanos(ns));
-                    }
-                    fig.wall += t.elapsed();
-                    fig.cpu += sched::thread_cpu_time().saturating_sub(cpu);
-                    fig.count += u64::from(count);
-                    fig.asked += Duration::from_nanos(ns) * count;
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
+        if let Err(e) = w.event(line, &r) {
             // Stop every thread: what follows may depend on what failed (a write into memory
             // this thread was to commit).
             sh.failed.store(true, SeqCst);
-            f.error = Some(e);
+            w.f.error = Some(e);
         }
     }
-    if let Some(mut done) = frame.take() {
-        done.present_to_present = present.elapsed();
-        f.frames.push(done);
+    if let Some(mut done) = w.frame.take() {
+        done.present_to_present = w.present.elapsed();
+        w.f.frames.push(done);
     }
-    f
+    w.f
+}
+
+/// One trace thread's state: its figures, the frame it is in, its last present and its store
+/// pattern.
+struct Worker<'s, 'a> {
+    sh: &'s Shared<'a>,
+    f: ThreadFigures,
+    frame: Option<FrameFigures>,
+    present: Instant,
+    pattern: u8,
+}
+
+impl Worker<'_, '_> {
+    /// Runs one event (trace line `line`).
+    fn event(&mut self, line: u64, r: &Record) -> Result<(), ReplayError> {
+        let sh = self.sh;
+        match r.event {
+            Event::Frame { index } => self.next_frame(index, r.t_us),
+            Event::Pool { lo, size } => {
+                let id = sh.importer.add_pool(lo.0, size).map_err(|e| failed(line, r, e))?;
+                sh.pools.lock().unwrap_or_else(|p| p.into_inner()).entry((lo.0, size)).or_default().push(id);
+            }
+            Event::Unpool { lo, size } => {
+                let id =
+                    sh.pools.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&(lo.0, size)).and_then(|v| v.pop());
+                match id {
+                    Some(id) => {
+                        sh.importer.remove_pool(id);
+                    }
+                    None => {
+                        return Err(ReplayError::Bad {
+                            line,
+                            what: format!("no pool {:#x}+{size:#x} to release", lo.0),
+                        });
+                    }
+                }
+            }
+            Event::Commit { lo, size, prot } => {
+                let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
+                sh.space.commit(g, prot).map_err(|e| failed(line, r, e))?;
+                sh.tracker.arm(g).map_err(|e| failed(line, r, e))?;
+            }
+            Event::Decommit { lo, size } => self.decommit(line, r, lo, size)?,
+            Event::Bind { addr, size } => self.bind(line, r, addr, size)?,
+            Event::Write { addr, size } => self.write(line, r, addr, size)?,
+            Event::Collect { lo, size } => self.collect(line, r, lo, size)?,
+            Event::Sleep { kind, ns, count } => self.sleep(kind, ns, count),
+        }
+        Ok(())
+    }
+
+    /// A new frame (paced: at its time in the trace): the one before is done.
+    fn next_frame(&mut self, index: u64, t_us: u64) {
+        let sh = self.sh;
+        if sh.paced {
+            let due = sh.paced_start + Duration::from_micros(t_us);
+            let now = Instant::now();
+            if due > now {
+                sh.sleeper.sleep(Caller::Host, due - now);
+            }
+        }
+        let now = Instant::now();
+        if let Some(mut done) = self.frame.take() {
+            done.present_to_present = now - self.present;
+            self.f.frames.push(done);
+        }
+        self.present = now;
+        self.frame = Some(FrameFigures { index, ..Default::default() });
+    }
+
+    fn decommit(&mut self, line: u64, r: &Record, lo: GuestAddr, size: u64) -> Result<(), ReplayError> {
+        let sh = self.sh;
+        let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
+        // The space refuses to decommit pages a live GPU import holds, in one step with the
+        // check (no binding on the render thread gets in between).
+        match sh.space.decommit(g) {
+            Ok(()) => {}
+            Err(SpaceError::Held { .. }) => {
+                // They stay mapped: zero them instead (a write by the kernel, which armed pages
+                // must be prepared for, with no collect on the render thread arming them again
+                // in between).
+                let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
+                zeroed.map_err(|e| failed(line, r, e))?.map_err(|e| failed(line, r, e))?;
+                self.f.zeroed += 1;
+            }
+            Err(e) => return Err(failed(line, r, e)),
+        }
+        Ok(())
+    }
+
+    fn bind(&mut self, line: u64, r: &Record, addr: GuestAddr, size: u64) -> Result<(), ReplayError> {
+        let t = Instant::now();
+        let bound = match self.sh.importer.bind(addr.0, size) {
+            Ok(b) => Some(b),
+            // The importer logged it and holds the range cooling: the game goes on.
+            Err(e) if e.is_refused() => {
+                self.f.bind_failures += 1;
+                None
+            }
+            Err(e) => return Err(failed(line, r, e)),
+        };
+        let took = t.elapsed();
+        if let Some(fr) = self.frame.as_mut() {
+            fr.runtime += took;
+            // A binding makes at most one import (the spanned range or, failing that, the plain
+            // one).
+            if bound.is_some_and(|b| b.made) {
+                fr.imports += took;
+                fr.imports_made += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, line: u64, r: &Record, addr: GuestAddr, size: u64) -> Result<(), ReplayError> {
+        let sh = self.sh;
+        self.pattern = self.pattern.wrapping_add(1);
+        let e1 = sh.tracker.collects_started();
+        store_pattern(sh.space, addr, size, self.pattern).map_err(|e| failed(line, r, e))?;
+        let e2 = sh.tracker.collects_started();
+        let p = page_size();
+        for pg in addr.0 / p..(addr.0 + size).div_ceil(p) {
+            self.f.writes.push((pg, e1, e2));
+        }
+        Ok(())
+    }
+
+    fn collect(&mut self, line: u64, r: &Record, lo: GuestAddr, size: u64) -> Result<(), ReplayError> {
+        let sh = self.sh;
+        let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
+        let t = Instant::now();
+        // Numbered by the tracker as it runs: collects on several threads are checked in the
+        // order they read the pages.
+        let got = sh.tracker.collect(g).map_err(|e| failed(line, r, e))?;
+        let n = got.seq;
+        let took = t.elapsed();
+        if let Some(fr) = self.frame.as_mut() {
+            fr.runtime += took;
+            fr.collects += took;
+        }
+        let p = page_size();
+        let pages: Vec<u64> = got.page_addrs().iter().map(|a| a.0 / p).collect();
+        sh.collects.lock().unwrap_or_else(|p| p.into_inner()).insert(n, (lo.0 / p, (lo.0 + size) / p, pages));
+        Ok(())
+    }
+
+    fn sleep(&mut self, kind: SleepKind, ns: u64, count: u32) {
+        let (caller, fig) = match kind {
+            SleepKind::Guest => (Caller::Guest, &mut self.f.guest_sleeps),
+            SleepKind::Host => (Caller::Host, &mut self.f.host_sleeps),
+        };
+        let cpu = sched::thread_cpu_time();
+        let t = Instant::now();
+        for _ in 0..count {
+            self.sh.sleeper.sleep(caller, Duration::from_nanos(ns));
+        }
+        fig.wall += t.elapsed();
+        fig.cpu += sched::thread_cpu_time().saturating_sub(cpu);
+        fig.count += u64::from(count);
+        fig.asked += Duration::from_nanos(ns) * count;
+    }
 }
 
 /// Stores `size` bytes of `pattern` at `addr`, a piece of at most [`STORE_PIECE`] bytes at a time
@@ -784,14 +815,14 @@ fn check_writes(writes: &[(u64, u64, u64)], collects: &BTreeMap<u64, CollectReco
 
 /// Replays the built-in default session.
 pub fn replay_default(cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
-    let synth = super::default_session();
+    let synth = crate::synth::default_session();
     let header = synth.header();
     replay(&header, synth.enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), cfg)
 }
 
 /// Replays a trace file (plain or `.zst`).
 pub fn replay_file(path: &std::path::Path, cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
-    let mut reader = super::FileReader::open(path)?;
+    let mut reader = FileReader::open(path)?;
     let header = reader.header().clone();
     let records = std::iter::from_fn(move || {
         let r = reader.next()?;
@@ -820,7 +851,7 @@ mod tests {
 
     #[test]
     fn a_store_racing_a_change_of_its_pages_on_another_thread_is_refused_naming_both_lines() {
-        use crate::space::Prot;
+        use emuhost::space::Prot;
         let (g0, g1) = (Thread::Game(0), Thread::Game(1));
         let frame = |i| rec(Thread::Render, Event::Frame { index: i });
         let commit = |t, lo, size, prot| rec(t, Event::Commit { lo: GuestAddr(lo), size, prot });
@@ -881,7 +912,7 @@ mod tests {
     fn a_write_is_stored_in_bounded_pieces_and_whole() {
         let space = SpaceConfig::default().window(1 << 30).build().unwrap();
         let g = space.range(0x10000, 0x40000).unwrap();
-        space.commit(g, crate::space::Prot::READ_WRITE).unwrap();
+        space.commit(g, emuhost::space::Prot::READ_WRITE).unwrap();
         let size = 2 * STORE_PIECE + 0x123;
         store_pattern(&space, GuestAddr(0x10001), size, 0x5a).unwrap();
         let mut back = vec![0u8; size as usize + 2];

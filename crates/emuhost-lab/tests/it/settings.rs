@@ -1,4 +1,4 @@
-//! The library reads no environment variable unless the caller asks for `Settings::from_env`:
+//! The runtime reads no environment variable unless the caller asks for `Settings::from_env`:
 //! in a child process whose environment sets every kind of switch to a value the library would
 //! refuse or act on, a tracker, an importer's config and a replay built from `Settings` run by
 //! those settings alone.
@@ -8,8 +8,9 @@ use std::sync::Arc;
 use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig};
 use emuhost::settings::Settings;
 use emuhost::space::Space;
-use emuhost::trace::{ReplayConfig, read_str, replay};
 use emuhost::watch::{BackendKind, Tracker};
+use emuhost_lab::replay::{ReplayConfig, replay};
+use emuhost_lab::trace::read_str;
 
 /// Marks the child process.
 const CHILD: &str = "EMUHOST_TEST_SETTINGS_CHILD";

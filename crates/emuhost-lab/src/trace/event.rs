@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::error::Malformed;
-use crate::space::{GuestAddr, Prot};
+use emuhost::space::{GuestAddr, Prot};
 
 /// The version this code writes and reads.
 pub const VERSION: u32 = 1;
@@ -12,7 +12,7 @@ pub const MAGIC: &str = "emuhost-trace";
 /// The guest page: pools, commits, decommits and collects are aligned to it.
 pub const GUEST_PAGE: u64 = 0x1000;
 /// The guest window a trace assumes when its header does not say: 512 GiB.
-pub const DEFAULT_WINDOW: u64 = crate::space::DEFAULT_WINDOW;
+pub const DEFAULT_WINDOW: u64 = emuhost::space::DEFAULT_WINDOW;
 
 /// Which thread an event happened on. The render thread makes GPU bindings and collects; game
 /// threads run guest code (they write guest memory and make the guest's sleeps); host threads are

@@ -15,6 +15,10 @@
 //!   the driver refuses, is a [`Failure`] in the [`Report`], named, with the error. A cache file
 //!   that is corrupt or made by another device or driver is discarded with a warning
 //!   ([`CacheStart::Rejected`]), and so is a journal that does not go with it.
+//!
+//! The Vulkan instance and the choice of device are the runtime's ([`emuhost::gpu::vulkan`]): one
+//! Vulkan setup per process. Only the driver FFI (`vk`) opts out of `deny(unsafe_code)`.
+#![deny(unsafe_code)]
 
 mod cache;
 mod corpus;

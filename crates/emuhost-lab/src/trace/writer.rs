@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::error::TraceError;
 use super::event::{Event, Header, Record, Sequence, SleepKind, Thread};
 use super::reader::is_zstd;
-use crate::space::{GuestAddr, Prot};
+use emuhost::space::{GuestAddr, Prot};
 
 /// zstd level for traces: fast, and still ~5x smaller than the text.
 pub const ZSTD_LEVEL: i32 = 3;
@@ -215,10 +215,10 @@ impl<W: Write + Send> Recorder<W> {
 
 impl<W: Write + Send> Drop for Recorder<W> {
     fn drop(&mut self) {
-        if let Some(mut w) = self.lock().take() {
-            if let Err(e) = w.finish_mut() {
-                tracing::warn!("finishing the trace when its recorder was dropped failed: {e}");
-            }
+        if let Some(mut w) = self.lock().take()
+            && let Err(e) = w.finish_mut()
+        {
+            tracing::warn!("finishing the trace when its recorder was dropped failed: {e}");
         }
     }
 }

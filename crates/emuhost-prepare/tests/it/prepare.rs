@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use emuhost::prepare::{
+use emuhost_prepare::{
     CacheRejected, CacheStart, Corpus, DeviceInfo, GenConfig, JournalStart, Options, Phase, PrepareError, Report,
     check_cache_file, generate, prepare, probe_device, variant_key, wrap_cache_data,
 };
@@ -98,7 +98,8 @@ fn the_saved_cache_is_handed_to_the_driver_on_the_next_run() {
 fn broken_shaders_are_reported_and_the_run_goes_on() {
     let Some(_) = device() else { return };
     let dir = scratch("broken");
-    let cfg = GenConfig { broken_translate: 2, broken_compile: 2, ..GenConfig::default() };
+    let mut cfg = GenConfig::default();
+    (cfg.broken_translate, cfg.broken_compile) = (2, 2);
     let c = generate(&cfg);
     assert_eq!(c.variant_count(), 38);
     let r = run(&c, &with_cache(dir.join("c.vkpc")));
@@ -132,7 +133,7 @@ fn corrupt_or_foreign_cache_files_are_rejected() {
     let Some(_) = device() else { return };
     let dir = scratch("corrupt");
     let cache = dir.join("c.vkpc");
-    let c = generate(&GenConfig { programs: 3, variants: 2, ..GenConfig::default() });
+    let c = generate(&sized(3, 2));
     let opts = with_cache(cache.clone());
     let first = run(&c, &opts);
     let good = std::fs::read(&cache).unwrap();
@@ -185,7 +186,7 @@ fn an_interrupted_run_resumes_where_it_stopped() {
     let dir = scratch("resume");
     let cache = dir.join("c.vkpc");
     let journal = dir.join("c.vkpc.journal");
-    let c = generate(&GenConfig { programs: 8, variants: 4, ..GenConfig::default() });
+    let c = generate(&sized(8, 4));
     let total = c.variant_count();
     let first = run(&c, &Options { stop_after: Some(10), ..with_cache(cache.clone()) });
     assert!(first.interrupted);
@@ -221,7 +222,7 @@ fn an_interrupted_run_resumes_where_it_stopped() {
 #[test]
 fn a_changed_program_is_made_again() {
     // Keys follow the source and the constants: a journal entry does not cover an edited shader.
-    let c = generate(&GenConfig { programs: 2, variants: 2, ..GenConfig::default() });
+    let c = generate(&sized(2, 2));
     let mut edited = c.clone();
     edited.programs[0].source.push_str("\n// edited\n");
     assert_ne!(
@@ -245,7 +246,7 @@ fn a_changed_program_is_made_again() {
 fn files_that_are_not_emuhosts_are_refused_and_left_alone() {
     let dir = scratch("not-ours");
     let cache = dir.join("c.vkpc");
-    let c = generate(&GenConfig { programs: 1, variants: 1, ..GenConfig::default() });
+    let c = generate(&sized(1, 1));
     let opts = with_cache(cache.clone());
     let mine = b"a user's file, not a pipeline cache".to_vec();
     for (name, bytes) in [
@@ -276,4 +277,12 @@ fn files_that_are_not_emuhosts_are_refused_and_left_alone() {
     let e = prepare(&c, &opts, &|_, _, _| {}).unwrap_err();
     assert!(e.to_string().contains("symbolic link"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A generated corpus's config with `programs` programs of `variants` variants (the config is
+/// `#[non_exhaustive]`: set field by field).
+fn sized(programs: usize, variants: usize) -> GenConfig {
+    let mut c = GenConfig::default();
+    (c.programs, c.variants) = (programs, variants);
+    c
 }

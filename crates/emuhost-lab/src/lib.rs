@@ -1,0 +1,16 @@
+//! emuhost's laboratory: the workloads that exercise the runtime ([`emuhost`]) and the checks
+//! made of them. None of it is needed to embed the runtime.
+//!
+//! - [`trace`]: traces of game sessions (format, recorder, streaming reader, figures).
+//! - [`synth`]: a synthetic session, deterministic from a seed, shaped on a measured one.
+//! - [`replay`]: a trace replayed through the runtime (space, import, watch, sched), with its
+//!   figures and the check that no guest write was lost.
+//! - [`soak`]: the check of replays looped in one process: memory flat, nothing left live.
+//! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
+#![deny(unsafe_code)]
+
+pub mod replay;
+pub mod soak;
+pub mod stress;
+pub mod synth;
+pub mod trace;

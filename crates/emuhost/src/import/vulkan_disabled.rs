@@ -1,0 +1,73 @@
+//! The Vulkan import backend in a build without the cargo feature `vulkan`: none can be opened
+//! ([`Vulkan::open`] says why), so no value of these types exists.
+
+use super::ImportError;
+use super::backend::{Backend, BackendKind, BudgetCell, HostSpan};
+
+/// The Vulkan backend, absent from this build.
+#[derive(Debug)]
+pub enum Vulkan {}
+
+/// An import of the Vulkan backend, absent from this build.
+#[derive(Debug)]
+pub enum VulkanImport {}
+
+impl Vulkan {
+    /// Always `Unavailable`: this build has no Vulkan.
+    pub fn open() -> Result<Vulkan, ImportError> {
+        Err(ImportError::Unavailable { backend: "vulkan", why: "built without the cargo feature `vulkan`".into() })
+    }
+
+    pub fn device_name(&self) -> &str {
+        match *self {}
+    }
+}
+
+impl Backend for Vulkan {
+    type Import = VulkanImport;
+
+    fn kind(&self) -> BackendKind {
+        match *self {}
+    }
+
+    fn describe(&self) -> String {
+        match *self {}
+    }
+
+    fn alignment(&self) -> u64 {
+        match *self {}
+    }
+
+    fn budget(&self) -> &BudgetCell {
+        match *self {}
+    }
+
+    fn import(&self, _span: HostSpan) -> Result<VulkanImport, ImportError> {
+        match *self {}
+    }
+
+    fn gpu_copy(&self, _: &VulkanImport, _: u64, _: &VulkanImport, _: u64, _: u64) -> Result<bool, ImportError> {
+        match *self {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::import::{AnyBackend, Backend, BackendChoice, BackendKind, ImportError};
+
+    /// Without the feature the backend says so when asked for, and the automatic choice passes
+    /// it over (to pin, where no other GPU backend is built).
+    #[test]
+    fn absent_backend_is_unavailable_and_passed_over() {
+        let e = super::Vulkan::open().unwrap_err();
+        assert!(matches!(e, ImportError::Unavailable { backend: "vulkan", .. }), "{e:?}");
+        assert!(e.to_string().contains("built without the cargo feature `vulkan`"), "{e}");
+        let e = AnyBackend::open(BackendKind::Vulkan).unwrap_err();
+        assert!(e.to_string().contains("`vulkan`"), "{e}");
+        // Vulkan comes first in the automatic choice: it is always passed over here.
+        let picked = AnyBackend::pick(BackendChoice::Auto).unwrap();
+        assert_ne!(picked.backend.kind(), BackendKind::Vulkan);
+        let why = picked.passed_over.iter().find(|(k, _)| *k == BackendKind::Vulkan);
+        assert!(why.is_some_and(|(_, why)| why.contains("`vulkan`")), "{:?}", picked.passed_over);
+    }
+}

@@ -1,0 +1,60 @@
+//! The one rule for every test that names a write-tracking backend: which backends this kernel
+//! should have (by its probed capabilities) and whether a test of one runs here. Included by path
+//! from the runtime's and the lab's integration tests.
+
+#![allow(dead_code)]
+
+use emuhost::probe::{Offer, Probe};
+use emuhost::watch::{self, BackendKind};
+
+/// Whether this machine should have `kind`, by its probed capabilities (not by the backend's own
+/// self-test): `Err(why not)` where the kernel lacks what it needs.
+pub fn expected(kind: BackendKind) -> Result<(), String> {
+    match kind {
+        BackendKind::Uffd => {
+            let p = Probe::run();
+            if !p.uffd_wp_async() {
+                return Err(format!("userfaultfd has no WP_ASYNC (features: {:?})", p.uffd_features));
+            }
+            match p.pagemap_scan {
+                Offer::Yes(()) => Ok(()),
+                Offer::No(why) => Err(format!("PAGEMAP_SCAN: {why}")),
+            }
+        }
+        BackendKind::Mprotect => Ok(()),
+    }
+}
+
+/// Whether a test of `kind` can run here: `false` (a test that then returns) after printing
+/// `skipped: <backend>: <reason>` where the kernel lacks what the backend needs. A backend the
+/// probed capabilities say this machine has must pass its self-test: a failing one fails the test.
+pub fn usable(kind: BackendKind) -> bool {
+    match (watch::self_test(kind), expected(kind)) {
+        (Ok(()), _) => true,
+        (Err(e), Err(why)) => {
+            eprintln!("skipped: {}: {why} (its self-test: {e})", kind.name());
+            false
+        }
+        (Err(e), Ok(())) => panic!("{}: this kernel offers what it needs, but its self-test failed: {e}", kind.name()),
+    }
+}
+
+/// The environment switch that marks a child process running one test alone.
+pub const ALONE: &str = "EMUHOST_TEST_WATCH_CHILD";
+
+/// Runs the test `test` (its path in the binary) alone in a child process of this test binary
+/// (for what is the process's: the map limit, signal handlers); panics unless it ran and passed.
+pub fn in_child_alone(test: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(ALONE, test)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("test result: ok. 1 passed"),
+        "child {test}: {:?}\n{text}",
+        out.status
+    );
+    eprintln!("{text}");
+}

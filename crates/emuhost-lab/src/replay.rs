@@ -104,7 +104,7 @@ pub struct ReplayReport {
     pub import_time: Duration,
     pub worst_import: Duration,
     /// The binding thread's waits for imports, whoever made them (its own, or one made ahead
-    /// and still in flight): all together and the longest ([`crate::import::Stats::wait_time`]).
+    /// and still in flight): all together and the longest ([`emuhost::import::Stats::wait_time`]).
     pub import_wait_total: Duration,
     pub import_wait_worst: Duration,
     /// Imports made ahead of their bindings (`EMUHOST_IMPORT_AHEAD_MB`), in `imports` too.

@@ -1,6 +1,19 @@
 //! emuhost's integration tests, in one binary. Each test makes its own `Space`, so they run in
 //! parallel; system calls are counted per thread (the `counters` feature is on for tests).
 
+/// Each named test function, once per write-tracking backend (`mod uffd`, `mod mprotect`): the
+/// conformance suites of `watch` and `watch_cache`. Defined before the modules that use it.
+macro_rules! watch_conformance {
+    ($($name:ident),* $(,)?) => {
+        mod uffd {
+            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Uffd) } )*
+        }
+        mod mprotect {
+            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Mprotect) } )*
+        }
+    };
+}
+
 mod embed;
 #[cfg(feature = "faults")]
 mod faults;

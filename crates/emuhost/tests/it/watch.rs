@@ -68,18 +68,7 @@ fn decommit_in_place(s: &Space, page: u64) {
     }
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod uffd {
-            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Uffd) } )*
-        }
-        mod mprotect {
-            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Mprotect) } )*
-        }
-    };
-}
-
-conformance!(
+watch_conformance!(
     one_page,
     first_and_last_page,
     page_runs,

@@ -14,18 +14,7 @@ fn p() -> u64 {
     page_size()
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod uffd {
-            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Uffd) } )*
-        }
-        mod mprotect {
-            $( #[test] fn $name() { super::$name(emuhost::watch::BackendKind::Mprotect) } )*
-        }
-    };
-}
-
-conformance!(
+watch_conformance!(
     collect_into_sets_one_bit_per_grain,
     bad_granularity_or_short_words_are_errors_that_take_nothing,
     a_query_reports_without_taking,

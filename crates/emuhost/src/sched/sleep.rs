@@ -205,31 +205,18 @@ impl ShortSleepRule {
 /// Whatever a timer wait leaves (it failed) is yielded out, so every wait ends at or after the
 /// deadline.
 pub fn wait_until<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns: u64, margin_ns: u64) {
-    wait_until_observed(host, wait, deadline_ns, margin_ns);
-}
-
-/// [`wait_until`]; returns how late the hybrid's timer wait woke past its target, where it made one.
-fn wait_until_observed<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns: u64, margin_ns: u64) -> Option<u64> {
     let now = host.now_ns();
     if now >= deadline_ns {
-        return None;
+        return;
     }
-    let late = match wait {
-        Wait::Timer => {
-            host.timer_wait_until(deadline_ns);
-            None
-        }
-        Wait::Hybrid if deadline_ns - now > margin_ns => {
-            let target = deadline_ns - margin_ns;
-            host.timer_wait_until(target);
-            Some(host.now_ns().saturating_sub(target))
-        }
-        Wait::Hybrid | Wait::Yield => None,
-    };
+    match wait {
+        Wait::Timer => host.timer_wait_until(deadline_ns),
+        Wait::Hybrid if deadline_ns - now > margin_ns => host.timer_wait_until(deadline_ns - margin_ns),
+        Wait::Hybrid | Wait::Yield => {}
+    }
     while host.now_ns() < deadline_ns {
         host.yield_now();
     }
-    late
 }
 
 /// [`wait_until`] by the hybrid in two stages with the margins `margin` learns (the bench's

@@ -66,9 +66,6 @@ fn uffd_no_lost_writes_with_arms_racing() {
 }
 
 #[test]
-#[ignore = "open bug: in a debug build under load, about one full-suite run in five to ten loses a write \
-            here (mprotect, arms racing); not reproduced alone (20 runs) nor in release (120 bench runs); \
-            run with --ignored"]
 fn mprotect_no_lost_writes_with_arms_racing() {
     // Before the fix of issue 14 item 10: an arm racing a handler lost a write now and then, and
     // a disarm racing a store killed the process (the page was disarmed before its protection was

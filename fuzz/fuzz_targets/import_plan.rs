@@ -115,7 +115,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     Cap::Mib(m) => u64::from(m) << 20,
                     Cap::Raw(c) => c,
                 };
-                let cfg = PlanConfig { chunk, span_cap };
+                let cfg = PlanConfig::new(chunk, span_cap);
                 let (addr, size) = (addr.get(), size.get());
                 check(&pools, &live, cfg, addr, size, span);
             }

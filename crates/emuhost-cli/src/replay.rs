@@ -92,7 +92,8 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
         plot_kind(p)?;
         crate::switches::check_output("--plot", p)?;
     }
-    let cfg = ReplayConfig { paced: a.paced, settings, ..Default::default() };
+    let mut cfg = ReplayConfig::default();
+    (cfg.paced, cfg.settings) = (a.paced, settings);
     if let Some(d) = soak {
         return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }

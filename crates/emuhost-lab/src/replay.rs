@@ -52,6 +52,7 @@ pub enum ReplayError {
 /// environment variable: a caller that wants the `EMUHOST_*` switches passes
 /// [`Settings::from_env`]).
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct ReplayConfig {
     pub import_backend: Option<BackendChoice>,
     pub import: Option<ImportConfig>,

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use emuhost::rng::Rng;
 use emuhost::space::{GuestAddr, GuestRange, Prot, SectionId, Space, page_size};
 use emuhost::watch::{BackendKind, Tracker, WatchError};
 
@@ -93,8 +94,9 @@ pub struct StressReport {
     pub ops: StressOps,
 }
 
-/// How a stress run is made.
+/// How a stress run is made: [`StressConfig::new`], then the setters (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StressConfig {
     /// The fewest CPU stores of each of the two writers.
     pub writes_per_writer: u64,
@@ -117,6 +119,25 @@ impl StressConfig {
     /// Every race on: `writes_per_writer` CPU stores (at least) on each writer.
     pub fn new(writes_per_writer: u64) -> Self {
         Self { writes_per_writer, arm_races: true, drop_one_report: false, map_pressure: false }
+    }
+
+    /// Sets [`StressConfig::arm_races`].
+    pub fn arm_races(mut self, on: bool) -> Self {
+        self.arm_races = on;
+        self
+    }
+
+    /// Sets [`StressConfig::map_pressure`].
+    pub fn map_pressure(mut self, on: bool) -> Self {
+        self.map_pressure = on;
+        self
+    }
+
+    /// Sets [`StressConfig::drop_one_report`] (a test hook).
+    #[doc(hidden)]
+    pub fn drop_one_report(mut self, on: bool) -> Self {
+        self.drop_one_report = on;
+        self
     }
 }
 
@@ -280,13 +301,6 @@ fn background(
     })
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 /// [`stress_with`] with every race on.
 pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport, WatchError> {
     stress_with(kind, StressConfig::new(writes_per_writer))
@@ -320,14 +334,14 @@ fn writer(
         // the count, and no more.
         let cap = if cfg.map_pressure { 2 * cfg.writes_per_writer } else { cfg.writes_per_writer };
         let mut log = Vec::with_capacity(cap as usize);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
+        let mut rng = Rng::new(w + 1);
         let (mut i, mut last_gap) = (0u64, 0u64);
         pace.wait_to_go();
         while i < cfg.writes_per_writer
             || (!pace.enough.load(SeqCst) && (!cfg.map_pressure || log.len() < log.capacity()))
         {
             i += 1;
-            let random = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
+            let random = rng.pick(&targets);
             let (d, e) = (pace.done.load(SeqCst), pace.epoch.load(SeqCst));
             let pg = if d == e && last_gap < d { HOT } else { random };
             let b = pace.before(pg);
@@ -354,10 +368,10 @@ fn writer(
 /// The populator: faults runs of eight pages the writers write in, across an allocation's end
 /// now and then (never over a page the mutator may have released).
 fn populator(pace: &Arc<Pace>, s: Arc<Space>, t: Arc<Tracker>) -> JoinHandle<Result<u64, WatchError>> {
-    let mut x = 0x1234_5678_9abc_def1u64;
+    let mut rng = Rng::new(3);
     background(pace, 1, 4, move |_| {
         let first = loop {
-            let f = xorshift(&mut x) % (256 - 8);
+            let f = rng.below(256 - 8);
             if !RELEASED.iter().any(|r| (f..f + 8).contains(r)) {
                 break f;
             }
@@ -526,9 +540,9 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let host_log = Arc::new(std::sync::Mutex::new(Vec::with_capacity(1 << 16)));
     let host_writer = {
         let (pc, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = Rng::new(4);
         background(&pace, 0, 8, move |i| {
-            let pg = targets[(xorshift(&mut x) % targets.len() as u64) as usize];
+            let pg = rng.pick(&targets);
             if host_log.lock().unwrap_or_else(|p| p.into_inner()).len() == 1 << 16 {
                 // The log is full (and must not grow at the map limit).
                 return Ok(());

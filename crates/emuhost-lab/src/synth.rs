@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use emuhost::rng::{Rng, splitmix};
 use emuhost::space::{GuestAddr, Prot};
 
 use crate::trace::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread, TraceError};
@@ -46,8 +47,10 @@ pub const LONE_POOL: (u64, u64) = (0x10_34ef_6000, 0x1000);
 /// The seed of the built-in default session.
 pub const DEFAULT_SEED: u64 = 6;
 
-/// What to generate. [`SynthConfig::default`] is the reference session.
+/// What to generate. [`SynthConfig::default`] is the reference session; change a field of a value
+/// you hold (`#[non_exhaustive]`: fields can be added).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SynthConfig {
     pub seed: u64,
     pub seconds: u32,
@@ -170,57 +173,9 @@ impl SynthConfig {
     }
 }
 
-/// xoshiro256** seeded through splitmix64: small, fast, and the same on every platform.
-#[derive(Clone, Debug)]
-pub(crate) struct Rng([u64; 4]);
-
-fn splitmix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        let mut x = seed;
-        Rng([splitmix(&mut x), splitmix(&mut x), splitmix(&mut x), splitmix(&mut x)])
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        let s = &mut self.0;
-        let out = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        out
-    }
-
-    /// Uniform in `lo..hi` (`lo < hi`).
-    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        debug_assert!(lo < hi);
-        lo + ((u128::from(self.next()) * u128::from(hi - lo)) >> 64) as u64
-    }
-
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.range(0, v.len() as u64) as usize]
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.range(0, i as u64 + 1) as usize);
-        }
-    }
-
-    /// Pages (4 KiB) between `lo` and `hi` bytes, as bytes.
-    fn pages(&mut self, lo: u64, hi: u64) -> u64 {
-        self.range(lo / GUEST_PAGE, hi / GUEST_PAGE + 1) * GUEST_PAGE
-    }
+/// Pages (4 KiB) between `lo` and `hi` bytes, as bytes.
+fn pages(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
+    rng.range(lo / GUEST_PAGE, hi / GUEST_PAGE + 1) * GUEST_PAGE
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -416,7 +371,7 @@ impl Synth {
             groups.iter().copied().filter(|&(f, len)| len > 1 && f != kokiri).collect();
         rng.shuffle(&mut multi);
         for &(first, len) in multi.iter().take(cfg.unbound_in_groups as usize) {
-            let end = if rng.next() & 1 == 0 { first } else { first + len - 1 };
+            let end = if rng.next_u64() & 1 == 0 { first } else { first + len - 1 };
             bound[end] = false;
         }
         bound
@@ -441,8 +396,8 @@ impl Synth {
                 let (lo, size) = if end == KOKIRI_END {
                     KOKIRI_POOL
                 } else {
-                    let tail = rng.pages(16 << 10, 6 << 20);
-                    (end - tail, tail + rng.pages(16 << 10, 6 << 20))
+                    let tail = pages(rng, 16 << 10, 6 << 20);
+                    (end - tail, tail + pages(rng, 16 << 10, 6 << 20))
                 };
                 let f = make_frame(rng);
                 self.add_long(lo, size, f);
@@ -451,8 +406,8 @@ impl Synth {
         }
         for &end_chunk in &layout.unbound_ends {
             let end = chunk_lo(end_chunk);
-            let tail = rng.pages(16 << 10, 6 << 20);
-            let size = tail + rng.pages(16 << 10, 6 << 20);
+            let tail = pages(rng, 16 << 10, 6 << 20);
+            let size = tail + pages(rng, 16 << 10, 6 << 20);
             let f = make_frame(rng);
             self.add_long(end - tail, size, f);
         }
@@ -463,7 +418,7 @@ impl Synth {
             let base = layout.role[i] == Role::Other || (single && i != lone);
             let extra = is_bound && i != lone;
             for _ in 0..(usize::from(base) + usize::from(extra)) {
-                let size = rng.pages(64 << 10, 4 << 20);
+                let size = pages(rng, 64 << 10, 4 << 20);
                 let f = make_frame(rng);
                 let lo = self.place(i, size, rng).ok_or_else(|| TraceError::BadConfig {
                     what: format!("no room for a long-lived pool in chunk {:#x}", chunk_lo(i)),
@@ -669,11 +624,11 @@ impl Synth {
         if !self.live.is_empty() {
             for events in game.iter_mut() {
                 for _ in 0..self.cfg.writes_per_thread_frame {
-                    let p = if !watched.is_empty() && self.rng.next() & 1 == 0 {
+                    let p = if !watched.is_empty() && self.rng.next_u64() & 1 == 0 {
                         self.rng.pick(&watched)
                     } else if lasting.is_empty() {
                         // Every live pool is released next frame: no write (one draw, as a pick).
-                        self.rng.next();
+                        self.rng.next_u64();
                         continue;
                     } else {
                         let p = self.rng.pick(&lasting);
@@ -701,7 +656,7 @@ impl Synth {
         for (i, events) in game.iter_mut().enumerate().skip(1) {
             let share = if i as u64 == workers { left } else { left / (workers - i as u64 + 1) };
             left -= share;
-            let first = if share > 1 && self.rng.next() & 1 == 0 { share / 2 } else { share };
+            let first = if share > 1 && self.rng.next_u64() & 1 == 0 { share / 2 } else { share };
             for count in [first, share - first] {
                 if count > 0 {
                     let count = u32::try_from(count).unwrap_or(u32::MAX);
@@ -771,19 +726,6 @@ pub fn default_session() -> Synth {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_rng_is_uniform_enough_and_fixed() {
-        let mut r = Rng::new(1);
-        let first: Vec<u64> = (0..3).map(|_| r.next()).collect();
-        let mut again = Rng::new(1);
-        assert_eq!(first, (0..3).map(|_| again.next()).collect::<Vec<_>>());
-        let mut counts = [0u32; 10];
-        for _ in 0..10_000 {
-            counts[r.range(0, 10) as usize] += 1;
-        }
-        assert!(counts.iter().all(|&c| (900..1100).contains(&c)), "{counts:?}");
-    }
 
     #[test]
     fn inconsistent_configurations_are_refused() {

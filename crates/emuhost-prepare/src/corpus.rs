@@ -24,6 +24,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use emuhost::rng::Rng;
+
 use super::PrepareError;
 
 /// The manifest's file name inside a corpus folder.
@@ -234,27 +236,9 @@ impl Default for GenConfig {
     }
 }
 
-/// xorshift64: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A constant with one decimal, 0.1–9.9.
-    fn lit(&mut self) -> String {
-        format!("{}.{}", 1 + self.below(9), self.below(10))
-    }
+/// A constant with one decimal, 0.1–9.9.
+fn lit(rng: &mut Rng) -> String {
+    format!("{}.{}", 1 + rng.below(9), rng.below(10))
 }
 
 const WORKGROUPS: [u32; 4] = [32, 64, 128, 256];
@@ -270,7 +254,7 @@ fn spread(programs: usize, count: usize, offset: usize) -> Vec<usize> {
 
 /// Makes a corpus (see the module's docs). Program `k` is named `pNNNN`.
 pub fn generate(cfg: &GenConfig) -> Corpus {
-    let mut rng = Rng(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(cfg.seed);
     let bad_translate = spread(cfg.programs, cfg.broken_translate, 1);
     let is_glsl = |k: usize| cfg.glsl_every > 0 && k % cfg.glsl_every == cfg.glsl_every - 1;
     // The workgroup size is a variant's constant in WGSL only (naga's GLSL reader has no
@@ -326,7 +310,7 @@ fn variant(language: Language, wg: u32, iters: u32, mode: u32, scale: f64) -> Va
 fn statements(rng: &mut Rng, n: usize) -> Vec<String> {
     (0..n)
         .map(|_| {
-            let (c1, c2) = (rng.lit(), rng.lit());
+            let (c1, c2) = (lit(rng), lit(rng));
             match rng.below(9) {
                 0 => format!("a = a * {c1} + b;"),
                 1 => format!("b = sin(a) * {c1} - b;"),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, Importer, PopulateAhead, Stats};
+use emuhost::rng::Rng;
 use emuhost::space::{Prot, Space, page_size};
 use serde_json::json;
 
@@ -180,32 +181,17 @@ struct Session {
     hot: usize,
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    fn pages(&mut self, from: u64, to: u64) -> u64 {
-        let p = page_size();
-        (from + self.below(to - from)).next_multiple_of(p).max(p)
-    }
+/// Whole pages between `from` and `to` bytes (at least one).
+fn pages(g: &mut Rng, from: u64, to: u64) -> u64 {
+    let p = page_size();
+    (from + g.below(to - from)).next_multiple_of(p).max(p)
 }
 
 /// Modelled on the reference's figures: 4,547 pools over 419 chunks of 16 MiB, 2 % of them across
 /// a chunk's end, two pools longer than the span cap; a few dozen chunks bound in play, a binding
 /// across the chunk end in a third of the bindings into pools that run across one.
 fn session(seed: u64, chunk: u64) -> Session {
-    let mut g = Rng(seed);
+    let mut g = Rng::new(seed);
     let chunks = 419u64;
     let n = 4547usize;
     let mut pools = Vec::with_capacity(n + 2);
@@ -213,15 +199,15 @@ fn session(seed: u64, chunk: u64) -> Session {
     for i in 0..n {
         let c = g.below(chunks - 1);
         if i % 50 == 0 {
-            let size = g.pages(64 << 10, chunk);
-            let off = g.pages(page_size(), size - page_size());
+            let size = pages(&mut g, 64 << 10, chunk);
+            let off = pages(&mut g, page_size(), size - page_size());
             pools.push(((c + 1) * chunk - off, size));
             crossing += 1;
         } else {
             let size = match g.below(100) {
-                0..75 => g.pages(4 << 10, 64 << 10),
-                75..97 => g.pages(64 << 10, MIB),
-                _ => g.pages(MIB, 8 * MIB),
+                0..75 => pages(&mut g, 4 << 10, 64 << 10),
+                75..97 => pages(&mut g, 64 << 10, MIB),
+                _ => pages(&mut g, MIB, 8 * MIB),
             }
             .min(chunk / 2);
             let lo = c * chunk + g.below(chunk - size) / page_size() * page_size();

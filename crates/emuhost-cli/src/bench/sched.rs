@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use emuhost::rng::Rng;
 use emuhost::sched::{
     HOST_EXACT_WAIT, HYBRID_MARGIN, LearnedMargin, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, Wait,
     restrict_thread_cpus, thread_cpu_time, wait_until, wait_until_learning,
@@ -407,16 +408,13 @@ enum Node {
 }
 
 /// A deterministic pseudo-random tree of about `budget` nodes.
-fn grow(seed: &mut u64, budget: usize, depth: u32) -> Node {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    let r = *seed;
+fn grow(rng: &mut Rng, budget: usize, depth: u32) -> Node {
+    let r = rng.next_u64();
     if budget <= 1 || depth > 40 {
         return if r.is_multiple_of(3) { Node::Var(format!("v{}", r % 64)) } else { Node::Num((r % 1000) as i64) };
     }
     let left = budget / 2;
-    let (a, b) = (Box::new(grow(seed, left, depth + 1)), Box::new(grow(seed, budget - 1 - left, depth + 1)));
+    let (a, b) = (Box::new(grow(rng, left, depth + 1)), Box::new(grow(rng, budget - 1 - left, depth + 1)));
     match r % 5 {
         0 => Node::Let(format!("v{}", r % 64), a, b),
         1 => Node::Bin('*', a, b),
@@ -474,8 +472,7 @@ fn lower(n: &Node, out: &mut Vec<(u8, u32, u32)>, syms: &mut std::collections::H
 
 /// One compile-like job: generate, fold twice, lower; everything allocated is freed at the end.
 fn compile_job(seed: u64) -> u64 {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let tree = grow(&mut s, 20_000, 0);
+    let tree = grow(&mut Rng::new(seed), 20_000, 0);
     let mut env = std::collections::HashMap::new();
     let once = fold(&tree, &mut env);
     drop(tree);

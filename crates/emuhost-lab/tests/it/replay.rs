@@ -9,17 +9,21 @@ use emuhost_lab::trace::read_str;
 
 const MIB: u64 = 1 << 20;
 
+/// A short session (12 s, 900 pools).
+fn short_synth(seed: u64) -> SynthConfig {
+    let mut synth = SynthConfig::default().seed(seed);
+    (synth.seconds, synth.load_seconds, synth.pools) = (12, 4, 900);
+    synth
+}
+
 fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
     let mut import = ImportConfig::default();
     import.plan.span_cap = span_mb * MIB;
-    ReplayConfig {
-        import_backend: Some(BackendChoice::Only(ImportKind::Pin)),
-        import: Some(import),
-        watch_backend: Some(watch),
-        verify_collect: None,
-        paced: false,
-        settings: Default::default(),
-    }
+    let mut c = ReplayConfig::default();
+    c.import_backend = Some(BackendChoice::Only(ImportKind::Pin));
+    c.import = Some(import);
+    c.watch_backend = Some(watch);
+    c
 }
 
 /// The backends a test of every backend runs with here: those the kernel offers (the others print
@@ -153,7 +157,7 @@ end 2
 
 #[test]
 fn a_short_synthetic_session_imports_less_with_spans() {
-    let synth = SynthConfig { seconds: 12, load_seconds: 4, pools: 900, ..SynthConfig::default() }.seed(3);
+    let synth = short_synth(3);
     let text: String = {
         let s = Synth::new(synth).unwrap();
         let mut out = format!("{}\n", s.header());
@@ -177,18 +181,11 @@ fn a_short_synthetic_session_imports_less_with_spans() {
 /// collects: writes, bindings and collects on ten threads at once.
 fn many_threads_session() -> (emuhost_lab::trace::Header, Vec<emuhost_lab::trace::Record>) {
     use emuhost_lab::trace::{Event, Thread};
-    let synth = SynthConfig {
-        seconds: 8,
-        load_seconds: 3,
-        pools: 600,
-        game_threads: 6,
-        host_threads: 3,
-        writes_per_thread_frame: 6,
-        collects_per_frame: 6,
-        guest_sleeps_per_s: 1000,
-        ..SynthConfig::default()
-    }
-    .seed(11);
+    let mut synth = SynthConfig::default().seed(11);
+    (synth.seconds, synth.load_seconds, synth.pools) = (8, 3, 600);
+    (synth.game_threads, synth.host_threads) = (6, 3);
+    (synth.writes_per_thread_frame, synth.collects_per_frame) = (6, 6);
+    synth.guest_sleeps_per_s = 1000;
     let s = Synth::new(synth).unwrap();
     let header = s.header();
     let (mut renders, mut writes) = (0usize, 0usize);
@@ -242,7 +239,8 @@ fn a_session_on_many_threads_loses_no_write_and_leaks_no_import() {
     assert!(on["write"].len() >= 9 && on["write"].iter().filter(|t| matches!(t, Thread::Host(_))).count() == 3);
     assert!(on["bind"].len() == 4 && on["collect"].len() == 4, "{on:?}");
     for watch in backends() {
-        let c = ReplayConfig { verify_collect: Some(true), ..cfg(watch, 64) };
+        let mut c = cfg(watch, 64);
+        c.verify_collect = Some(true);
         let numbered = records.iter().cloned().enumerate().map(|(i, r)| Ok((i as u64 + 2, r)));
         let r = replay(&header, numbered, &c).unwrap_or_else(|e| panic!("{watch:?}: {e}"));
         eprintln!(

@@ -44,7 +44,7 @@ fn stress(kind: BackendKind, cfg: StressConfig) -> Option<(u64, u64)> {
 /// commits, protections, releases beside written pages and view splits at once, with a
 /// collector: no write lost.
 fn no_lost_writes(kind: BackendKind) {
-    let Some((writes, lost)) = stress(kind, StressConfig { arm_races: false, ..StressConfig::new(100_000) }) else {
+    let Some((writes, lost)) = stress(kind, StressConfig::new(100_000).arm_races(false)) else {
         return;
     };
     eprintln!("{}: {writes} writes checked, {lost} lost", kind.name());
@@ -93,7 +93,7 @@ fn the_stress_check_catches_a_report_that_an_earlier_write_would_hide() {
     if !usable(kind) {
         return;
     }
-    let cfg = StressConfig { arm_races: false, drop_one_report: true, ..StressConfig::new(20_000) };
+    let cfg = StressConfig::new(20_000).arm_races(false).drop_one_report(true);
     let r = stress_with(kind, cfg).unwrap();
     eprintln!("{r:?}");
     assert!(r.dropped.is_some(), "the hook found no report to drop: {r:?}");
@@ -113,7 +113,7 @@ fn no_lost_writes_at_the_map_limit(kind: BackendKind, name: &str) {
     if !usable(kind) {
         return;
     }
-    let cfg = StressConfig { map_pressure: true, arm_races: false, ..StressConfig::new(50_000) };
+    let cfg = StressConfig::new(50_000).map_pressure(true).arm_races(false);
     let r = stress_with(kind, cfg).unwrap();
     eprintln!("{}: {r:?}", kind.name());
     assert!(r.ops.collects > 0 && r.ops.host_writes > 0 && r.ops.populates_written > 0, "{r:?}");

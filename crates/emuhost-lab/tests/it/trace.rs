@@ -11,7 +11,8 @@ use emuhost_lab::trace::{
 
 /// A short session (12 s, fewer pools) with every kind of event, for round trips.
 fn short_session(seed: u64) -> Synth {
-    let cfg = SynthConfig { seconds: 12, load_seconds: 4, pools: 900, ..SynthConfig::default() }.seed(seed);
+    let mut cfg = SynthConfig::default().seed(seed);
+    (cfg.seconds, cfg.load_seconds, cfg.pools) = (12, 4, 900);
     Synth::new(cfg).unwrap()
 }
 

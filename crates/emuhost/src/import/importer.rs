@@ -15,8 +15,10 @@ use crate::space::{Prot, Space, page_size};
 /// The default time a range that failed to import is held before it is tried again.
 pub const DEFAULT_COOLING: Duration = Duration::from_secs(1);
 
-/// How the importer works.
+/// How the importer works: [`ImportConfig::default`], then the chained setters (or assign the
+/// fields of a value you hold; the struct is `#[non_exhaustive]`, so fields can be added).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ImportConfig {
     pub plan: PlanConfig,
     /// How long a range that failed is held before it is tried again (0: not held).
@@ -50,6 +52,36 @@ impl Default for ImportConfig {
 }
 
 impl ImportConfig {
+    /// Sets [`ImportConfig::plan`].
+    pub fn plan(mut self, plan: PlanConfig) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    /// Sets [`ImportConfig::cooling`].
+    pub fn cooling(mut self, cooling: Duration) -> Self {
+        self.cooling = cooling;
+        self
+    }
+
+    /// Sets [`ImportConfig::populate_ahead`].
+    pub fn populate_ahead(mut self, populate_ahead: PopulateAhead) -> Self {
+        self.populate_ahead = populate_ahead;
+        self
+    }
+
+    /// Sets [`ImportConfig::commit`].
+    pub fn commit(mut self, commit: bool) -> Self {
+        self.commit = commit;
+        self
+    }
+
+    /// Sets [`ImportConfig::ahead`].
+    pub fn ahead(mut self, ahead: u64) -> Self {
+        self.ahead = ahead;
+        self
+    }
+
     /// The switches this config takes.
     pub const SWITCHES: [&str; 5] = [
         "EMUHOST_IMPORT_CHUNK_MB",

@@ -20,8 +20,9 @@ pub const DEFAULT_CHUNK: u64 = 16 << 20;
 /// The default span cap: 64 MiB.
 pub const DEFAULT_SPAN_CAP: u64 = 64 << 20;
 
-/// How ranges are planned.
+/// How ranges are planned ([`PlanConfig::new`]; `#[non_exhaustive]`, so fields can be added).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PlanConfig {
     /// Chunk size in bytes: a power of two, at least the host page.
     pub chunk: u64,
@@ -36,6 +37,12 @@ impl Default for PlanConfig {
 }
 
 impl PlanConfig {
+    /// `chunk` bytes per chunk (checked by [`PlanConfig::check`] where it is used), spans up to
+    /// `span_cap` bytes (0: off).
+    pub fn new(chunk: u64, span_cap: u64) -> Self {
+        Self { chunk, span_cap }
+    }
+
     /// Checks the chunk (a power of two, at least `align`).
     pub fn check(&self, align: u64) -> Result<(), ImportError> {
         if !self.chunk.is_power_of_two() || self.chunk < align {
@@ -348,14 +355,8 @@ mod tests {
 
     #[test]
     fn the_planner_matches_the_reference_model_over_random_layouts() {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
+        let mut rng = crate::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next_u64();
         let mut grew = 0;
         for case in 0..400 {
             let n = 1 + next() % 60;

@@ -181,13 +181,8 @@ mod tests {
 
     #[test]
     fn the_index_agrees_with_a_scan_over_random_layouts() {
-        let mut rng = 0x1234_5678_9abc_def0u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = crate::rng::Rng::new(0x1234_5678_9abc_def0);
+        let mut next = move || rng.next_u64();
         let mut p = Pools::new();
         let mut ids = Vec::new();
         for round in 0..2000 {

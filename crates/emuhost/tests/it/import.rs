@@ -189,7 +189,7 @@ mod conformance {
         let kind = b.kind();
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig { plan: PlanConfig { chunk: MIB, span_cap: 0 }, ..ImportConfig::default() };
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0));
         let imp = Importer::new(space.clone(), b, cfg).unwrap();
         let page = page_size();
         let commit = |at: u64, prot| space.commit(space.range(at, page).unwrap(), prot).unwrap();
@@ -296,7 +296,7 @@ mod conformance {
         b.budget().limit_single(MIB);
         let (space, _) = aligned_space(MIB, 8 * MIB);
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig { plan: PlanConfig { chunk: MIB, span_cap: 4 * MIB }, ..ImportConfig::default() };
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB));
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();
@@ -520,7 +520,7 @@ fn faulty_ahead(span_cap: u64, cooling: Duration, ahead: u64) -> (Importer<Arc<F
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let f = Arc::new(Faulty::default());
     f.base.store(space.host_base() as u64, Ordering::Relaxed);
-    let cfg = ImportConfig { plan: PlanConfig { chunk: CHUNK, span_cap }, cooling, ahead, ..ImportConfig::default() };
+    let cfg = ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).ahead(ahead);
     (Importer::new(space, f.clone(), cfg).unwrap(), f)
 }
 
@@ -640,7 +640,7 @@ fn imports_outside_the_window_fail_without_leaking() {
 fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
     // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
     let space = Arc::new(Space::with_window(40 * MIB).unwrap());
-    let cfg = ImportConfig { plan: PlanConfig { chunk: 16 * MIB, span_cap: 64 * MIB }, ..ImportConfig::default() };
+    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB));
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
     assert_eq!((b.range, b.made), (Planned { lo: 32 * MIB, hi: 40 * MIB }, true));
@@ -721,7 +721,7 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
     for ahead in [PopulateAhead::Off, PopulateAhead::Pools] {
         let on = ahead == PopulateAhead::Pools;
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-        let cfg = ImportConfig { populate_ahead: ahead, ..ImportConfig::default() };
+        let cfg = ImportConfig::default().populate_ahead(ahead);
         let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
         space.commit(space.range(16 * MIB, 8 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
         imp.add_pool(16 * MIB + 0x100, 2 * MIB).unwrap();
@@ -743,11 +743,7 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
 #[test]
 fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let cfg = ImportConfig {
-        plan: PlanConfig { chunk: 4 * MIB, span_cap: 0 },
-        populate_ahead: PopulateAhead::Chunks,
-        ..ImportConfig::default()
-    };
+    let cfg = ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0)).populate_ahead(PopulateAhead::Chunks);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
     imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
@@ -917,7 +913,7 @@ fn import_ahead_on_a_device_serves_the_binding_its_memory() {
     let Some(v) = vulkan() else { return };
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let base = (space.host_base() as u64).next_multiple_of(4 * MIB) - space.host_base() as u64;
-    let cfg = ImportConfig { plan: PlanConfig { chunk: 4 * MIB, span_cap: 0 }, ahead: 16 * MIB, ..Default::default() };
+    let cfg = ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0)).ahead(16 * MIB);
     let imp = Importer::new(space.clone(), v, cfg).unwrap();
     imp.add_pool(base + 4 * MIB + 0x1000, 0x2000).unwrap();
     imp.settle();

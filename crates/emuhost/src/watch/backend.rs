@@ -18,10 +18,10 @@ pub(super) trait Backend: Send + Sync {
     fn arm(&self, start: usize, end: usize, regions: &[Region], base: usize) -> io::Result<()>;
     fn disarm(&self, start: usize, end: usize) -> io::Result<()>;
     /// Appends the written runs of `start..end` and arms them again.
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()>;
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
     /// Appends the written runs of `start..end`, leaving them written (the next read reports
     /// them again).
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()>;
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
     /// The key of the page-state table a fault handler hands faults to (`None`: this backend's
     /// writes never fault).
     fn fault_key(&self) -> Option<TableKey> {
@@ -88,12 +88,12 @@ impl Backend for UffdBackend {
         self.uffd.unregister(start, end - start)
     }
 
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
         self.uffd.scan_written(start, end, &mut vec, out)
     }
 
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
         self.uffd.peek_written(start, end, &mut vec, out)
     }
@@ -247,22 +247,22 @@ impl Backend for MprotectBackend {
         Some(self.reg.key())
     }
 
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let p = page_size();
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
             if st & ARMED != 0 && st & DIRTY != 0 {
                 match out.last_mut() {
-                    Some(last) if last.1 == a => last.1 = a + p,
-                    _ => out.push((a, a + p)),
+                    Some(last) if last.1 == a as u64 => last.1 = (a + p) as u64,
+                    _ => out.push((a as u64, (a + p) as u64)),
                 }
             }
         });
         Ok(())
     }
 
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         // The read of an allocation: probe its first readable page, so memory released behind the
         // space's back fails here (and is not made readable by the re-arm below).
@@ -314,8 +314,8 @@ impl Backend for MprotectBackend {
         }
         for &(s, e, _) in seen.iter() {
             match out.last_mut() {
-                Some(last) if last.1 == s => last.1 = e,
-                _ => out.push((s, e)),
+                Some(last) if last.1 == s as u64 => last.1 = e as u64,
+                _ => out.push((s as u64, e as u64)),
             }
         }
         Ok(())

@@ -5,7 +5,7 @@
 use std::io;
 
 use crate::sys::uapi::PageRegion;
-use crate::sys::uffd::Uffd;
+use crate::sys::uffd::{Uffd, no_huge_pages};
 
 /// A userfaultfd in asynchronous write-protect mode and a `PAGEMAP_SCAN` output vector.
 #[derive(Debug)]
@@ -21,9 +21,11 @@ impl BareUffd {
         Ok(Self { uffd: Uffd::new()?, vec: vec![PageRegion::default(); super::backend::SCAN_VEC] })
     }
 
-    /// Registers and write-protects host `addr..addr + len` (`UFFDIO_REGISTER`,
-    /// `UFFDIO_WRITEPROTECT`). Writes keep working: the kernel resolves them itself.
+    /// Registers and write-protects host `addr..addr + len` (`MADV_NOHUGEPAGE`, `UFFDIO_REGISTER`,
+    /// `UFFDIO_WRITEPROTECT`: the calls the uffd backend's arm makes). Writes keep working: the
+    /// kernel resolves them itself.
     pub fn arm(&self, addr: usize, len: usize) -> io::Result<()> {
+        no_huge_pages(addr, len)?;
         self.uffd.register(addr, len)?;
         self.uffd.protect(addr, len)
     }

@@ -314,8 +314,6 @@ struct Scratch {
     armed: Pairs,
     /// The spans to read.
     spans: Vec<Span>,
-    /// Host `(start, end)` the backend reported written.
-    host: Vec<(usize, usize)>,
     /// The result: written guest `(start, end)`, merged, in order.
     runs: Pairs,
     /// The result: spans not tracked any more.
@@ -781,10 +779,11 @@ impl Tracker {
         let (a, b) = (range.start().0, range.end().0);
         sc.armed.clear();
         sc.spans.clear();
-        sc.host.clear();
         sc.runs.clear();
         sc.untracked.clear();
         Self::spans(inner, layout, a, b, sc);
+        // Runs from here on are the backend's, in host addresses until the pass below.
+        let from = sc.runs.len();
         for i in 0..sc.spans.len() {
             let (s, e, alloc) = sc.spans[i];
             let span = GuestRange::from_bounds(s, e)?;
@@ -799,9 +798,9 @@ impl Tracker {
                     if self.verify {
                         self.verify_span(inner, span)?;
                     }
-                    self.core.backend.read(self.host(s), self.host(e), &mut sc.host)
+                    self.core.backend.read(self.host(s), self.host(e), &mut sc.runs)
                 }
-                Read::Query => self.core.backend.peek(self.host(s), self.host(e), &mut sc.host),
+                Read::Query => self.core.backend.peek(self.host(s), self.host(e), &mut sc.runs),
             };
             if let Err(err) = got {
                 if self.unexpected(inner, span)?.is_none() {
@@ -813,10 +812,31 @@ impl Tracker {
                 }
             }
         }
+        // The backend's runs (host addresses, from `from` on) come in address order, inside the
+        // range: with nothing else in the result (the common case), turning them into guest
+        // addresses and joining touching ones in place is the whole merge, one pass where a copy,
+        // a sort and a merge pass cost as much as the kernel's scan at 50 % written. A run out
+        // of order (no backend makes one) falls back to the sort.
         let base = self.space.host_base() as u64;
-        sc.runs.extend(sc.host.iter().map(|&(s, e)| (s as u64 - base, e as u64 - base)));
-        sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
-        merge(&mut sc.runs, a, b);
+        let mut ordered = from == 0 && inner.pending.overlapping(a, b).next().is_none();
+        let mut w = from;
+        for r in from..sc.runs.len() {
+            let (s, e) = (sc.runs[r].0 - base, sc.runs[r].1 - base);
+            if w > from && sc.runs[w - 1].1 >= s {
+                if ordered && sc.runs[w - 1].1 == s {
+                    sc.runs[w - 1].1 = e;
+                    continue;
+                }
+                ordered = false;
+            }
+            sc.runs[w] = (s, e);
+            w += 1;
+        }
+        sc.runs.truncate(w);
+        if !ordered {
+            sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
+            merge(&mut sc.runs, a, b);
+        }
         if how == Read::Collect {
             inner.pending.remove(a, b, |_, _, _| ());
             for c in &mut inner.consumers {
@@ -960,7 +980,7 @@ impl Core {
             match self.backend.read(base + s as usize, base + e as usize, &mut runs) {
                 Ok(()) => {
                     for (x, y) in runs {
-                        add(&mut inner.pending, (x - base) as u64, (y - base) as u64);
+                        add(&mut inner.pending, x - base as u64, y - base as u64);
                     }
                 }
                 // Unreadable (released behind the space's back): report it all, so nothing is lost.

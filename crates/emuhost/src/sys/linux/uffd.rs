@@ -112,10 +112,10 @@ impl Uffd {
         start: usize,
         end: usize,
         vec: &mut [PageRegion],
-        out: &mut Vec<(usize, usize)>,
+        out: &mut Vec<(u64, u64)>,
     ) -> io::Result<()> {
         self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
-            out.extend(regions.iter().map(|r| (r.start as usize, r.end as usize)))
+            out.extend(regions.iter().map(|r| (r.start, r.end)))
         })
     }
 
@@ -136,10 +136,10 @@ impl Uffd {
         start: usize,
         end: usize,
         vec: &mut [PageRegion],
-        out: &mut Vec<(usize, usize)>,
+        out: &mut Vec<(u64, u64)>,
     ) -> io::Result<()> {
         self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| {
-            out.extend(regions.iter().map(|r| (r.start as usize, r.end as usize)))
+            out.extend(regions.iter().map(|r| (r.start, r.end)))
         })
     }
 

@@ -324,6 +324,19 @@ impl<I> State<I> {
         self.near(lo, hi).any(|(_, v)| v.hi > lo)
     }
 
+    /// Whether `lo..hi` overlaps a live import that a binding made or used (not one made ahead
+    /// and unused: importing over that is not a re-import).
+    fn overlaps_used(&self, lo: u64, hi: u64) -> bool {
+        self.near(lo, hi).any(|(_, v)| v.hi > lo && v.ahead.is_none())
+    }
+
+    /// The keys of the live imports made ahead, unused, and inside `lo..hi`.
+    fn unused_inside(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let from = lo.saturating_sub(self.longest);
+        let inside = self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| lo <= k.0 && v.hi <= hi);
+        inside.filter(|(_, v)| v.ahead.is_some()).map(|(k, _)| *k).collect()
+    }
+
     /// `lo..hi` grown over every live import it overlaps, again until nothing more overlaps, and
     /// the keys of those imports.
     fn union(&self, mut lo: u64, mut hi: u64) -> (u64, u64, Vec<(u64, u64)>) {
@@ -781,7 +794,9 @@ impl<B: Backend> Core<B> {
             superseded = keys;
         }
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
-        let reimport = st.overlaps(r.lo, r.hi);
+        // Pages an unused import ahead holds were never imported for a binding: not a re-import
+        // (the import ahead was slower than its binding, or a later pool grew the span over it).
+        let reimport = st.overlaps_used(r.lo, r.hi);
         for k in superseded {
             if let Some(old) = st.imports.remove(&k) {
                 st.stats.live -= 1;
@@ -794,6 +809,10 @@ impl<B: Backend> Core<B> {
         }
         let (import, took) = self.make(span, r, false)?;
         let handle = self.backend.handle(&import);
+        // Unused imports ahead that the new one covers are taken in (released), once it is made.
+        for k in st.unused_inside(r.lo, r.hi) {
+            self.release_unused(st, k);
+        }
         self.record(st, r, import, took, reimport, None);
         Ok((r.lo, handle))
     }

@@ -96,16 +96,16 @@ fn replay_reports_json_csv_and_a_plot() {
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
     assert!(f(&v, "import_wait_ms_total") >= f(&v, "import_ms") && f(&v, "import_ms") > 0.0, "{v}");
     assert_eq!((f(&v, "import_wait_ms_worst"), f(&v, "ahead_imports")), (f(&v, "import_wait_ms_total"), 0.0));
-    // Imported ahead: every binding is served and the thread imports ahead. How much it saves
-    // depends on how it and the replay's threads interleave: where it imports the first pool's
-    // chunk before the second pool (across that chunk's end) is registered, and a binding uses
-    // that import first, the binding across the end imports the span over it again (one
-    // re-import, 64 MiB live at the end); where the second pool comes first, one span serves all
-    // (none, 32 MiB). Importer tests pin each interleaving down.
+    // Imported ahead: every binding is served. What the thread saves depends on how it and the
+    // replay's threads interleave: where it imports the first pool's chunk before the second
+    // pool (across that chunk's end) is registered, and a binding uses that import first, the
+    // binding across the end imports the span over it again (one re-import); where the second
+    // pool comes first, one span serves all; where the bindings come first, they import and
+    // nothing is made ahead. The importer's tests pin each interleaving down.
     let ahead = ["replay", "--json", "--set", "EMUHOST_IMPORT_AHEAD_MB=64"];
     let v = json(&emuhost().args(ahead).arg(&t).output().unwrap());
     assert_eq!((v["bind_failures"].as_u64(), v["lost_writes"].as_u64()), (Some(0), Some(0)), "{v}");
-    assert!(f(&v, "ahead_imports") >= 1.0 && v["reimports"].as_u64() <= Some(1), "{v}");
+    assert!(v["reimports"].as_u64() <= Some(1), "{v}");
     assert!(f(&v, "live_import_mib_end") <= 64.0, "{v}");
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
 }

@@ -178,6 +178,10 @@ const MIN_COLLECTS: u64 = 200;
 /// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
 /// starts (stacks, allocator arenas) and a few splits.
 const MAP_HEADROOM: u64 = 96;
+/// Under map pressure, a writer waits for the next collect after this many writes (at most
+/// `PACE_WAIT`).
+const PACED_WRITES: u64 = 2000;
+const PACE_WAIT: Duration = Duration::from_millis(200);
 /// The longest a collector waits after a collect for every writer to write before the next.
 const GAP_WAIT: Duration = Duration::from_millis(2);
 
@@ -341,6 +345,14 @@ fn writer(
             || (!pace.enough.load(SeqCst) && (!cfg.map_pressure || log.len() < log.capacity()))
         {
             i += 1;
+            if cfg.map_pressure && i % PACED_WRITES == 0 {
+                // At the map limit the log cannot grow past its capacity, so the writers must not
+                // outrun the collects: a block's unwritten pages show only between frequent ones.
+                let (e, since) = (pace.epoch.load(SeqCst), Instant::now());
+                while pace.epoch.load(SeqCst) == e && !pace.stop.load(SeqCst) && since.elapsed() < PACE_WAIT {
+                    std::thread::sleep(Duration::from_micros(10));
+                }
+            }
             let random = rng.pick(&targets);
             let (d, e) = (pace.done.load(SeqCst), pace.epoch.load(SeqCst));
             let pg = if d == e && last_gap < d { HOT } else { random };

@@ -17,10 +17,11 @@ pub(super) trait Backend: Send + Sync {
     /// added gives host ones).
     fn arm(&self, start: usize, end: usize, regions: &[Region], base: usize) -> io::Result<()>;
     fn disarm(&self, start: usize, end: usize) -> io::Result<()>;
-    /// Appends the written runs of `start..end` and arms them again.
+    /// Appends the written runs of `start..end` (host addresses, in order) and arms them again.
+    /// It never joins a run with one `out` held before the call (those may be guest addresses).
     fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
-    /// Appends the written runs of `start..end`, leaving them written (the next read reports
-    /// them again).
+    /// Appends the written runs of `start..end` as [`Backend::read`] does, leaving them written
+    /// (the next read reports them again).
     fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
     /// The key of the page-state table a fault handler hands faults to (`None`: this backend's
     /// writes never fault).
@@ -250,10 +251,13 @@ impl Backend for MprotectBackend {
     fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let p = page_size();
+        // Joined with the runs of this call only: what `out` held before may be in another
+        // address space (the tracker's guest runs), where an equal number means nothing.
+        let first = out.len();
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
             if st & ARMED != 0 && st & DIRTY != 0 {
-                match out.last_mut() {
+                match out[first..].last_mut() {
                     Some(last) if last.1 == a as u64 => last.1 = (a + p) as u64,
                     _ => out.push((a as u64, (a + p) as u64)),
                 }
@@ -312,12 +316,8 @@ impl Backend for MprotectBackend {
                 self.remark(seen, s, e);
             }
         }
-        for &(s, e, _) in seen.iter() {
-            match out.last_mut() {
-                Some(last) if last.1 == s as u64 => last.1 = e as u64,
-                _ => out.push((s as u64, e as u64)),
-            }
-        }
+        // `seen` is joined already (`push_run`); what `out` held before is not ours to join.
+        out.extend(seen.iter().map(|&(s, e, _)| (s as u64, e as u64)));
         Ok(())
     }
 

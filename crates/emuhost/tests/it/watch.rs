@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use emuhost::counters;
-use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space, SpaceConfig, page_size};
 use emuhost::watch::{self, BackendKind, Collected, PageRun, Tracker, WatchError};
 
 pub(crate) use crate::watch_gate::usable;
@@ -91,6 +91,7 @@ watch_conformance!(
     a_host_write_may_block_while_collects_go_on,
     a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next,
     verify_accepts_write_only_pages,
+    a_write_at_a_host_address_equal_to_a_host_write_end_is_its_own_run,
 );
 
 fn one_page(kind: BackendKind) {
@@ -319,6 +320,42 @@ fn host_writes_after_prepare(kind: BackendKind) {
     let mut b = [0u8; 5];
     s.read(target.start(), &mut b).unwrap();
     assert_eq!(&b, b"hello");
+}
+
+/// A collect's result holds guest addresses (pages under a host write in flight, first) and the
+/// backend's host addresses until they are turned into guest ones: a backend must not join its
+/// first run to a guest run whose end is numerically that run's host start. A window at a low
+/// fixed base makes the two meet: guest `H..H+2p` (under a host write) ends at `H + 2p`, the
+/// host address of guest page 2, which the guest writes.
+fn a_write_at_a_host_address_equal_to_a_host_write_end_is_its_own_run(kind: BackendKind) {
+    if !usable(kind) {
+        return;
+    }
+    // The first free low base: the window is its base plus 1 MiB long, so guest `H` is inside.
+    let Some(s) = [4usize << 30, 8 << 30, 16 << 30, 32 << 30]
+        .into_iter()
+        .find_map(|base| SpaceConfig::default().at(base).window(base as u64 + (1 << 20)).build().ok())
+    else {
+        eprintln!("skipped: no low fixed base was free for the window");
+        return;
+    };
+    let s = Arc::new(s);
+    let h = s.host_base() as u64;
+    let t = Tracker::with_backend(&s, kind).unwrap();
+    let (low, hosted) = (pages(&s, 0, 8), s.range(h, 2 * p()).unwrap());
+    for r in [low, hosted] {
+        s.commit(r, Prot::READ_WRITE).unwrap();
+        t.arm(r).unwrap();
+    }
+    let c = t
+        .host_write(hosted, || {
+            poke(&s, 2);
+            t.collect(s.range(0, s.window()).unwrap()).unwrap()
+        })
+        .unwrap();
+    let mut got = written(&c);
+    got.retain(|&pg| pg < 8);
+    assert_eq!(got, vec![2], "{:?}", c.runs);
 }
 
 #[test]

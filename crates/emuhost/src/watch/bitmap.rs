@@ -2,6 +2,23 @@
 
 use crate::space::GuestRange;
 
+/// Bits `lo..hi` of one word (`lo < hi <= 64`).
+pub(super) fn word_mask(lo: u64, hi: u64) -> u64 {
+    (u64::MAX >> (64 - (hi - lo))) << lo
+}
+
+/// Sets bits `first..end` of `words` (bit `i` is bit `i % 64` of word `i / 64`), a word at a
+/// time: a long run costs a store per 64 bits, not one per bit.
+pub(super) fn set_bits(words: &mut [u64], first: u64, end: u64) {
+    let mut i = first;
+    while i < end {
+        let (w, lo) = (i / 64, i % 64);
+        let hi = (end - w * 64).min(64);
+        words[w as usize] |= word_mask(lo, hi);
+        i = w * 64 + hi;
+    }
+}
+
 /// One bit per `GRAIN` bytes of `range`, set where a page was written (a grain partly covered
 /// by a written page is set).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,9 +57,7 @@ impl<const GRAIN: u64> PageBitmap<GRAIN> {
         if s >= e {
             return;
         }
-        for i in (s - self.start) / GRAIN..(e - self.start).div_ceil(GRAIN) {
-            self.words[(i / 64) as usize] |= 1 << (i % 64);
-        }
+        set_bits(&mut self.words, (s - self.start) / GRAIN, (e - self.start).div_ceil(GRAIN));
     }
 
     /// Whether the grain holding guest address `addr` was written.

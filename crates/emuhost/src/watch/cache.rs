@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use super::bitmap::{set_bits, word_mask};
 use super::{Inner, Read, Scratch, Tracker, WatchError};
 use crate::space::{GuestRange, page_size};
 
@@ -42,9 +43,7 @@ impl Pending {
     pub(super) fn add(&mut self, runs: impl Iterator<Item = (u64, u64)>) {
         let p = page_size();
         for (s, e) in runs {
-            for i in s / p..e / p {
-                self.bits[(i / 64) as usize] |= 1 << (i % 64);
-            }
+            set_bits(&mut self.bits, s / p, e / p);
         }
     }
 
@@ -56,7 +55,7 @@ impl Pending {
         while i < end {
             let w = (i / 64) as usize;
             let (lo, hi) = (i % 64, (end - (i - i % 64)).min(64));
-            let mask = if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo };
+            let mask = word_mask(lo, hi);
             let mut set = self.bits[w] & mask;
             if take {
                 self.bits[w] &= !mask;
@@ -86,18 +85,12 @@ fn check(range: GuestRange, granularity: u64, have: usize) -> Result<(), WatchEr
     Ok(())
 }
 
-/// Sets the bits of guest `s..e` (inside `range`, not empty) in `words`, a word at a time, with
-/// shifts only (a collect at 50 % written calls this once per written page).
+/// Sets the bits of guest `s..e` (inside `range`, not empty) in `words`, with shifts only (a
+/// collect at 50 % written calls this once per written page).
 fn set(words: &mut [u64], range: GuestRange, granularity: u64, s: u64, e: u64) {
     let a = range.start().0;
     let shift = granularity.trailing_zeros();
-    let (mut i, end) = ((s - a) >> shift, ((e - a - 1) >> shift) + 1);
-    while i < end {
-        let (w, lo) = (i / 64, i % 64);
-        let hi = (end - w * 64).min(64);
-        words[w as usize] |= (u64::MAX >> (64 - (hi - lo))) << lo;
-        i = w * 64 + hi;
-    }
+    set_bits(words, (s - a) >> shift, ((e - a - 1) >> shift) + 1);
 }
 
 /// ORs the result of a read (`sc`) into `words`.

@@ -302,11 +302,11 @@ struct State<I> {
 }
 
 impl<I> State<I> {
-    /// The live imports that could overlap `lo..hi`: those starting below `hi`, no further back
-    /// than the longest import.
-    fn near(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, &Live<I>)> {
+    /// The live imports that overlap `lo..hi`, by key: those starting below `hi` (no further back
+    /// than the longest import) and ending above `lo`.
+    fn overlapping(&self, lo: u64, hi: u64) -> impl Iterator<Item = (&(u64, u64), &Live<I>)> {
         let from = lo.saturating_sub(self.longest);
-        self.imports.range((from, 0)..(hi, 0)).map(|(&(l, _), v)| (l, v))
+        self.imports.range((from, 0)..(hi, 0)).filter(move |(_, v)| v.hi > lo)
     }
 
     /// The key of a live import covering `lo..hi`.
@@ -321,19 +321,18 @@ impl<I> State<I> {
     }
 
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
-        self.near(lo, hi).any(|(_, v)| v.hi > lo)
+        self.overlapping(lo, hi).next().is_some()
     }
 
     /// Whether `lo..hi` overlaps a live import that a binding made or used (not one made ahead
     /// and unused: importing over that is not a re-import).
     fn overlaps_used(&self, lo: u64, hi: u64) -> bool {
-        self.near(lo, hi).any(|(_, v)| v.hi > lo && v.ahead.is_none())
+        self.overlapping(lo, hi).any(|(_, v)| v.ahead.is_none())
     }
 
     /// The keys of the live imports made ahead, unused, and inside `lo..hi`.
     fn unused_inside(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        let from = lo.saturating_sub(self.longest);
-        let inside = self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| lo <= k.0 && v.hi <= hi);
+        let inside = self.overlapping(lo, hi).filter(|(k, v)| lo <= k.0 && v.hi <= hi);
         inside.filter(|(_, v)| v.ahead.is_some()).map(|(k, _)| *k).collect()
     }
 
@@ -932,13 +931,8 @@ impl<B: Backend> Core<B> {
         let mut over_budget = false;
         for &(r, is_span) in tries {
             let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
-            let from = r.lo.saturating_sub(st.longest);
-            let over: Vec<((u64, u64), u64, bool)> = st
-                .imports
-                .range((from, 0)..(r.hi, 0))
-                .filter(|(_, v)| v.hi > r.lo)
-                .map(|(k, v)| (*k, v.hi, v.ahead.is_some()))
-                .collect();
+            let over: Vec<((u64, u64), u64, bool)> =
+                st.overlapping(r.lo, r.hi).map(|(k, v)| (*k, v.hi, v.ahead.is_some())).collect();
             let replaceable = over.iter().all(|&(k, hi, unused)| unused && r.lo <= k.0 && hi <= r.hi);
             if cooling || st.ahead_failed.contains(&r) || st.in_flight_over(r) || !replaceable {
                 continue;

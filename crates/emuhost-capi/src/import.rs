@@ -286,7 +286,9 @@ pub unsafe extern "C" fn emuhost_importer_add_pool(
     })
 }
 
-/// Releases a pool (imports stay). An id that is not a live pool is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+/// Releases a pool. Under the `pools` policy (the default) the imports it overlaps that overlap no
+/// other live pool are released with it: be done with their bindings first. Under `chunks` imports
+/// stay. An id that is not a live pool is `EMUHOST_ERROR_INVALID_ARGUMENT`.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_importer_remove_pool(importer: *const emuhost_importer_t, id: u64) -> *mut emuhost_error_t {
     entry(|| {
@@ -300,7 +302,8 @@ pub extern "C" fn emuhost_importer_remove_pool(importer: *const emuhost_importer
 }
 
 /// Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports their
-/// chunks (spanned over the pools across the ends). `out` receives the device objects and the
+/// pools (`pools` policy; a part first where the pools would take too long) or their chunks
+/// (`chunks`: spanned over the pools across the ends). `out` receives the device objects and the
 /// offset. A refused import (the driver failed, or the range is cooling) is
 /// `EMUHOST_ERROR_REFUSED`: go on without it.
 ///

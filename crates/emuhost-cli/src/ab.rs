@@ -44,6 +44,8 @@ const ROWS: &[(&str, &str)] = &[
     ("import_wait_ms_worst", "worst wait for an import, ms"),
     ("import_wait_ms_total", "time waiting for imports, ms"),
     ("ahead_imports", "imports made ahead"),
+    ("import_pieces", "bindings that imported part of a pool"),
+    ("ahead_mib_peak", "MiB imported ahead of use, peak"),
     ("live_import_mib_peak", "live imported MiB, peak"),
     ("collect_ms", "time in collects, ms"),
     ("lost_writes", "lost writes"),

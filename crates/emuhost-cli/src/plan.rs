@@ -1,10 +1,12 @@
 //! `emuhost plan`: the range each binding would import, planned as the first binding into an
-//! empty importer over the pools of a file. One line per binding on stdout, `0xlo..0xhi`.
+//! empty importer over the pools of a file. One line per binding on stdout, `0xlo..0xhi`. Under
+//! the pools policy that is the binding's pools whole, at the host page (a binding whose pools
+//! would take longer than the wait imports its part first; the pools follow whole).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use emuhost::import::{ImportConfig, Pools, plan, pools_file};
+use emuhost::import::{ImportConfig, ImportPolicy, Pools, plan, pool_range, pools_file};
 use emuhost::settings::Settings;
 
 use crate::Outcome;
@@ -20,9 +22,19 @@ pub struct Args {
     /// Span cap in MiB, 0 for off (default EMUHOST_IMPORT_SPAN_MB or 64).
     #[arg(long)]
     span_mib: Option<u64>,
+    /// `pools` or `chunks` (default EMUHOST_IMPORT_POLICY or pools); --chunk-mib and --span-mib
+    /// are the chunks policy's.
+    #[arg(long, value_parser = parse_policy)]
+    policy: Option<ImportPolicy>,
     /// A binding, `ADDR:SIZE` (hex with 0x, or decimal). Repeat for more.
     #[arg(long = "bind", required = true, value_parser = parse_binding)]
     binds: Vec<(u64, u64)>,
+}
+
+fn parse_policy(s: &str) -> Result<ImportPolicy, String> {
+    let mut c = ImportConfig::default();
+    c.set("EMUHOST_IMPORT_POLICY", s).map_err(|e| e.to_string())?;
+    Ok(c.policy)
 }
 
 /// A number in hex (`0x`) or decimal.
@@ -49,6 +61,7 @@ pub fn read_pools(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
 }
 
 pub fn run(a: Args, settings: &Settings) -> anyhow::Result<Outcome> {
+    let policy = a.policy.unwrap_or(ImportConfig::from_settings(settings).policy);
     let mut cfg = ImportConfig::from_settings(settings).plan;
     if let Some(mb) = a.chunk_mib {
         cfg.chunk = mb
@@ -63,7 +76,11 @@ pub fn run(a: Args, settings: &Settings) -> anyhow::Result<Outcome> {
     pools.extend(read_pools(&a.pools)?).context("pools")?;
     let mut out = String::new();
     for (addr, size) in a.binds {
-        let r = plan(&pools, cfg, addr, size, true).with_context(|| format!("--bind {addr:#x}:{size:#x}"))?;
+        let r = match policy {
+            ImportPolicy::Chunks => plan(&pools, cfg, addr, size, true),
+            ImportPolicy::Pools => pool_range(&pools, addr, size, emuhost::space::page_size()),
+        };
+        let r = r.with_context(|| format!("--bind {addr:#x}:{size:#x}"))?;
         out.push_str(&format!("{:#x}..{:#x}\n", r.lo, r.hi));
     }
     out!("{out}");

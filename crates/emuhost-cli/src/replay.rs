@@ -220,6 +220,13 @@ pub fn summary(r: &ReplayReport) -> Value {
         "host_sleep_wall_ms": ms(r.host_sleeps.wall),
         "zeroed_under_import": r.zeroed_under_import,
     });
+    // Apart: one `json!` this long passes the macro's recursion limit.
+    let o = v.as_object_mut().expect("an object");
+    o.insert("import_pieces".into(), json!(r.import_pieces));
+    o.insert("import_widenings".into(), json!(r.import_widenings));
+    o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
+    o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
+    o.insert("import_cost".into(), json!(r.import_cost));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
         o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));
@@ -304,10 +311,20 @@ fn print_table(r: &ReplayReport, s: &Value) {
         r.ahead_imports
     );
     outln!(
-        "  live imported {:.0} MiB at the end, {:.0} MiB at peak",
-        f("live_import_mib_end"),
-        f("live_import_mib_peak")
+        "  {} bindings imported part of a pool, {} pools imported whole behind them",
+        r.import_pieces,
+        r.import_widenings
     );
+    outln!(
+        "  live imported {:.0} MiB at the end, {:.0} MiB at peak; {:.0} MiB ahead of use at peak; {:.0} MiB committed at peak",
+        f("live_import_mib_end"),
+        f("live_import_mib_peak"),
+        f("ahead_mib_peak"),
+        f("committed_mib_peak")
+    );
+    if !r.import_cost.is_empty() {
+        outln!("  import cost measured: {}", r.import_cost);
+    }
     outln!("write tracking");
     outln!(
         "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked ({:.1} % checked)",

@@ -64,8 +64,13 @@ fn bad_flags_are_named() {
         (&["plan", "--pools", "/dev/null", "--bind", "0xfffffffffffffff0:0x20"], &["runs past the end"]),
         // The binding fits; its chunk cover does not, and the message says which.
         (
-            &["plan", "--pools", "/dev/null", "--bind", "0xffffffffffffff00:0x10"],
+            &["plan", "--policy", "chunks", "--pools", "/dev/null", "--bind", "0xffffffffffffff00:0x10"],
             &["the chunk cover of binding 0xffffffffffffff00+0x10 (chunk 0x1000000) runs past the end"],
+        ),
+        // Under the pools policy the cover is in host pages.
+        (
+            &["plan", "--policy", "pools", "--pools", "/dev/null", "--bind", "0xfffffffffffffff0:0x8"],
+            &["the chunk cover of binding 0xfffffffffffffff0+0x8 (chunk 0x1000) runs past the end"],
         ),
         (&["policy", "--cpus", "0"], &["'0'", "--cpus"]),
         (&["bench", "space", "--rounds", "0"], &["'0'", "--rounds"]),

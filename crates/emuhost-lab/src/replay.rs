@@ -11,7 +11,7 @@
 //! it that ran beside the store); those that are not are lost writes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,8 +108,20 @@ pub struct ReplayReport {
     /// and still in flight): all together and the longest ([`emuhost::import::Stats::wait_time`]).
     pub import_wait_total: Duration,
     pub import_wait_worst: Duration,
-    /// Imports made ahead of their bindings (`EMUHOST_IMPORT_AHEAD_MB`), in `imports` too.
+    /// Imports made on the background thread (ahead of their bindings, or a pool whole behind a
+    /// binding's part of it), in `imports` too.
     pub ahead_imports: u64,
+    /// Pools policy: bindings that imported only their part of a pool, and the pools imported
+    /// whole behind them ([`emuhost::import::Stats::pieces`], `widenings`).
+    pub import_pieces: u64,
+    pub import_widenings: u64,
+    /// The most bytes imported ahead and not yet bound at once: memory made resident ahead of
+    /// use ([`emuhost::import::Stats::ahead_peak_bytes`]).
+    pub ahead_bytes_peak: u64,
+    /// The most bytes the trace had committed at once (its commits less its decommits).
+    pub committed_bytes_peak: u64,
+    /// The import cost the pools policy measured (empty under the chunks policy).
+    pub import_cost: String,
     pub import_failures: u64,
     pub live_import_bytes_end: u64,
     pub live_import_bytes_peak: u64,
@@ -167,6 +179,9 @@ struct Shared<'a> {
     sleeper: Sleeper<OsHost>,
     /// Set by the first thread whose event fails: the others stop, the reader stops dispatching.
     failed: AtomicBool,
+    /// Bytes committed by the trace now, and at most.
+    committed: AtomicU64,
+    committed_peak: AtomicU64,
 }
 
 #[derive(Default)]
@@ -251,6 +266,8 @@ impl Worker<'_, '_> {
                 let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
                 sh.space.commit(g, prot).map_err(|e| failed(line, r, e))?;
                 sh.tracker.arm(g).map_err(|e| failed(line, r, e))?;
+                let now = sh.committed.fetch_add(size, SeqCst) + size;
+                sh.committed_peak.fetch_max(now, SeqCst);
             }
             Event::Decommit { lo, size } => self.decommit(line, r, lo, size)?,
             Event::Bind { addr, size } => self.bind(line, r, addr, size)?,
@@ -283,6 +300,7 @@ impl Worker<'_, '_> {
     fn decommit(&mut self, line: u64, r: &Record, lo: GuestAddr, size: u64) -> Result<(), ReplayError> {
         let sh = self.sh;
         let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
+        let _ = sh.committed.fetch_update(SeqCst, SeqCst, |c| Some(c.saturating_sub(size)));
         // The space refuses to decommit pages a live GPU import holds, in one step with the
         // check (no binding on the render thread gets in between).
         match sh.space.decommit(g) {
@@ -733,6 +751,8 @@ pub fn replay(
         paced: cfg.paced,
         sleeper: SleeperBuilder::from_settings(&cfg.settings).build(OsHost),
         failed: AtomicBool::new(false),
+        committed: AtomicU64::new(0),
+        committed_peak: AtomicU64::new(0),
     };
     let start = Instant::now();
     let (figures, threads, read_error, events) = dispatch(&sh, records);
@@ -778,6 +798,12 @@ pub fn replay(
     report.worst_import = st.worst();
     (report.import_wait_total, report.import_wait_worst) = (st.wait_time, st.wait_worst);
     report.ahead_imports = st.ahead_imports;
+    (report.import_pieces, report.import_widenings) = (st.pieces, st.widenings);
+    report.ahead_bytes_peak = st.ahead_peak_bytes;
+    report.committed_bytes_peak = sh.committed_peak.load(SeqCst);
+    if importer.config().policy == emuhost::import::ImportPolicy::Pools {
+        report.import_cost = importer.cost().to_string();
+    }
     report.import_failures = st.failures;
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;

@@ -155,15 +155,21 @@ pub const SETTINGS: &[Switch] = &[
         },
     },
     Switch {
+        name: "EMUHOST_IMPORT_POLICY",
+        default: "`pools`",
+        doc: "`pools` (a binding's pools, exactly, imported ahead where bindings come) or `chunks` (the seed's chunks and spans)",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_POLICY", v),
+    },
+    Switch {
         name: "EMUHOST_IMPORT_CHUNK_MB",
         default: "`16`",
-        doc: "import chunk in MiB (a power of two)",
+        doc: "import chunk in MiB (a power of two); under `pools`, the size of the regions where bindings are watched for",
         apply: |s, v| import(s, "EMUHOST_IMPORT_CHUNK_MB", v),
     },
     Switch {
         name: "EMUHOST_IMPORT_SPAN_MB",
         default: "`64`",
-        doc: "span cap in MiB; `0` turns spans off",
+        doc: "`chunks` policy: span cap in MiB; `0` turns spans off",
         apply: |s, v| import(s, "EMUHOST_IMPORT_SPAN_MB", v),
     },
     Switch {
@@ -180,9 +186,21 @@ pub const SETTINGS: &[Switch] = &[
     },
     Switch {
         name: "EMUHOST_IMPORT_AHEAD_MB",
-        default: "`0`",
-        doc: "MiB imported ahead of use on a background thread when a pool is made, not yet bound; `0` is off",
+        default: "`256`",
+        doc: "`pools` policy: MiB imported ahead of use on a background thread and not yet bound; `0` is off",
         apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_MB", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_AHEAD_THREADS",
+        default: "`0`",
+        doc: "`pools` policy: background import threads; `0` is a quarter of the processors, one to four",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_THREADS", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_WAIT_US",
+        default: "`400`",
+        doc: "`pools` policy: the longest a binding should wait for an import; past it a binding imports only its part of a pool",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_WAIT_US", v),
     },
     Switch {
         name: crate::faults::IMPORT_SWITCH,
@@ -296,7 +314,10 @@ mod tests {
             ("EMUHOST_IMPORT_SPAN_MB", "0", "-1", "EMUHOST_IMPORT_SPAN_MB=\"-1\": an unsigned integer"),
             ("EMUHOST_IMPORT_COOLING_MS", "10", "1s", "EMUHOST_IMPORT_COOLING_MS=\"1s\": an unsigned integer"),
             ("EMUHOST_IMPORT_POPULATE_AHEAD", "chunks", "all", "EMUHOST_IMPORT_POPULATE_AHEAD=\"all\": expected"),
-            ("EMUHOST_IMPORT_AHEAD_MB", "256", "lots", "EMUHOST_IMPORT_AHEAD_MB=\"lots\": an unsigned integer"),
+            ("EMUHOST_IMPORT_AHEAD_MB", "64", "lots", "EMUHOST_IMPORT_AHEAD_MB=\"lots\": an unsigned integer"),
+            ("EMUHOST_IMPORT_POLICY", "chunks", "spans", "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks"),
+            ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
+            ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
         ];
         if crate::faults::ENABLED {
             bad.push(("EMUHOST_FAULT_UFFD", "eperm", "often", "EMUHOST_FAULT_UFFD=\"often\": expected eperm"));
@@ -330,6 +351,8 @@ mod tests {
                     "EMUHOST_IMPORT_COOLING_MS" => "5",
                     "EMUHOST_IMPORT_POPULATE_AHEAD" => "on",
                     "EMUHOST_IMPORT_AHEAD_MB" => "48",
+                    "EMUHOST_IMPORT_POLICY" => " Chunks ",
+                    "EMUHOST_IMPORT_WAIT_US" => "250",
                     _ => return None,
                 }
                 .to_string(),
@@ -345,6 +368,8 @@ mod tests {
         assert_eq!(s.import.cooling, std::time::Duration::from_millis(5));
         assert_eq!(s.import.populate_ahead, crate::import::PopulateAhead::Pools);
         assert_eq!(s.import.ahead, 48 << 20);
+        assert_eq!(s.import.policy, crate::import::ImportPolicy::Chunks);
+        assert_eq!(s.import.wait, std::time::Duration::from_micros(250));
         for (v, want) in [("", false), (" Off ", false), ("no", false), ("0", false), ("1", true), ("x", true)] {
             assert_eq!(check(SHORT_SLEEP_TIMER_SWITCH, v).unwrap().short_sleep_timer, Some(want), "{v:?}");
         }

@@ -1,7 +1,9 @@
 //! Replays of small traces with known outcomes, through the real runtime (pin imports here, since
 //! lavapipe's imports pin nothing; Vulkan's conformance is in `import`).
 
-use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig};
+use std::time::Duration;
+
+use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig, ImportCost, ImportPolicy};
 use emuhost::watch::BackendKind;
 use emuhost_lab::replay::{ReplayConfig, ReplayError, ReplayReport, replay};
 use emuhost_lab::synth::{Synth, SynthConfig};
@@ -16,8 +18,9 @@ fn short_synth(seed: u64) -> SynthConfig {
     synth
 }
 
+/// The seed's chunks policy with spans of `span_mb` (0: off).
 fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
-    let mut import = ImportConfig::default();
+    let mut import = ImportConfig::default().policy(ImportPolicy::Chunks);
     import.plan.span_cap = span_mb * MIB;
     let mut c = ReplayConfig::default();
     c.import_backend = Some(BackendChoice::Only(ImportKind::Pin));
@@ -100,6 +103,28 @@ fn a_small_trace_gives_known_counts() {
         let r = run(SMALL, &cfg(watch, 0)).unwrap();
         assert_eq!((r.imports, r.reimports), (3, 1), "{watch:?}");
     }
+}
+
+#[test]
+fn the_pools_policy_serves_every_binding_with_no_reimport() {
+    // 100 us an import and 1 ms/MiB: the 8 MiB pool is imported in part by its binding and whole
+    // behind it; the 2 MiB pool is in the region of that binding, so it is imported ahead (or,
+    // where the replay's bindings come first, in part by its own binding).
+    let mut c = cfg(best(), 64);
+    let cost = ImportCost {
+        fixed: Duration::from_micros(100),
+        untouched_per_mib: Duration::from_millis(1),
+        populated_per_mib: Duration::from_millis(1),
+    };
+    c.import = Some(ImportConfig::default().cost(Some(cost)));
+    let r = run(SMALL, &c).unwrap();
+    // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then
+    // runs across the part the binding before it imported (one re-import).
+    assert_eq!((r.bind_failures, r.lost_writes), (0, 0), "{r:?}");
+    assert!(r.reimports <= 1, "{r:?}");
+    assert!((2..=6).contains(&r.imports), "{r:?}");
+    assert!(r.ahead_imports >= 1, "at least the 8 MiB pool whole: {r:?}");
+    assert_eq!((r.live_imports_after_teardown, r.live_import_bytes_after_teardown), (0, 0));
 }
 
 #[test]

@@ -20,6 +20,7 @@ const ENV: &[(&str, &str)] = &[
     ("EMUHOST_WATCH", "bogus"),
     ("EMUHOST_VERIFY_COLLECT", "maybe"),
     ("EMUHOST_IMPORT_CHUNK_MB", "3"),
+    ("EMUHOST_IMPORT_POLICY", "bogus"),
     ("EMUHOST_IMPORT_BACKEND", "gpu"),
     ("EMUHOST_SHORT_SLEEP_TIMER", "1"),
 ];
@@ -69,7 +70,8 @@ fn given_settings_the_environment_is_not_read() {
     // The backend the self-tests choose here (mprotect on a kernel without uffd's, e.g. 6.1).
     let auto = emuhost::watch::choose(&settings).unwrap().kind;
     assert!(!r.verify_collect && r.watch_backend == auto.name(), "{r:?}");
-    assert_eq!((r.imports, r.lost_writes), (1, 0));
+    // One import or two (the pool's part, then the pool whole, as the cost measured here says).
+    assert!((1..=2).contains(&r.imports) && r.bind_failures == 0 && r.lost_writes == 0, "{r:?}");
 
     // And the settings given are the ones in force.
     let mut cfg = cfg.clone();

@@ -1,19 +1,39 @@
 //! The importer: pools, live imports, the retry without the span, cooling, figures and the log.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, GpuHandle, HostSpan};
-use super::plan::{PlanConfig, Planned, binding_cover, cover, plan};
+use super::cost::ImportCost;
+use super::plan::{PlanConfig, Planned, binding_cover, cover, piece, plan, pool_range};
 use super::pools::{PoolId, Pools};
 use super::{ImportError, switch_u64};
 use crate::space::{Prot, Space, page_size};
 
 /// The default time a range that failed to import is held before it is tried again.
 pub const DEFAULT_COOLING: Duration = Duration::from_secs(1);
+/// The default longest time a binding should wait for an import under the pools policy.
+pub const DEFAULT_WAIT: Duration = Duration::from_micros(400);
+/// The background thread populates what it imports this much at a time.
+const POPULATE_SLICE: u64 = 256 << 10;
+/// The default budget of bytes imported ahead and not yet bound: 256 MiB.
+pub const DEFAULT_AHEAD: u64 = 256 << 20;
+
+/// Which ranges bindings import.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ImportPolicy {
+    /// The pools a binding lies in, exactly (at the backend's alignment), imported ahead of
+    /// their first binding where bindings were seen nearby; a binding whose pool would take
+    /// longer than the wait target imports only its part and the rest follows off its thread.
+    #[default]
+    Pools,
+    /// The seed's: 16 MiB chunks at the first binding, grown over the pools across their ends
+    /// ([`PlanConfig`]), all on the binding thread.
+    Chunks,
+}
 
 /// How the importer works: [`ImportConfig::default`], then the chained setters (or assign the
 /// fields of a value you hold; the struct is `#[non_exhaustive]`, so fields can be added).
@@ -31,12 +51,25 @@ pub struct ImportConfig {
     /// ([`Space::commit_reserved`]). Pages the guest committed keep their bytes and their
     /// protection (`r--` and `---` pages stay so; a driver that cannot pin them fails the import).
     pub commit: bool,
-    /// Import ahead (`EMUHOST_IMPORT_AHEAD_MB`, in bytes here; 0: off): when a pool is
-    /// registered, a background thread imports the ranges a first binding in each of its chunks
-    /// would import (populating them first), so that the binding finds its import ready. At most
-    /// this many bytes are imported ahead and not yet used by a binding (in flight included);
-    /// past it the worker leaves a pool's chunks to their bindings.
+    /// Which ranges bindings import (`EMUHOST_IMPORT_POLICY`).
+    pub policy: ImportPolicy,
+    /// Pools policy: import ahead (`EMUHOST_IMPORT_AHEAD_MB`, in bytes here; 0: off). A pool
+    /// made in a chunk-sized region where a binding was made, and the pools of a region when its
+    /// first binding comes, are imported (populated first) on a background thread, so that their
+    /// bindings find them ready. At most this many bytes are imported ahead and not yet used by
+    /// a binding (in flight included); past it a pool is left to its bindings.
     pub ahead: u64,
+    /// Pools policy: the longest a binding should wait (`EMUHOST_IMPORT_WAIT_US`). A binding
+    /// whose pool's import is estimated to take longer imports only its part (in the largest
+    /// power-of-two granule within this time) and leaves the pool to the background thread; one
+    /// whose import is in flight waits for it only if it should land sooner than that part.
+    pub wait: Duration,
+    /// Pools policy: what an import costs; `None` measures it when the importer is made
+    /// ([`ImportCost::measure`]).
+    pub cost: Option<ImportCost>,
+    /// Pools policy: background import threads (`EMUHOST_IMPORT_AHEAD_THREADS`); 0: a quarter
+    /// of the processors, one to four.
+    pub ahead_threads: u32,
 }
 
 impl Default for ImportConfig {
@@ -46,7 +79,11 @@ impl Default for ImportConfig {
             cooling: DEFAULT_COOLING,
             populate_ahead: PopulateAhead::Off,
             commit: true,
-            ahead: 0,
+            policy: ImportPolicy::Pools,
+            ahead: DEFAULT_AHEAD,
+            wait: DEFAULT_WAIT,
+            cost: None,
+            ahead_threads: 0,
         }
     }
 }
@@ -82,13 +119,40 @@ impl ImportConfig {
         self
     }
 
+    /// Sets [`ImportConfig::policy`].
+    pub fn policy(mut self, policy: ImportPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`ImportConfig::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets [`ImportConfig::ahead_threads`].
+    pub fn ahead_threads(mut self, threads: u32) -> Self {
+        self.ahead_threads = threads;
+        self
+    }
+
+    /// Sets [`ImportConfig::cost`].
+    pub fn cost(mut self, cost: Option<ImportCost>) -> Self {
+        self.cost = cost;
+        self
+    }
+
     /// The switches this config takes.
-    pub const SWITCHES: [&str; 5] = [
+    pub const SWITCHES: [&str; 8] = [
+        "EMUHOST_IMPORT_POLICY",
         "EMUHOST_IMPORT_CHUNK_MB",
         "EMUHOST_IMPORT_SPAN_MB",
         "EMUHOST_IMPORT_COOLING_MS",
         "EMUHOST_IMPORT_POPULATE_AHEAD",
         "EMUHOST_IMPORT_AHEAD_MB",
+        "EMUHOST_IMPORT_WAIT_US",
+        "EMUHOST_IMPORT_AHEAD_THREADS",
     ];
 
     /// The config [`Settings`](crate::settings::Settings) gives.
@@ -135,6 +199,33 @@ impl ImportConfig {
             }
             "EMUHOST_IMPORT_COOLING_MS" => {
                 self.cooling = switch_u64(name, get())?.map_or(d.cooling, Duration::from_millis);
+            }
+            "EMUHOST_IMPORT_AHEAD_THREADS" => {
+                self.ahead_threads = match switch_u64(name, get())? {
+                    None => d.ahead_threads,
+                    Some(n) => u32::try_from(n).ok().filter(|&n| n <= 64).ok_or_else(|| ImportError::BadSwitch {
+                        name,
+                        value: n.to_string(),
+                        why: "at most 64",
+                    })?,
+                };
+            }
+            "EMUHOST_IMPORT_WAIT_US" => {
+                self.wait = switch_u64(name, get())?.map_or(d.wait, Duration::from_micros);
+            }
+            "EMUHOST_IMPORT_POLICY" => {
+                self.policy = match value.trim().to_ascii_lowercase().as_str() {
+                    "" => d.policy,
+                    "pools" => ImportPolicy::Pools,
+                    "chunks" | "seed" => ImportPolicy::Chunks,
+                    _ => {
+                        return Err(ImportError::BadSwitch {
+                            name,
+                            value: value.to_string(),
+                            why: "expected pools or chunks",
+                        });
+                    }
+                };
             }
             "EMUHOST_IMPORT_AHEAD_MB" => {
                 self.ahead = match switch_u64(name, get())? {
@@ -188,14 +279,22 @@ pub enum PopulateAhead {
 pub struct Stats {
     /// Imports made.
     pub imports: u64,
-    /// Imports that took in pages already imported (a binding across two separately imported
-    /// chunks imports both again as one: the hitch the span exists to avoid).
+    /// Imports a binding made that took in pages already imported (a binding across two
+    /// separately imported chunks imports both again as one: the hitch the span exists to
+    /// avoid). The background thread's imports of a pool over a binding's part of it are
+    /// `widenings`, not counted here.
     pub reimports: u64,
+    /// Pools policy: bindings that imported only their part of a pool (its import would have
+    /// passed the wait target), and the background thread's imports of those pools whole, over
+    /// the parts (their pages are then in two imports).
+    pub pieces: u64,
+    pub widenings: u64,
     /// Bindings served by an import made before.
     pub reuses: u64,
     /// Imports that failed.
     pub failures: u64,
-    /// Spanned imports that failed and were made again without the span.
+    /// Imports that failed and were made again smaller: without the span (chunks policy), or the
+    /// binding's part of its pool (pools policy).
     pub unspanned_retries: u64,
     /// Attempts skipped because the range was cooling.
     pub cooled: u64,
@@ -225,12 +324,12 @@ pub struct Stats {
     /// Imports ahead that failed (a spanned one is then tried without the span); they hold
     /// nothing cooling: a binding makes its own attempt.
     pub ahead_failures: u64,
-    /// Chunks left to their bindings because the budget of bytes ahead was full.
+    /// Pools left to their bindings because the budget of bytes ahead was full.
     pub ahead_over_budget: u64,
     /// Bindings served by an import made ahead (its first use).
     pub ahead_hits: u64,
-    /// Imports made ahead and released unused: their pool was released, or a larger import
-    /// ahead took them in.
+    /// Imports made ahead and released unused: their pool was released, or a larger import took
+    /// them in.
     pub ahead_released: u64,
     /// Bytes imported ahead (or in flight) and not used by a binding yet, now and at most.
     pub ahead_bytes: u64,
@@ -285,6 +384,15 @@ struct Live<I> {
     ahead: Option<PoolId>,
 }
 
+/// An import being made off the lock by the background thread.
+#[derive(Clone, Copy)]
+struct Flight {
+    r: Planned,
+    since: Instant,
+    /// What it was estimated to take.
+    est: Duration,
+}
+
 struct State<I> {
     pools: Pools,
     /// Live imports by `(lo, sequence)`: they may overlap (a re-import keeps the old ones).
@@ -293,11 +401,19 @@ struct State<I> {
     seq: u64,
     cooling: HashMap<Planned, Instant>,
     stats: Stats,
-    /// Ranges being imported ahead, off the lock.
-    in_flight: Vec<Planned>,
+    /// Ranges being imported by the background thread, off the lock.
+    in_flight: Vec<Flight>,
     /// Ranges whose import ahead failed: not tried ahead again (a binding still tries them).
     ahead_failed: HashSet<Planned>,
-    /// Counts [`Importer::release_all`] calls: a pool's job asked for before one is not run.
+    /// Pools policy: the regions (chunk-sized, by index) where a binding was made.
+    hot: HashSet<u64>,
+    /// Pools policy: the cost bindings see (the start-up one, its part per MiB raised to what
+    /// the bindings' own imports took), and the most a binding imports itself within the wait.
+    cost: ImportCost,
+    granule: u64,
+    /// The bindings' imports' time per MiB past the fixed part, averaged (`None`: none yet).
+    learned: Option<f64>,
+    /// Counts [`Importer::release_all`] calls: a job asked for before one is not run.
     epoch: u64,
 }
 
@@ -315,9 +431,16 @@ impl<I> State<I> {
         self.imports.range((from, 0)..(hi, 0)).find(|(k, v)| k.0 <= lo && hi <= v.hi).map(|(k, _)| *k)
     }
 
-    /// Whether `r` overlaps a range being imported ahead.
+    /// Whether `r` overlaps a range in flight.
     fn in_flight_over(&self, r: Planned) -> bool {
-        self.in_flight.iter().any(|f| f.lo < r.hi && r.lo < f.hi)
+        self.in_flight.iter().any(|f| f.r.lo < r.hi && r.lo < f.r.hi)
+    }
+
+    /// How long the import in flight that covers `lo..hi` and should land first is still
+    /// expected to take (zero when overdue); `None` when none covers it.
+    fn in_flight_left(&self, lo: u64, hi: u64) -> Option<Duration> {
+        let covering = self.in_flight.iter().filter(|f| f.r.covers(lo, hi));
+        covering.map(|f| f.est.saturating_sub(f.since.elapsed())).min()
     }
 
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
@@ -429,37 +552,57 @@ impl Drop for Populator {
     }
 }
 
-/// What the import-ahead thread is asked.
+/// What the background import thread is asked, each in the epoch it was asked in.
 enum AheadJob {
-    /// Import the chunks of this pool (if it is still registered), asked for in this epoch.
+    /// Import this pool whole, ahead of its bindings (if it is still registered).
     Pool(PoolId, u64),
-    Flush(mpsc::Sender<()>),
+    /// Import this range whole: a pool a binding imported only part of.
+    Widen(Planned, u64),
 }
 
-/// The import-ahead thread.
-struct AheadWorker {
-    tx: Option<mpsc::Sender<AheadJob>>,
-    thread: Option<JoinHandle<()>>,
+/// The background import threads' work: asked for and not started, running, and whether the
+/// threads are to stop.
+#[derive(Default)]
+struct AheadQueue {
+    widen: VecDeque<(Planned, u64)>,
+    pools: VecDeque<(PoolId, u64)>,
+    running: usize,
+    closed: bool,
 }
 
-/// What the importer and its import-ahead thread share.
+/// What the importer and its background import thread share.
 struct Core<B: Backend> {
     space: Arc<Space>,
     backend: B,
     cfg: ImportConfig,
+    /// The backend's alignment (at least a host page).
+    align: u64,
+    /// Pools policy: the import cost measured at start or given.
+    cost: ImportCost,
     state: Mutex<State<B::Import>>,
-    /// Signalled each time an import ahead leaves flight (made or failed).
+    /// Signalled each time an import in flight lands (made or failed).
     landed: Condvar,
-    /// Set when the importer is dropped: the thread stops at the next chunk.
+    /// Set when the importer is dropped: the thread stops before its next import.
     stopping: AtomicBool,
+    /// Bindings importing now: the background threads' populates and imports step aside for them.
+    binding_imports: AtomicU64,
+    /// Held by a background thread while it is in the driver.
+    driver_turn: Mutex<()>,
+    /// The background threads' work; `queued` wakes a thread for it, `idle` tells
+    /// [`Importer::settle`] that none is left.
+    queue: Mutex<AheadQueue>,
+    queued: Condvar,
+    idle: Condvar,
 }
 
-/// Guest memory imported into a backend, in chunks, at the first binding inside each (or ahead
-/// of it, on a background thread, with [`ImportConfig::ahead`]).
+/// Guest memory imported into a backend: by pools ([`ImportPolicy::Pools`], imported ahead on a
+/// background thread where bindings are expected) or by chunks at the first binding inside each
+/// ([`ImportPolicy::Chunks`]).
 pub struct Importer<B: Backend + 'static> {
     core: Arc<Core<B>>,
     populator: Option<Populator>,
-    ahead: Option<AheadWorker>,
+    /// The background import threads (pools policy).
+    ahead: Vec<JoinHandle<()>>,
 }
 
 impl<B: Backend + 'static> std::fmt::Debug for Importer<B> {
@@ -469,12 +612,14 @@ impl<B: Backend + 'static> std::fmt::Debug for Importer<B> {
 }
 
 impl<B: Backend + 'static> Importer<B> {
-    /// An importer of `space`'s memory into `backend`.
+    /// An importer of `space`'s memory into `backend`. Under the pools policy without a cost
+    /// given, the backend's import cost is measured first ([`ImportCost::measure`]).
     ///
-    /// A chunk larger than the space's window or than the backend's largest import is refused
-    /// ([`ImportError::ChunkTooLarge`]): no binding could import.
+    /// A chunk larger than the space's window, or under the chunks policy than the backend's
+    /// largest import, is refused ([`ImportError::ChunkTooLarge`]): no binding could import.
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
-        cfg.plan.check(backend.alignment().max(page_size()))?;
+        let align = backend.alignment().max(page_size());
+        cfg.plan.check(align)?;
         let chunk = cfg.plan.chunk;
         let max = backend.budget().get();
         for (what, limit) in [
@@ -482,9 +627,25 @@ impl<B: Backend + 'static> Importer<B> {
             ("the backend's largest single import", max.max_single),
             ("the backend's live imported bytes", max.max_bytes),
         ] {
-            if chunk > limit {
+            // Under the pools policy the chunk is only a region's size: the backend's limits do
+            // not bear on it, but one past the window is still a mistake.
+            let applies = cfg.policy == ImportPolicy::Chunks || what == "the guest window";
+            if chunk > limit && applies {
                 return Err(ImportError::ChunkTooLarge { chunk, what, limit });
             }
+        }
+        let cost = match (cfg.policy, cfg.cost) {
+            (ImportPolicy::Chunks, _) => ImportCost::default(),
+            (ImportPolicy::Pools, Some(c)) => c,
+            (ImportPolicy::Pools, None) => crate::faults::unfaulted(|| ImportCost::measure(&backend))?,
+        };
+        let granule = cost.granule(cfg.wait, align);
+        if cfg.policy == ImportPolicy::Pools {
+            tracing::info!(
+                "import cost on {}: {cost}; a binding imports at most {} KiB itself",
+                backend.kind().name(),
+                granule >> 10
+            );
         }
         let os = |op| move |source| ImportError::Os { op, addr: 0, len: 0, source };
         let populator = if cfg.populate_ahead != PopulateAhead::Off {
@@ -501,36 +662,48 @@ impl<B: Backend + 'static> Importer<B> {
             stats: Stats::default(),
             in_flight: Vec::new(),
             ahead_failed: HashSet::new(),
+            hot: HashSet::new(),
+            cost,
+            granule,
+            learned: None,
             epoch: 0,
         };
         let core = Arc::new(Core {
             space,
             backend,
             cfg,
+            align,
+            cost,
             state: Mutex::new(state),
             landed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            binding_imports: AtomicU64::new(0),
+            driver_turn: Mutex::new(()),
+            queue: Mutex::new(AheadQueue::default()),
+            queued: Condvar::new(),
+            idle: Condvar::new(),
         });
-        let ahead = if cfg.ahead > 0 {
-            let (tx, rx) = mpsc::channel::<AheadJob>();
-            let c = core.clone();
-            let thread = std::thread::Builder::new()
-                .name("emuhost-import-ahead".into())
-                .spawn(move || {
-                    for job in rx {
-                        match job {
-                            AheadJob::Pool(id, epoch) => c.ahead_pool(id, epoch),
-                            AheadJob::Flush(done) => {
-                                let _ = done.send(());
-                            }
-                        }
-                    }
-                })
-                .map_err(os("start the import-ahead thread"))?;
-            Some(AheadWorker { tx: Some(tx), thread: Some(thread) })
-        } else {
-            None
+        // A quarter of the processors, one to four: enough to keep ahead of a burst of pools
+        // where bindings start (they are independent ranges), not so many that their populates
+        // crowd out the game's threads.
+        let threads = match cfg.policy {
+            ImportPolicy::Pools if cfg.ahead_threads > 0 => cfg.ahead_threads as usize,
+            ImportPolicy::Pools => std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4)),
+            ImportPolicy::Chunks => 0,
         };
+        let mut ahead = Vec::new();
+        for i in 0..threads {
+            let c = core.clone();
+            let spawned =
+                std::thread::Builder::new().name(format!("emuhost-import-ahead-{i}")).spawn(move || c.run_ahead());
+            match spawned {
+                Ok(t) => ahead.push(t),
+                Err(e) => {
+                    core.close_queue(&mut ahead);
+                    return Err(os("start an import-ahead thread")(e));
+                }
+            }
+        }
         Ok(Self { core, populator, ahead })
     }
 
@@ -542,6 +715,17 @@ impl<B: Backend + 'static> Importer<B> {
         self.core.cfg
     }
 
+    /// The import cost the pools policy works with now (zero under the chunks policy): the one
+    /// measured at start or given, its part per MiB raised to what bindings' imports took.
+    pub fn cost(&self) -> ImportCost {
+        self.state().cost
+    }
+
+    /// Pools policy: the most bytes (a power of two) a binding imports itself, now.
+    pub fn granule(&self) -> u64 {
+        self.state().granule
+    }
+
     pub fn space(&self) -> &Arc<Space> {
         &self.core.space
     }
@@ -550,13 +734,28 @@ impl<B: Backend + 'static> Importer<B> {
         self.core.state()
     }
 
+    fn send(&self, job: AheadJob) {
+        if self.ahead.is_empty() {
+            return;
+        }
+        let mut q = self.core.queue.lock().unwrap_or_else(|p| p.into_inner());
+        match job {
+            AheadJob::Pool(id, epoch) => q.pools.push_back((id, epoch)),
+            AheadJob::Widen(r, epoch) => q.widen.push_back((r, epoch)),
+        }
+        self.core.queued.notify_one();
+    }
+
     /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages (or its chunks) are
-    /// faulted in on the background thread; with import ahead on, its chunks are imported on
-    /// another.
+    /// faulted in on the background thread. Under the pools policy, a pool in a region where a
+    /// binding was made is imported ahead on another.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
-        let (id, epoch) = {
+        let (id, epoch, hot) = {
             let mut st = self.state();
-            (st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?, st.epoch)
+            let id = st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
+            let chunk = self.core.cfg.plan.chunk;
+            let hot = (lo / chunk..=(lo + size - 1) / chunk).any(|c| st.hot.contains(&c));
+            (id, st.epoch, hot)
         };
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
             let cfg = self.core.cfg;
@@ -576,23 +775,33 @@ impl<B: Backend + 'static> Importer<B> {
                 let _ = tx.send(job);
             }
         }
-        if let Some(tx) = self.ahead.as_ref().and_then(|w| w.tx.as_ref()) {
-            let _ = tx.send(AheadJob::Pool(id, epoch));
+        if hot && self.core.cfg.ahead > 0 {
+            self.send(AheadJob::Pool(id, epoch));
         }
         Ok(id)
     }
 
-    /// Releases a pool. Its imports stay (other pools and bindings may use their chunks), except
-    /// those made ahead for it that no binding has used: they are released. An import ahead of it
-    /// in flight is released when it lands; one not started is not made.
+    /// Releases a pool. Under the chunks policy its imports stay (other pools and bindings may
+    /// use their chunks), except those made ahead for it that no binding has used. Under the
+    /// pools policy every import it overlaps that overlaps no other live pool is released (the
+    /// game released the memory: its bindings there must be done with, and a pool made there
+    /// later gets an import of its own, not one over a dead pool's). An import ahead of it in
+    /// flight is released when it lands; one not started is not made.
     pub fn remove_pool(&self, id: PoolId) -> bool {
         let mut st = self.state();
-        if st.pools.remove(id).is_none() {
-            return false;
-        }
-        let unused: Vec<(u64, u64)> = st.imports.iter().filter(|(_, v)| v.ahead == Some(id)).map(|(k, _)| *k).collect();
-        for k in unused {
-            self.core.release_unused(&mut st, k);
+        let Some(pool) = st.pools.remove(id) else { return false };
+        let dead: Vec<(u64, u64)> = match self.core.cfg.policy {
+            ImportPolicy::Chunks => st.imports.iter().filter(|(_, v)| v.ahead == Some(id)).map(|(k, _)| *k).collect(),
+            ImportPolicy::Pools => st
+                .overlapping(pool.lo, pool.hi)
+                .filter(|(k, v)| v.ahead == Some(id) || st.pools.overlapping(k.0, v.hi).is_empty())
+                .map(|(k, _)| *k)
+                .collect(),
+        };
+        let dead: Vec<B::Import> = dead.into_iter().filter_map(|k| self.core.take_out(&mut st, k)).collect();
+        drop(st);
+        for import in dead {
+            self.core.backend.release(import);
         }
         true
     }
@@ -605,17 +814,20 @@ impl<B: Backend + 'static> Importer<B> {
                 let _ = wait.recv();
             }
         }
-        if let Some(tx) = self.ahead.as_ref().and_then(|w| w.tx.as_ref()) {
-            let (done, wait) = mpsc::channel();
-            if tx.send(AheadJob::Flush(done)).is_ok() {
-                let _ = wait.recv();
-            }
+        let mut q = self.core.queue.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.ahead.is_empty() && !q.closed && (q.running > 0 || !q.widen.is_empty() || !q.pools.is_empty()) {
+            q = self.core.idle.wait(q).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    /// Plans the import a binding would make now, without making it.
+    /// Plans the import a binding would make now, without making it (under the pools policy, its
+    /// pools whole, even where it would import only its part of them first).
     pub fn plan(&self, addr: u64, size: u64) -> Result<Planned, ImportError> {
-        let r = plan(&self.state().pools, self.core.cfg.plan, addr, size, true)?;
+        let st = self.state();
+        let r = match self.core.cfg.policy {
+            ImportPolicy::Chunks => plan(&st.pools, self.core.cfg.plan, addr, size, true)?,
+            ImportPolicy::Pools => pool_range(&st.pools, addr, size, self.core.align)?,
+        };
         Ok(self.core.in_window(r, addr, size))
     }
 
@@ -627,46 +839,113 @@ impl<B: Backend + 'static> Importer<B> {
     /// [`Importer::bind`] with the time given (cooling is measured against it): for a replay
     /// with a clock of its own, and for tests.
     ///
-    /// A binding that finds its import ready returns at once. One whose range an import ahead
-    /// is making waits for it to land, then uses it (or imports, if it failed); one with nothing
-    /// ready imports. Either way, the time from the call to the return is the binding thread's
-    /// wait ([`Stats::waits`], [`Stats::wait_time`], [`Stats::wait_worst`]).
+    /// A binding that finds its import ready returns at once. Otherwise the time from the call
+    /// to the return is the binding thread's wait ([`Stats::waits`], [`Stats::wait_time`],
+    /// [`Stats::wait_worst`]): under the chunks policy, its own import; under the pools policy,
+    /// the import in flight it waited for, or its own import of its pools, or of its part of them.
     pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
         let t0 = Instant::now();
         let core = &*self.core;
-        let plain = core.in_window(binding_cover(addr, size, core.cfg.plan.chunk)?, addr, size);
         let mut st = self.state();
-        let mut waited = false;
-        let spanned = loop {
-            if let Some(k) = st.covering(addr, addr + size) {
-                let live = st.imports.get_mut(&k).expect("the key was just found");
-                let range = Planned { lo: k.0, hi: live.hi };
-                let first_use = live.ahead.take().is_some();
-                let handle = core.backend.handle(&live.import);
-                let s = &mut st.stats;
-                s.reuses += 1;
-                if first_use {
-                    s.ahead_hits += 1;
-                    s.ahead_bytes -= range.len();
-                }
-                if waited {
-                    s.waited(t0.elapsed());
-                }
-                return Ok(Bound { range, made: false, spanned: false, handle, offset: addr - range.lo });
+        if let Some(bound) = core.reuse(&mut st, addr, size) {
+            return Ok(bound);
+        }
+        let bound = match core.cfg.policy {
+            ImportPolicy::Chunks => {
+                let plain = core.in_window(binding_cover(addr, size, core.cfg.plan.chunk)?, addr, size);
+                let spanned = core.in_window(plan(&st.pools, core.cfg.plan, addr, size, true)?, addr, size);
+                let tries: &[(Planned, bool)] =
+                    if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
+                core.bind_importing(&mut st, addr, tries, now)
             }
-            let spanned = core.in_window(plan(&st.pools, core.cfg.plan, addr, size, true)?, addr, size);
-            if !st.in_flight_over(plain) && !st.in_flight_over(spanned) {
-                break spanned;
+            ImportPolicy::Pools => {
+                let (g, bound) = self.bind_pools(st, addr, size, now)?;
+                st = g;
+                bound
+            }
+        };
+        st.stats.waited(t0.elapsed());
+        bound
+    }
+
+    /// The pools policy's binding with nothing ready: waits for an import in flight that should
+    /// land sooner than the binding's own part would take, or imports its pools whole where that
+    /// fits the wait target, or else its part of them and leaves the rest to the background
+    /// thread; then marks the binding's regions as ones where bindings come (their pools are
+    /// imported ahead). The lock is given back.
+    #[allow(clippy::type_complexity)]
+    fn bind_pools<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State<B::Import>>,
+        addr: u64,
+        size: u64,
+        now: Instant,
+    ) -> Result<(MutexGuard<'a, State<B::Import>>, Result<Bound, ImportError>), ImportError> {
+        let core = &*self.core;
+        let end = addr.checked_add(size).ok_or(ImportError::BindingWraps { addr, size })?;
+        let whole = core.in_window(pool_range(&st.pools, addr, size, core.align)?, addr, size);
+        let part = piece(whole, addr, size, st.granule);
+        let overlaps_ok = core.backend.overlapping_imports();
+        let own = if overlaps_ok { part } else { whole };
+        let mut waited = false;
+        loop {
+            let left = st.in_flight_left(addr, end);
+            // A device that refuses overlaps cannot import beside an import in flight: it waits.
+            let must = !overlaps_ok && st.in_flight_over(own);
+            let worth = left.is_some_and(|l| l <= st.cost.estimate(part.len()));
+            if !must && !worth {
+                break;
             }
             if !waited {
                 waited = true;
                 st.stats.in_flight_waits += 1;
             }
-            st = core.landed.wait(st).unwrap_or_else(|p| p.into_inner());
+            let mut timed_out = false;
+            st = if must {
+                core.landed.wait(st).unwrap_or_else(|p| p.into_inner())
+            } else {
+                // Bounded: past the estimate plus the part's own time, the binding imports.
+                let limit = left.unwrap_or_default() + st.cost.estimate(part.len());
+                let (g, t) = core.landed.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
+                timed_out = t.timed_out();
+                g
+            };
+            if let Some(bound) = core.reuse(&mut st, addr, size) {
+                return Ok((st, Ok(bound)));
+            }
+            if timed_out {
+                break;
+            }
+        }
+        let split = overlaps_ok && part != whole && st.cost.estimate(whole.len()) > core.cfg.wait;
+        let tries: &[(Planned, bool)] = if split || part == whole {
+            &[(if split { part } else { whole }, false)]
+        } else {
+            &[(whole, true), (part, false)]
         };
-        let bound = core.bind_importing(&mut st, addr, plain, spanned, now);
-        st.stats.waited(t0.elapsed());
-        bound
+        let bound = core.bind_importing(&mut st, addr, tries, now);
+        if let Ok(b) = &bound {
+            core.learn(&mut st, b.range.len());
+        }
+        let epoch = st.epoch;
+        if split && bound.is_ok() {
+            st.stats.pieces += 1;
+            self.send(AheadJob::Widen(whole, epoch));
+        }
+        let chunk = core.cfg.plan.chunk;
+        let mut new_pools = Vec::new();
+        for c in addr / chunk..=(end - 1) / chunk {
+            if st.hot.insert(c) {
+                let (lo, hi) = (c * chunk, (c * chunk).saturating_add(chunk));
+                new_pools.extend(st.pools.overlapping(lo, hi).into_iter().map(|p| p.id));
+            }
+        }
+        if core.cfg.ahead > 0 {
+            for id in new_pools {
+                self.send(AheadJob::Pool(id, epoch));
+            }
+        }
+        Ok((st, bound))
     }
 
     /// The figures so far.
@@ -685,8 +964,8 @@ impl<B: Backend + 'static> Importer<B> {
         self.state().imports.iter().map(|(&(lo, _), v)| Planned { lo, hi: v.hi }).collect()
     }
 
-    /// Releases every import. Imports ahead asked for before are not made; one in flight is
-    /// waited for and released.
+    /// Releases every import and forgets where bindings were made. Imports ahead asked for
+    /// before are not made; one in flight is waited for and released.
     pub fn release_all(&self) {
         let mut st = self.state();
         st.epoch += 1;
@@ -700,6 +979,7 @@ impl<B: Backend + 'static> Importer<B> {
             }
             self.core.backend.release(live.import);
         }
+        st.hot.clear();
         st.longest = 0;
         st.stats.live = 0;
         st.stats.live_bytes = 0;
@@ -709,12 +989,7 @@ impl<B: Backend + 'static> Importer<B> {
 impl<B: Backend + 'static> Drop for Importer<B> {
     fn drop(&mut self) {
         self.core.stopping.store(true, Ordering::Relaxed);
-        if let Some(mut w) = self.ahead.take() {
-            w.tx.take();
-            if let Some(t) = w.thread.take() {
-                let _ = t.join();
-            }
-        }
+        self.core.close_queue(&mut self.ahead);
         self.populator.take();
         self.release_all();
     }
@@ -736,17 +1011,48 @@ impl<B: Backend> Core<B> {
         if inside && r.hi > window { Planned { lo: r.lo, hi: window } } else { r }
     }
 
-    /// A binding's own import: the spanned range, then (failing or cooling) the plain one.
+    /// Learns from a binding's import of `len` bytes just made (its time is the last of
+    /// [`Stats::times`]): imports of 64 KiB or more update an average of the time per MiB past
+    /// the fixed part (a quarter the new one), and the cost per untouched MiB becomes the larger
+    /// of the start-up one and that average. Under a write tracker, with other threads faulting
+    /// and importing, a binding's pages cost several times what the start-up measure saw.
+    fn learn(&self, st: &mut State<B::Import>, len: u64) {
+        let Some(&took) = st.stats.times.last() else { return };
+        if len < 64 << 10 {
+            return;
+        }
+        let per_mib = took.saturating_sub(st.cost.fixed).as_secs_f64() / (len as f64 / (1u64 << 20) as f64);
+        let avg = st.learned.map_or(per_mib, |a| 0.75 * a + 0.25 * per_mib);
+        st.learned = Some(avg);
+        st.cost.untouched_per_mib = self.cost.untouched_per_mib.max(Duration::from_secs_f64(avg));
+        st.granule = st.cost.granule(self.cfg.wait, self.align);
+    }
+
+    /// A binding served by a live import that covers it, if there is one.
+    fn reuse(&self, st: &mut State<B::Import>, addr: u64, size: u64) -> Option<Bound> {
+        let k = st.covering(addr, addr.checked_add(size)?)?;
+        let live = st.imports.get_mut(&k).expect("the key was just found");
+        let range = Planned { lo: k.0, hi: live.hi };
+        let first_use = live.ahead.take().is_some();
+        let handle = self.backend.handle(&live.import);
+        let s = &mut st.stats;
+        s.reuses += 1;
+        if first_use {
+            s.ahead_hits += 1;
+            s.ahead_bytes -= range.len();
+        }
+        Some(Bound { range, made: false, spanned: false, handle, offset: addr - range.lo })
+    }
+
+    /// A binding's own import: each range of `tries` (`true`: one a smaller one follows if it
+    /// fails) until one is made; one cooling is skipped.
     fn bind_importing(
         &self,
         st: &mut State<B::Import>,
         addr: u64,
-        plain: Planned,
-        spanned: Planned,
+        tries: &[(Planned, bool)],
         now: Instant,
     ) -> Result<Bound, ImportError> {
-        let tries: &[(Planned, bool)] =
-            if spanned == plain { &[(plain, false)] } else { &[(spanned, true), (plain, false)] };
         let mut last = None;
         for &(range, is_span) in tries {
             if let Some(&until) = st.cooling.get(&range) {
@@ -758,7 +1064,10 @@ impl<B: Backend> Core<B> {
                 }
                 st.cooling.remove(&range);
             }
-            match self.import(st, range) {
+            self.binding_imports.fetch_add(1, Ordering::AcqRel);
+            let made = self.import(st, range);
+            self.binding_imports.fetch_sub(1, Ordering::AcqRel);
+            match made {
                 Ok((lo, handle)) => {
                     return Ok(Bound { range, made: true, spanned: is_span, handle, offset: addr - lo });
                 }
@@ -769,7 +1078,7 @@ impl<B: Backend> Core<B> {
                     }
                     if is_span {
                         st.stats.unspanned_retries += 1;
-                        tracing::warn!("spanned import of {range} failed ({}); made again without the span", chain(&e));
+                        tracing::warn!("import of {range} failed ({}); made again smaller", chain(&e));
                     } else {
                         tracing::warn!("import of {range} failed: {}", chain(&e));
                     }
@@ -793,8 +1102,7 @@ impl<B: Backend> Core<B> {
             superseded = keys;
         }
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
-        // Pages an unused import ahead holds were never imported for a binding: not a re-import
-        // (the import ahead was slower than its binding, or a later pool grew the span over it).
+        // Pages an unused import ahead holds were never imported for a binding: not a re-import.
         let reimport = st.overlaps_used(r.lo, r.hi);
         for k in superseded {
             if let Some(old) = st.imports.remove(&k) {
@@ -812,7 +1120,7 @@ impl<B: Backend> Core<B> {
         for k in st.unused_inside(r.lo, r.hi) {
             self.release_unused(st, k);
         }
-        self.record(st, r, import, took, reimport, None);
+        self.record(st, r, import, took, Made::Binding { reimport });
         Ok((r.lo, handle))
     }
 
@@ -820,9 +1128,10 @@ impl<B: Backend> Core<B> {
         ImportError::Import { lo: r.lo, hi: r.hi, backend: self.backend.kind().name(), source: Box::new(source) }
     }
 
-    /// Commits the reserved pages of `span` (its range `r`), populates them where `populate`
-    /// says, and imports it: the import and its time.
-    fn make(&self, span: HostSpan, r: Planned, populate: bool) -> Result<(B::Import, Duration), ImportError> {
+    /// Commits the reserved pages of `span` (its range `r`) and imports it: the import and its
+    /// time. On a background thread (`background`) it populates the pages first and stays out
+    /// of the way of bindings' imports.
+    fn make(&self, span: HostSpan, r: Planned, background: bool) -> Result<(B::Import, Duration), ImportError> {
         let t = Instant::now();
         if self.cfg.commit {
             // Only the reserved pages, under the space's lock: the guest's keep their protection.
@@ -830,158 +1139,268 @@ impl<B: Backend> Core<B> {
             // import.
             self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| self.wrap(r, e.into()))?;
         }
-        if populate && let Err(e) = self.space.populate(span.guest()) {
-            // The pin faults in what this left (pages the guest made read-only, for one).
-            tracing::debug!("populate ahead of the import of {r}: {e}");
+        if background {
+            // In slices, each after every binding's import under way: a long populate holds the
+            // process's memory-map lock, and a binding's pin (or a commit queued for the lock in
+            // write mode, which the pin then queues behind) would wait for all of it.
+            let g = span.guest();
+            let mut at = g.start().0;
+            while at < g.end().0 {
+                let n = POPULATE_SLICE.min(g.end().0 - at);
+                while self.binding_imports.load(Ordering::Acquire) > 0 {
+                    std::thread::yield_now();
+                }
+                let slice = self.space.range(at, n).and_then(|s| self.space.populate(s));
+                if let Err(e) = slice {
+                    // The pin faults in what this left (pages the guest made read-only, for one).
+                    tracing::debug!("populate ahead of the import of {r}: {e}");
+                }
+                at += n;
+            }
         }
+        // The background threads enter the driver one at a time, and only while no binding
+        // imports: a driver serializes imports (on an H200 a 4 KiB import took 1.4 ms beside
+        // another thread's), and a binding should wait for one of theirs at most.
+        let _turn = background.then(|| {
+            let turn = self.driver_turn.lock().unwrap_or_else(|p| p.into_inner());
+            while self.binding_imports.load(Ordering::Acquire) > 0 {
+                std::thread::yield_now();
+            }
+            turn
+        });
+        let before = t.elapsed();
         let import = self.backend.import(span).map_err(|e| self.wrap(r, e))?;
-        Ok((import, t.elapsed()))
+        let took = t.elapsed();
+        if took > Duration::from_millis(1) {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            tracing::debug!(
+                "import of {r}: {:.2} ms to commit and populate, {:.2} ms in the backend",
+                ms(before),
+                ms(took - before)
+            );
+        }
+        Ok((import, took))
     }
 
     /// Records a new live import of `r`, its figures and its log line.
-    fn record(
-        &self,
-        st: &mut State<B::Import>,
-        r: Planned,
-        import: B::Import,
-        took: Duration,
-        reimport: bool,
-        ahead: Option<PoolId>,
-    ) {
+    fn record(&self, st: &mut State<B::Import>, r: Planned, import: B::Import, took: Duration, made: Made) {
         st.seq += 1;
         let seq = st.seq;
+        let ahead = match made {
+            Made::Ahead(id) => Some(id),
+            _ => None,
+        };
         st.imports.insert((r.lo, seq), Live { hi: r.hi, import, ahead });
         st.longest = st.longest.max(r.len());
         let s = &mut st.stats;
         s.imports += 1;
-        s.reimports += u64::from(reimport);
         s.time += took;
         s.times.push(took);
         s.live += 1;
         s.live_bytes += r.len();
         s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
-        if ahead.is_some() {
-            s.ahead_imports += 1;
-            s.ahead_time += took;
+        let what = match made {
+            Made::Binding { reimport: false } => "",
+            Made::Binding { reimport: true } => ", again over pages imported before",
+            Made::Ahead(_) => " ahead",
+            Made::Widen => " whole, over a binding's part of it",
+        };
+        match made {
+            Made::Binding { reimport } => s.reimports += u64::from(reimport),
+            Made::Ahead(_) | Made::Widen => {
+                s.ahead_imports += 1;
+                s.ahead_time += took;
+                s.widenings += u64::from(made == Made::Widen);
+            }
         }
         tracing::info!(
-            "import {r} ({} MiB) in {:.2} ms{}{} ({} imports, {:.0} ms in all)",
+            "import {r} ({} MiB) in {:.2} ms{what} ({} imports, {:.0} ms in all)",
             r.len() >> 20,
             took.as_secs_f64() * 1e3,
-            if ahead.is_some() { " ahead" } else { "" },
-            if reimport { ", again over pages imported before" } else { "" },
             s.imports,
             s.time.as_secs_f64() * 1e3
         );
     }
 
-    /// Releases the live import `k`, made ahead and never used.
-    fn release_unused(&self, st: &mut State<B::Import>, k: (u64, u64)) {
-        if let Some(old) = st.imports.remove(&k) {
-            let len = old.hi - k.0;
-            let s = &mut st.stats;
-            s.live -= 1;
-            s.live_bytes -= len;
+    /// Takes the live import `k` out of the state, used or not, for the caller to release
+    /// (off the lock where it can: a driver's release of a large import takes a while, and
+    /// bindings wait for the lock).
+    fn take_out(&self, st: &mut State<B::Import>, k: (u64, u64)) -> Option<B::Import> {
+        let old = st.imports.remove(&k)?;
+        let len = old.hi - k.0;
+        let s = &mut st.stats;
+        s.live -= 1;
+        s.live_bytes -= len;
+        if old.ahead.is_some() {
             s.ahead_bytes -= len;
             s.ahead_released += 1;
-            self.backend.release(old.import);
+        }
+        Some(old.import)
+    }
+
+    /// Releases the live import `k`, made ahead and never used, under the lock.
+    fn release_unused(&self, st: &mut State<B::Import>, k: (u64, u64)) {
+        if let Some(import) = self.take_out(st, k) {
+            self.backend.release(import);
         }
     }
 
-    /// The import-ahead thread's work for one pool: each chunk it touches, in address order,
-    /// until the pool is released or the importer dropped.
-    fn ahead_pool(&self, id: PoolId, epoch: u64) {
-        let Some(pool) = self.state().pools.get(id) else { return };
-        let chunk = self.cfg.plan.chunk;
-        let Some((mut at, end)) = cover(pool.lo, pool.hi, chunk) else { return };
-        let end = end.min(self.space.window());
-        while at < end && !self.stopping.load(Ordering::Relaxed) {
-            if !self.ahead_chunk(id, epoch, pool.lo.max(at)) {
+    /// A background import thread: widenings first (a binding's pool, certain to be used), then
+    /// pools ahead, each in the order asked, until the queue is closed.
+    fn run_ahead(&self) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if q.closed {
                 return;
             }
-            at += chunk;
+            let job = q
+                .widen
+                .pop_front()
+                .map(|(r, e)| (None, Some(r), e))
+                .or_else(|| q.pools.pop_front().map(|(id, e)| (Some(id), None, e)));
+            let Some((pool, widen, epoch)) = job else {
+                q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            q.running += 1;
+            drop(q);
+            let range = match (pool, widen) {
+                (_, Some(r)) => Some(r),
+                (Some(id), None) => self.state().pools.get(id).and_then(|p| {
+                    let (lo, hi) = cover(p.lo, p.hi, self.align)?;
+                    Some(self.in_window(Planned { lo, hi }, p.lo, p.hi - p.lo))
+                }),
+                (None, None) => None,
+            };
+            if let Some(r) = range
+                && !self.stopping.load(Ordering::Relaxed)
+            {
+                self.ahead(pool, r, epoch);
+            }
+            q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.running -= 1;
+            if q.running == 0 && q.widen.is_empty() && q.pools.is_empty() {
+                self.idle.notify_all();
+            }
         }
     }
 
-    /// Imports ahead what a first binding at `addr` (in pool `id`) would import: the spanned
-    /// range, or failing that the plain chunk. No import ahead is a re-import: a range is left
-    /// out where it overlaps an import a binding made or used, or one in flight, and where it is
-    /// cooling or failed ahead before. An unused import ahead inside it is taken in (released
-    /// first): a pool registered after it was made can grow the span. `false` once the pool is
-    /// gone or every import was released since the job was asked for. (Long: the tries, the
-    /// budget and the flight off the lock read best in one place.)
-    fn ahead_chunk(&self, id: PoolId, epoch: u64, addr: u64) -> bool {
-        let mut st = self.state();
-        if st.pools.get(id).is_none() || st.epoch != epoch {
-            return false;
+    /// Closes the background threads' queue and joins `threads`.
+    fn close_queue(&self, threads: &mut Vec<JoinHandle<()>>) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.queued.notify_all();
+        self.idle.notify_all();
+        for t in threads.drain(..) {
+            let _ = t.join();
         }
-        let Ok(plain) = binding_cover(addr, 1, self.cfg.plan.chunk) else { return false };
-        let plain = self.in_window(plain, addr, 1);
-        let Ok(spanned) = plan(&st.pools, self.cfg.plan, addr, 1, true) else { return false };
-        let spanned = self.in_window(spanned, addr, 1);
-        let tries: &[(Planned, bool)] = if st.covering(spanned.lo, spanned.hi).is_some() {
-            &[]
-        } else if st.covering(plain.lo, plain.hi).is_some() {
-            &[(spanned, true)]
-        } else if spanned == plain {
-            &[(plain, false)]
-        } else {
-            &[(spanned, true), (plain, false)]
-        };
-        let mut over_budget = false;
-        for &(r, is_span) in tries {
-            let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
-            let over: Vec<((u64, u64), u64, bool)> =
-                st.overlapping(r.lo, r.hi).map(|(k, v)| (*k, v.hi, v.ahead.is_some())).collect();
-            let replaceable = over.iter().all(|&(k, hi, unused)| unused && r.lo <= k.0 && hi <= r.hi);
-            if cooling || st.ahead_failed.contains(&r) || st.in_flight_over(r) || !replaceable {
-                continue;
+    }
+
+    /// Imports `r` on the background thread, populating it first: pool `pool` ahead of its
+    /// bindings, or (`None`) a pool a binding imported only part of. Left out where a live import
+    /// covers it, where it overlaps one in flight, where it is cooling or failed ahead before,
+    /// and where the device refuses overlaps and it overlaps an import it cannot take in. A pool
+    /// ahead is also left out over pages a binding imported (that is for bindings to do, counted
+    /// as a re-import) and past the budget of bytes ahead. Unused imports ahead inside `r` are
+    /// taken in. (Long: the checks, the budget and the flight off the lock read best in one place.)
+    fn ahead(&self, pool: Option<PoolId>, r: Planned, epoch: u64) {
+        let mut st = self.state();
+        if st.epoch != epoch || pool.is_some_and(|id| st.pools.get(id).is_none()) {
+            return;
+        }
+        let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
+        if r.is_empty()
+            || st.covering(r.lo, r.hi).is_some()
+            || st.in_flight_over(r)
+            || cooling
+            || st.ahead_failed.contains(&r)
+        {
+            return;
+        }
+        // (key, end, unused and inside `r`)
+        let over: Vec<((u64, u64), u64, bool)> = st
+            .overlapping(r.lo, r.hi)
+            .map(|(k, v)| (*k, v.hi, v.ahead.is_some() && r.lo <= k.0 && v.hi <= r.hi))
+            .collect();
+        let overlaps_ok = self.backend.overlapping_imports();
+        if !overlaps_ok && !over.iter().all(|o| o.2) {
+            return;
+        }
+        if pool.is_some() {
+            if st.overlaps_used(r.lo, r.hi) {
+                return;
             }
-            let freed: u64 = over.iter().map(|(k, hi, _)| hi - k.0).sum();
+            let freed: u64 = over.iter().filter(|o| o.2).map(|o| o.1 - o.0.0).sum();
             if st.stats.ahead_bytes - freed + r.len() > self.cfg.ahead {
-                over_budget = true;
-                continue;
+                st.stats.ahead_over_budget += 1;
+                return;
             }
-            for (k, _, _) in over {
-                self.release_unused(&mut st, k);
-            }
-            // In flight: off the lock, so that bindings elsewhere go on; one over this range
-            // waits for it.
-            st.in_flight.push(r);
             st.stats.ahead_bytes += r.len();
             st.stats.ahead_peak_bytes = st.stats.ahead_peak_bytes.max(st.stats.ahead_bytes);
-            drop(st);
-            let made = HostSpan::of(&self.space, r.lo, r.len())
-                .map_err(|e| self.wrap(r, e))
-                .and_then(|span| self.make(span, r, true));
-            st = self.state();
-            st.in_flight.retain(|f| *f != r);
-            match made {
-                Ok((import, took)) => {
-                    self.record(&mut st, r, import, took, false, Some(id));
-                    if st.pools.get(id).is_none() {
-                        // Released while in flight: nothing will bind it for this pool.
-                        let key = (r.lo, st.seq);
-                        self.release_unused(&mut st, key);
-                    }
-                    self.landed.notify_all();
-                    return true;
+        }
+        let mut later = Vec::new();
+        if !overlaps_ok {
+            later.extend(over.iter().filter_map(|(k, _, _)| self.take_out(&mut st, *k)));
+        }
+        let est = st.cost.estimate(r.len());
+        st.in_flight.push(Flight { r, since: Instant::now(), est });
+        // Off the lock, so that bindings go on; one that this range covers may wait for it.
+        drop(st);
+        for import in later.drain(..) {
+            self.backend.release(import);
+        }
+        let made = HostSpan::of(&self.space, r.lo, r.len())
+            .map_err(|e| self.wrap(r, e))
+            .and_then(|span| self.make(span, r, true));
+        let mut st = self.state();
+        match made {
+            Ok((import, took)) => {
+                for k in st.unused_inside(r.lo, r.hi) {
+                    later.extend(self.take_out(&mut st, k));
                 }
-                Err(e) => {
-                    st.stats.ahead_bytes -= r.len();
-                    st.stats.ahead_failures += 1;
-                    st.ahead_failed.insert(r);
-                    let retry = if is_span { "; trying without the span" } else { "" };
-                    tracing::warn!("import ahead of {r} failed ({}){retry}", chain(&e));
-                    self.landed.notify_all();
+                // A binding may have imported the pool while this was in flight.
+                let redundant = st.covering(r.lo, r.hi).is_some();
+                self.record(&mut st, r, import, took, pool.map_or(Made::Widen, Made::Ahead));
+                if let Some(id) = pool
+                    && (redundant || st.pools.get(id).is_none())
+                {
+                    // Released while in flight, or imported by its binding: nothing will use it.
+                    let key = (r.lo, st.seq);
+                    later.extend(self.take_out(&mut st, key));
                 }
             }
+            Err(e) => {
+                if pool.is_some() {
+                    st.stats.ahead_bytes -= r.len();
+                }
+                st.stats.ahead_failures += 1;
+                st.ahead_failed.insert(r);
+                tracing::warn!("import ahead of {r} failed: {}", chain(&e));
+            }
         }
-        if over_budget {
-            st.stats.ahead_over_budget += 1;
+        // The flight ends once what it took in is released (off the lock): `release_all` waits
+        // for it.
+        if !later.is_empty() {
+            self.landed.notify_all();
+            drop(st);
+            for import in later {
+                self.backend.release(import);
+            }
+            st = self.state();
         }
-        true
+        st.in_flight.retain(|f| f.r != r);
+        self.landed.notify_all();
     }
+}
+
+/// What made an import.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// A binding, on its thread (over pages a binding imported before: a re-import).
+    Binding { reimport: bool },
+    /// The background thread, ahead of this pool's bindings.
+    Ahead(PoolId),
+    /// The background thread, a pool whole over a binding's part of it.
+    Widen,
 }
 
 fn chain(e: &ImportError) -> String {

@@ -111,6 +111,28 @@ pub fn plan(pools: &Pools, cfg: PlanConfig, addr: u64, size: u64, span: bool) ->
     Ok(grow(pools, cfg, start))
 }
 
+/// The range a binding imports under the pools policy ([`ImportPolicy::Pools`]): the pools the
+/// binding `addr..addr + size` overlaps, whole, with the binding, rounded out to `align` (the
+/// backend's alignment: a power of two). A binding outside every pool imports its own pages.
+///
+/// [`ImportPolicy::Pools`]: super::ImportPolicy::Pools
+pub fn pool_range(pools: &Pools, addr: u64, size: u64, align: u64) -> Result<Planned, ImportError> {
+    let mut r = binding_cover(addr, size, align)?;
+    for p in pools.overlapping(addr, addr + size) {
+        let Some((lo, hi)) = cover(p.lo, p.hi, align) else { continue };
+        r = Planned { lo: r.lo.min(lo), hi: r.hi.max(hi) };
+    }
+    Ok(r)
+}
+
+/// The part of `whole` a binding `addr..addr + size` (inside it) imports itself when `whole`
+/// would take too long: the binding's cover in `granule`s (a power of two), cut to `whole`.
+pub fn piece(whole: Planned, addr: u64, size: u64, granule: u64) -> Planned {
+    let lo = (addr & !(granule - 1)).max(whole.lo);
+    let hi = addr.saturating_add(size).checked_next_multiple_of(granule).unwrap_or(u64::MAX).min(whole.hi);
+    Planned { lo, hi }
+}
+
 /// Grows `r` over the pools across its ends, as the module says.
 pub fn grow(pools: &Pools, cfg: PlanConfig, mut r: Planned) -> Planned {
     loop {

@@ -129,6 +129,16 @@ impl Pools {
         out
     }
 
+    /// The pools that overlap `lo..hi` (`p.lo < hi` and `lo < p.hi`), sorted by `(lo, id)`.
+    pub fn overlapping(&self, lo: u64, hi: u64) -> Vec<Pool> {
+        let mut out = Vec::new();
+        let k = self.sorted.partition_point(|p| p.lo < hi);
+        if k > 0 && lo < hi {
+            self.walk(1, 0, self.leaves, k, lo, &mut out);
+        }
+        out
+    }
+
     /// Collects the pools at positions `< k` under node `node` (covering `from..to`) with `hi > x`.
     fn walk(&self, node: usize, from: usize, to: usize, k: usize, x: u64, out: &mut Vec<Pool>) {
         if from >= k || self.tree[node] <= x {
@@ -195,6 +205,9 @@ mod tests {
             }
             let x = next() % 0x5000_0000;
             assert_eq!(p.across(x).iter().map(|q| q.id).collect::<Vec<_>>(), naive(&p, x), "at {x:#x}");
+            let len = next() % 0x100_0000;
+            let over: Vec<PoolId> = p.iter().filter(|q| q.lo < x + len && x < q.hi).map(|q| q.id).collect();
+            assert_eq!(p.overlapping(x, x + len).iter().map(|q| q.id).collect::<Vec<_>>(), over, "{x:#x}+{len:#x}");
         }
     }
 }

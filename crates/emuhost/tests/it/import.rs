@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Budget, Cuda, HostSpan, ImportConfig, ImportError, Importer, Pin, PlanConfig, Planned,
-    PopulateAhead, Vulkan, error_chain, verify,
+    Backend, BackendKind, Budget, Cuda, HostSpan, ImportConfig, ImportCost, ImportError, ImportPolicy, Importer, Pin,
+    PlanConfig, Planned, PopulateAhead, Vulkan, error_chain, verify,
 };
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
 
@@ -189,7 +189,7 @@ mod conformance {
         let kind = b.kind();
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0));
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).policy(ImportPolicy::Chunks);
         let imp = Importer::new(space.clone(), b, cfg).unwrap();
         let page = page_size();
         let commit = |at: u64, prot| space.commit(space.range(at, page).unwrap(), prot).unwrap();
@@ -296,7 +296,7 @@ mod conformance {
         b.budget().limit_single(MIB);
         let (space, _) = aligned_space(MIB, 8 * MIB);
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB));
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).policy(ImportPolicy::Chunks);
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();
@@ -515,15 +515,16 @@ const CHUNK: u64 = MIB;
 
 /// An importer over a 64 MiB space with 1 MiB chunks and a 4 MiB span cap, around [`Faulty`].
 fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    faulty_ahead(span_cap, cooling, 0)
+    let cfg =
+        ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).policy(ImportPolicy::Chunks);
+    faulty_with(cfg)
 }
 
-/// [`faulty`] with `ahead` bytes imported ahead at most (0: off).
-fn faulty_ahead(span_cap: u64, cooling: Duration, ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+/// An importer over a 64 MiB space around [`Faulty`], with `cfg`.
+fn faulty_with(cfg: ImportConfig) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let f = Arc::new(Faulty::default());
     f.base.store(space.host_base() as u64, Ordering::Relaxed);
-    let cfg = ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).ahead(ahead);
     (Importer::new(space, f.clone(), cfg).unwrap(), f)
 }
 
@@ -643,7 +644,7 @@ fn imports_outside_the_window_fail_without_leaking() {
 fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
     // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
     let space = Arc::new(Space::with_window(40 * MIB).unwrap());
-    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB));
+    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB)).policy(ImportPolicy::Chunks);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
     assert_eq!((b.range, b.made), (Planned { lo: 32 * MIB, hi: 40 * MIB }, true));
@@ -664,6 +665,7 @@ fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
     let chunk = |mb: &str| {
         let mb = mb.to_string();
         ImportConfig::from_lookup(move |n| (n == "EMUHOST_IMPORT_CHUNK_MB").then(|| mb.clone()))
+            .map(|c| c.policy(ImportPolicy::Chunks))
     };
     // 2^43 MiB is 2^63 bytes: a power of two, but larger than any window.
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
@@ -746,7 +748,10 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
 #[test]
 fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let cfg = ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0)).populate_ahead(PopulateAhead::Chunks);
+    let cfg = ImportConfig::default()
+        .plan(PlanConfig::new(4 * MIB, 0))
+        .populate_ahead(PopulateAhead::Chunks)
+        .policy(ImportPolicy::Chunks);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
     imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
@@ -763,231 +768,246 @@ fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() 
 #[test]
 fn the_importer_commits_reserved_gaps_before_importing() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default()).unwrap();
+    let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default().policy(ImportPolicy::Chunks)).unwrap();
     let b = imp.bind(16 * MIB + 0x10, 0x10).unwrap();
     assert_eq!(b.range, Planned { lo: 16 * MIB, hi: 32 * MIB });
     assert!(present(&space, 20 * MIB), "pinned, so present");
     space.write(GuestAddr(31 * MIB), b"ok").unwrap();
 }
 
-#[test]
-fn import_ahead_ready_a_binding_after_the_import_ahead_waits_for_nothing() {
-    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 64 * MIB);
-    // A pool across the chunk end at 3 MiB (spanned: 2..4) and one inside chunk 8.
-    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
-    imp.add_pool(8 * MIB + 0x100, 0x1000).unwrap();
-    imp.settle();
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 4), r(8, 9)], "imported ahead, before any binding");
-    let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_bytes, s.ahead_peak_bytes), (2, 3 * MIB, 3 * MIB));
-    let b = imp.bind(3 * MIB + 0x100, 0x100).unwrap();
-    assert_eq!((b.range, b.made), (r(2, 4), false));
-    assert!(!imp.bind(3 * MIB - 0x80, 0x100).unwrap().made, "across the chunk end, inside the span");
-    assert!(!imp.bind(8 * MIB + 0x200, 0x10).unwrap().made);
-    let s = imp.stats();
-    assert_eq!((s.imports, s.reimports, s.ahead_hits, s.reuses), (2, 0, 2, 3));
-    assert_eq!((s.waits, s.in_flight_waits, s.wait_time, s.wait_worst), (0, 0, Duration::ZERO, Duration::ZERO));
-    assert_eq!(s.ahead_bytes, 0, "every import ahead is in use");
-    // Off (0): nothing is imported ahead, and the binding's own import is its wait.
-    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 0);
-    imp.add_pool(8 * MIB + 0x100, 0x1000).unwrap();
-    imp.settle();
-    assert!(f.calls.lock().unwrap().is_empty());
-    assert!(imp.bind(8 * MIB + 0x200, 0x10).unwrap().made);
-    let s = imp.stats();
-    assert_eq!((s.imports, s.ahead_imports, s.waits, s.in_flight_waits), (1, 0, 1, 0));
-    assert!(s.wait_time > Duration::ZERO && s.wait_worst == s.wait_time && s.wait_time >= s.time);
+// The pools policy. Its cost here: 100 us an import and 1 ms/MiB, so that within the 400 us wait
+// a binding imports at most 256 KiB itself (100 + 250 us), and a pool larger than 300 KiB
+// (100 + 300 us) is imported whole only behind its binding's part of it.
+
+const KIB: u64 = 1 << 10;
+
+fn cost(fixed_us: u64, per_mib_us: u64) -> Option<ImportCost> {
+    let per_mib = Duration::from_micros(per_mib_us);
+    Some(ImportCost { fixed: Duration::from_micros(fixed_us), untouched_per_mib: per_mib, populated_per_mib: per_mib })
+}
+
+/// An importer under the pools policy around [`Faulty`]: 1 MiB regions, the cost above, at most
+/// `ahead` bytes imported ahead, one background thread (the order of its imports is checked).
+fn pools(ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+    faulty_with(
+        ImportConfig::default()
+            .plan(PlanConfig::new(MIB, 0))
+            .cooling(Duration::ZERO)
+            .ahead(ahead)
+            .cost(cost(100, 1000))
+            .ahead_threads(1),
+    )
+}
+
+fn k(lo_kib: u64, hi_kib: u64) -> Planned {
+    Planned { lo: lo_kib * KIB, hi: hi_kib * KIB }
 }
 
 #[test]
-fn import_ahead_not_ready_a_binding_waits_for_the_import_in_flight_and_the_wait_is_counted() {
-    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+fn pools_a_binding_imports_its_pool_exactly_and_later_bindings_reuse_it() {
+    let (imp, f) = pools(0);
+    assert_eq!(imp.granule(), 256 * KIB);
+    imp.add_pool(5 * MIB + 0x1800, 0x3000).unwrap();
+    assert_eq!(imp.plan(5 * MIB + 0x2000, 0x10).unwrap(), k(5 * 1024 + 4, 5 * 1024 + 20));
+    let b = imp.bind(5 * MIB + 0x2000, 0x10).unwrap();
+    assert_eq!((b.range, b.made, b.offset), (k(5 * 1024 + 4, 5 * 1024 + 20), true, 0x1000));
+    let again = imp.bind(5 * MIB + 0x4000, 0x100).unwrap();
+    assert!(!again.made);
+    // Outside every pool: its own pages.
+    let out = imp.bind(9 * MIB + 0xff0, 0x20).unwrap();
+    assert_eq!(out.range, k(9 * 1024, 9 * 1024 + 8));
+    // Across two pools: both, whole, in one import.
+    imp.add_pool(20 * MIB, 0x2000).unwrap();
+    imp.add_pool(20 * MIB + 0x2000, 0x2000).unwrap();
+    assert_eq!(imp.bind(20 * MIB + 0x1ff0, 0x20).unwrap().range, k(20 * 1024, 20 * 1024 + 16));
+    let s = imp.stats();
+    assert_eq!((s.imports, s.reuses, s.reimports, s.pieces, s.ahead_imports), (3, 1, 0, 0, 0));
+    assert_eq!(f.calls.lock().unwrap().len(), 3);
+}
+
+#[test]
+fn pools_ready_where_bindings_come_pools_are_imported_ahead_and_their_bindings_wait_for_nothing() {
+    let (imp, f) = pools(64 * MIB);
+    // Two pools in region 5 before any binding there: nothing is imported ahead.
+    imp.add_pool(5 * MIB, 0x4000).unwrap();
+    imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
+    imp.add_pool(7 * MIB, 0x4000).unwrap();
+    imp.settle();
+    assert!(f.calls.lock().unwrap().is_empty(), "no binding yet");
+    // The first binding in region 5: its pool by the binding, the other pool there ahead.
+    imp.bind(5 * MIB + 0x100, 0x100).unwrap();
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![k(5 * 1024, 5 * 1024 + 16), k(5 * 1024 + 32, 5 * 1024 + 48)]);
+    // A pool made in region 5 later: ahead, as it is made; region 7 saw no binding.
+    imp.add_pool(5 * MIB + 0x10_0000 - 0x4000, 0x4000).unwrap();
+    imp.add_pool(7 * MIB + 0x8000, 0x4000).unwrap();
+    imp.settle();
+    assert_eq!(f.calls.lock().unwrap().len(), 3);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_bytes, s.ahead_peak_bytes, s.waits), (2, 32 * KIB, 32 * KIB, 1));
+    let b = imp.bind(5 * MIB + 0x8100, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (k(5 * 1024 + 32, 5 * 1024 + 48), false));
+    imp.bind(6 * MIB - 0x100, 0x100).unwrap();
+    let s = imp.stats();
+    assert_eq!((s.ahead_hits, s.ahead_bytes, s.waits, s.in_flight_waits), (2, 0, 1, 0), "ready: no wait");
+    // Off (0): nothing ahead.
+    let (imp, f) = pools(0);
+    imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
+    imp.bind(5 * MIB + 0x100, 0x100).unwrap();
+    imp.add_pool(5 * MIB + 0x10000, 0x4000).unwrap();
+    imp.settle();
+    assert_eq!(f.calls.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_behind_it() {
+    let (imp, f) = pools(0);
+    imp.add_pool(4 * MIB, 2 * MIB).unwrap();
+    let b = imp.bind(5 * MIB + 0x10, 0x100).unwrap();
+    assert_eq!((b.range, b.made, b.offset), (k(5 * 1024, 5 * 1024 + 256), true, 0x10));
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![k(5 * 1024, 5 * 1024 + 256), r(4, 6)]);
+    let b = imp.bind(4 * MIB + 0x10, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (r(4, 6), false));
+    let s = imp.stats();
+    assert_eq!((s.imports, s.pieces, s.widenings, s.reimports, s.waits), (2, 1, 1, 0, 1));
+    assert_eq!(s.ahead_bytes, 0, "a widening is for a pool a binding used");
+    // A binding across two granules imports both.
+    imp.add_pool(8 * MIB, 2 * MIB).unwrap();
+    assert_eq!(imp.bind(9 * MIB - 0x10, 0x20).unwrap().range, k(9 * 1024 - 256, 9 * 1024 + 256));
+}
+
+#[test]
+fn pools_a_binding_waits_for_an_import_in_flight_only_if_it_lands_sooner_than_its_own_part() {
+    // A large pool in flight (896 KiB: 87.6 ms by the estimate, 100 ms/MiB) is not waited for:
+    // the binding imports its part (one page, 0.5 ms).
+    let cfg = ImportConfig::default()
+        .plan(PlanConfig::new(MIB, 0))
+        .cooling(Duration::ZERO)
+        .cost(cost(100, 100_000))
+        .ahead_threads(1);
+    let (imp, f) = faulty_with(cfg);
+    imp.bind(4 * MIB, 0x10).unwrap();
     f.set_hold(true);
-    imp.add_pool(5 * MIB + 0x10, 0x100).unwrap();
-    f.wait_entered(1);
-    let (bound, held) = std::thread::scope(|sc| {
-        let t = sc.spawn(|| (Instant::now(), imp.bind(5 * MIB + 0x20, 0x10)));
-        std::thread::sleep(Duration::from_millis(100));
-        let early = t.is_finished();
+    imp.add_pool(4 * MIB + 0x1_0000, 0xe_0000).unwrap();
+    f.wait_entered(2);
+    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+    let b = imp.bind(4 * MIB + 0x8_0010, 0x10);
+    let s = imp.stats();
+    // Before any assertion: a panic with the import held would hang the importer's drop.
+    f.set_hold(false);
+    imp.settle();
+    assert_eq!((b.unwrap().range, s.in_flight_waits, s.pieces), (k(4 * 1024 + 512, 4 * 1024 + 516), 0, 1));
+    // An import in flight that should land within the binding's own time is waited for: here
+    // every import is estimated at 20 ms, and the one in flight lands as soon as the binding
+    // waits.
+    let cfg = ImportConfig::default()
+        .plan(PlanConfig::new(MIB, 0))
+        .cooling(Duration::ZERO)
+        .cost(cost(20_000, 0))
+        .ahead_threads(1);
+    let (imp, f) = faulty_with(cfg);
+    imp.bind(4 * MIB, 0x10).unwrap();
+    f.set_hold(true);
+    imp.add_pool(4 * MIB + 0x1_0000, 0x1_0000).unwrap();
+    f.wait_entered(2);
+    let (b, held) = std::thread::scope(|sc| {
+        let t = sc.spawn(|| (Instant::now(), imp.bind(4 * MIB + 0x1_0010, 0x10)));
+        // Released once the binding waits (its wait is bounded at about 40 ms).
+        while imp.stats().in_flight_waits == 0 && !t.is_finished() {
+            std::thread::yield_now();
+        }
         let released = Instant::now();
         f.set_hold(false);
-        let (called, bound) = t.join().unwrap();
-        assert!(!early, "the binding waits for the import in flight");
-        // The binding could not return before the import was let go (the thread may have
-        // started late under load: measured from its call, not from the spawn).
-        (bound.unwrap(), released.saturating_duration_since(called))
+        let (called, b) = t.join().unwrap();
+        (b.unwrap(), released.saturating_duration_since(called))
     });
-    assert_eq!((bound.range, bound.made), (r(5, 6), false), "served by the import ahead");
-    assert_eq!(f.calls.lock().unwrap().len(), 1, "the binding made no import of its own");
+    assert_eq!((b.range, b.made), (k(4 * 1024 + 64, 4 * 1024 + 128), false), "served by the import ahead");
     let s = imp.stats();
-    assert_eq!((s.imports, s.ahead_imports, s.ahead_hits, s.waits, s.in_flight_waits), (1, 1, 1, 1, 1));
-    assert!(s.wait_worst >= held && s.wait_time == s.wait_worst, "{:?} < {held:?}", s.wait_worst);
-    // A binding elsewhere does not wait for it.
-    f.set_hold(true);
-    imp.add_pool(9 * MIB, 0x100).unwrap();
-    f.wait_entered(2);
-    f.set_hold(false);
-    imp.settle();
-    assert_eq!(imp.stats().in_flight_waits, 1);
+    assert_eq!((s.in_flight_waits, s.waits, s.ahead_hits, f.calls.lock().unwrap().len()), (1, 2, 1, 2));
+    assert!(s.wait_worst >= held, "{:?} < {held:?}", s.wait_worst);
 }
 
 #[test]
-fn import_ahead_stops_at_its_budget_and_bindings_still_work() {
-    let (imp, f) = faulty_ahead(0, Duration::ZERO, 2 * MIB);
-    for c in [10, 12, 14, 16] {
-        imp.add_pool(c * MIB + 0x1000, 0x1000).unwrap();
+fn pools_a_full_budget_leaves_pools_to_their_bindings() {
+    let (imp, f) = pools(32 * KIB);
+    imp.bind(5 * MIB, 0x10).unwrap();
+    for i in 1..=3 {
+        imp.add_pool(5 * MIB + i * 0x10_000, 0x4000).unwrap();
     }
     imp.settle();
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(10, 11), r(12, 13)], "2 MiB ahead at most");
     let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_over_budget, s.ahead_bytes, s.ahead_peak_bytes), (2, 2, 2 * MIB, 2 * MIB));
-    // A chunk left out: the binding imports it itself.
-    let b = imp.bind(14 * MIB + 0x1000, 0x10).unwrap();
-    assert_eq!((b.range, b.made), (r(14, 15), true));
-    // A binding of an import ahead frees its bytes: the next pool is imported ahead again.
-    assert!(!imp.bind(10 * MIB + 0x1000, 0x10).unwrap().made);
-    assert_eq!(imp.stats().ahead_bytes, MIB);
-    imp.add_pool(20 * MIB, 0x1000).unwrap();
+    assert_eq!((s.ahead_imports, s.ahead_over_budget, s.ahead_bytes, s.ahead_peak_bytes), (2, 1, 32 * KIB, 32 * KIB));
+    // The third binds by itself; a binding of an import ahead frees its bytes.
+    assert!(imp.bind(5 * MIB + 0x30_010, 0x10).unwrap().made);
+    assert!(!imp.bind(5 * MIB + 0x10_010, 0x10).unwrap().made);
+    imp.add_pool(5 * MIB + 0x40_000, 0x4000).unwrap();
     imp.settle();
-    assert_eq!(f.calls.lock().unwrap().last(), Some(&r(20, 21)));
     let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_bytes, s.ahead_peak_bytes, s.waits), (3, 2 * MIB, 2 * MIB, 1));
+    assert_eq!((s.ahead_imports, s.ahead_bytes, s.waits), (3, 32 * KIB, 2));
+    assert_eq!(f.calls.lock().unwrap().len(), 5);
 }
 
 #[test]
-fn a_failing_import_ahead_is_tried_without_the_span_and_leaves_the_binding_its_own_attempt() {
-    let cooling = Duration::from_secs(30);
-    let (imp, f) = faulty_ahead(4 * MIB, cooling, 64 * MIB);
-    f.fail_over.store(CHUNK, Ordering::Relaxed);
-    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
-    imp.settle();
-    // Chunk 2: spanned 2..4 fails, 2..3 is made; chunk 3: its span overlaps 2..3, so 3..4.
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 4), r(2, 3), r(3, 4)]);
+fn pools_a_failed_import_is_made_again_smaller_and_one_failed_ahead_leaves_the_binding_its_attempt() {
+    let cooling = Duration::from_secs(3600);
+    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(cooling).cost(cost(100, 1000));
+    let (imp, f) = faulty_with(cfg);
+    // 300 KiB: whole within the wait (400 us), so tried whole first; over 280 KiB fails.
+    f.fail_over.store(280 * KIB, Ordering::Relaxed);
+    imp.add_pool(4 * MIB, 300 * KIB).unwrap();
+    let b = imp.bind(4 * MIB + 0x10, 0x10).unwrap();
+    assert_eq!((b.range, b.made), (k(4 * 1024, 4 * 1024 + 256), true));
     let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_failures, s.failures, s.unspanned_retries), (2, 1, 0, 0));
-    assert!(!imp.bind(2 * MIB + 0x100, 0x10).unwrap().made);
-    // The range 2..4 failed ahead, but is not held cooling: the binding across the end tries it.
+    assert_eq!((s.failures, s.unspanned_retries, s.imports, s.pieces), (1, 1, 1, 0));
+    // The whole pool cools: the next binding outside the part imports its own part.
+    let b = imp.bind(4 * MIB + 290 * KIB, 0x10).unwrap();
+    assert_eq!((b.range, s.cooled + 1), (k(4 * 1024 + 256, 4 * 1024 + 300), imp.stats().cooled));
+    // Ahead: every import fails; the pool is not tried ahead again, and the binding makes its
+    // own attempt, which works once the device takes it.
     f.fail_over.store(0, Ordering::Relaxed);
-    let b = imp.bind(3 * MIB - 0x80, 0x100).unwrap();
-    assert_eq!((b.range, b.made), (r(2, 4), true));
-    // Every attempt ahead fails: the binding imports once the device takes it.
     f.fail_all.store(true, Ordering::Relaxed);
-    imp.add_pool(9 * MIB + 0x100, 0x100).unwrap();
+    imp.add_pool(4 * MIB + 512 * KIB, 0x4000).unwrap();
     imp.settle();
-    assert_eq!(imp.stats().ahead_failures, 2);
+    assert_eq!(imp.stats().ahead_failures, 1);
     f.fail_all.store(false, Ordering::Relaxed);
-    let b = imp.bind(9 * MIB + 0x100, 0x10).unwrap();
-    assert_eq!((b.range, b.made), (r(9, 10), true));
+    imp.add_pool(4 * MIB + 600 * KIB, 0x4000).unwrap();
+    imp.settle();
+    let b = imp.bind(4 * MIB + 512 * KIB, 0x10).unwrap();
+    assert!(b.made);
     let s = imp.stats();
-    // 3..4, made ahead and unused, was taken in by the binding's import of 2..4 over it.
-    let got = (s.imports, s.ahead_imports, s.failures, s.cooled, s.ahead_bytes, s.ahead_released);
-    assert_eq!(got, (4, 2, 0, 0, 0, 1));
-    assert_eq!(f.budget().get().count, s.live, "nothing leaked on the failures");
+    assert_eq!((s.ahead_failures, s.ahead_imports), (1, 1), "{s:?}");
 }
 
 #[test]
-fn a_pool_released_while_its_import_ahead_is_in_flight_keeps_no_import() {
-    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+fn pools_where_the_device_refuses_overlaps_a_binding_imports_its_pool_whole() {
+    let (imp, f) = pools(0);
+    f.no_overlap.store(true, Ordering::Relaxed);
+    imp.add_pool(4 * MIB, 2 * MIB).unwrap();
+    let b = imp.bind(5 * MIB + 0x10, 0x100).unwrap();
+    assert_eq!((b.range, b.made), (r(4, 6), true));
+    imp.settle();
+    let s = imp.stats();
+    assert_eq!((s.imports, s.pieces, s.widenings), (1, 0, 0));
+}
+
+#[test]
+fn pools_a_pool_released_while_in_flight_keeps_no_import_and_release_all_waits_for_it() {
+    let (imp, f) = pools(64 * MIB);
+    imp.bind(5 * MIB, 0x10).unwrap();
     f.set_hold(true);
-    let a = imp.add_pool(5 * MIB, 0x1000).unwrap();
-    f.wait_entered(1);
-    // Queued behind it, released before the thread gets to it: never imported.
-    let b = imp.add_pool(7 * MIB, 0x1000).unwrap();
-    assert!(imp.remove_pool(b));
-    assert!(imp.remove_pool(a), "released while its import is in flight");
-    f.set_hold(false);
-    imp.settle();
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(5, 6)]);
-    let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_released, s.live, s.ahead_bytes), (1, 1, 0, 0));
-    assert_eq!(f.budget().get().count, 0, "unpinned");
-    // Released after it landed, unused: released too; a used one stays.
-    let c = imp.add_pool(9 * MIB, 0x1000).unwrap();
-    let d = imp.add_pool(11 * MIB, 0x1000).unwrap();
-    imp.settle();
-    assert!(!imp.bind(11 * MIB, 0x10).unwrap().made);
-    assert!(imp.remove_pool(c) && imp.remove_pool(d));
-    let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_released, s.live, s.ahead_bytes), (3, 2, 1, 0));
-    assert_eq!(imp.imports(), vec![r(11, 12)]);
-    // A binding in the released pool's chunk imports it itself.
-    assert!(imp.bind(5 * MIB, 0x10).unwrap().made);
-}
-
-#[test]
-fn import_ahead_on_a_device_serves_the_binding_its_memory() {
-    let Some(v) = vulkan() else { return };
-    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let cfg = ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0)).ahead(16 * MIB);
-    let imp = Importer::new(space.clone(), v, cfg).unwrap();
-    // Chunks are aligned in guest addresses, wherever the window lies in the host's.
-    imp.add_pool(4 * MIB + 0x1000, 0x2000).unwrap();
-    imp.settle();
-    let b = imp.bind(4 * MIB + 0x1800, 0x100).unwrap();
-    assert_eq!((b.range, b.made, b.offset), (Planned { lo: 4 * MIB, hi: 8 * MIB }, false, 0x1800));
-    assert!(matches!(b.handle, emuhost::import::GpuHandle::Vulkan { .. }), "{:?}", b.handle);
-    let s = imp.stats();
-    assert_eq!((s.ahead_imports, s.ahead_hits, s.waits), (1, 1, 0));
-    drop(imp);
-}
-
-#[test]
-fn a_pool_registered_later_grows_an_unused_import_ahead_and_nothing_is_imported_again() {
-    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 64 * MIB);
-    imp.add_pool(2 * MIB + 0x1000, 0x1000).unwrap();
-    imp.settle();
-    assert_eq!(imp.imports(), vec![r(2, 3)]);
-    // A pool across the end of chunk 2: its span takes the unused import of 2..3 in.
-    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
-    imp.settle();
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(2, 3), r(2, 4)]);
-    assert_eq!(imp.imports(), vec![r(2, 4)]);
-    assert!(!imp.bind(3 * MIB - 0x80, 0x100).unwrap().made);
-    let s = imp.stats();
-    assert_eq!((s.imports, s.reimports, s.ahead_released, s.ahead_bytes, s.live), (2, 0, 1, 0, 1));
-    // Once a binding used an import, an import ahead leaves it be: no re-import.
-    imp.add_pool(4 * MIB - 0x8000, 0x10000).unwrap();
-    imp.settle();
-    assert_eq!(imp.imports(), vec![r(2, 4), r(4, 5)]);
-    assert_eq!(imp.stats().reimports, 0);
-}
-
-/// The import ahead is slower than a binding (its thread busy elsewhere): the binding imports
-/// the span itself, and the unused import ahead inside it is taken in, not counted a re-import.
-#[test]
-fn a_binding_ahead_of_its_import_ahead_takes_the_unused_one_in_and_is_no_reimport() {
-    let (imp, f) = faulty_ahead(4 * MIB, Duration::ZERO, 64 * MIB);
-    imp.add_pool(2 * MIB + 0x1000, 0x1000).unwrap();
-    imp.settle();
-    assert_eq!(imp.imports(), vec![r(2, 3)]);
-    // The thread is kept busy on a pool elsewhere, so the next one waits in its queue.
-    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
-    f.set_hold(true);
-    imp.add_pool(9 * MIB, 0x1000).unwrap();
+    let p = imp.add_pool(5 * MIB + 0x10_000, 0x1000).unwrap();
     f.wait_entered(2);
-    imp.add_pool(3 * MIB - 0x8000, 0x10000).unwrap();
-    let b = imp.bind(3 * MIB - 0x80, 0x100);
-    let (s, live) = (imp.stats(), imp.imports());
-    // Let the thread go before asserting: a failed assertion must not leave it held (the
-    // importer's drop waits for it).
+    assert!(imp.remove_pool(p));
     f.set_hold(false);
-    let b = b.unwrap();
-    assert_eq!((b.range, b.made), (r(2, 4), true));
-    assert_eq!((s.reimports, s.ahead_released, s.ahead_hits), (0, 1, 0), "{s:?}");
-    assert_eq!(live, vec![r(2, 4)], "the unused import ahead of 2..3 is taken in");
-    // The thread, back, leaves the chunk the binding imported alone.
     imp.settle();
-    assert_eq!(imp.imports(), vec![r(2, 4), r(9, 10)]);
-    assert_eq!(imp.stats().reimports, 0);
-}
-
-#[test]
-fn release_all_waits_for_the_import_ahead_in_flight_and_skips_those_asked_for_before() {
-    let (imp, f) = faulty_ahead(0, Duration::ZERO, 64 * MIB);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_released, s.live, s.ahead_bytes), (1, 1, 1, 0));
+    // release_all waits for the import in flight and skips what was asked for before.
     f.set_hold(true);
-    imp.add_pool(5 * MIB, 0x1000).unwrap();
-    f.wait_entered(1);
-    imp.add_pool(7 * MIB, 0x1000).unwrap();
+    imp.add_pool(5 * MIB + 0x20_000, 0x1000).unwrap();
+    f.wait_entered(3);
+    imp.add_pool(5 * MIB + 0x30_000, 0x1000).unwrap();
     std::thread::scope(|sc| {
         let t = sc.spawn(|| imp.release_all());
         std::thread::sleep(Duration::from_millis(50));
@@ -997,11 +1017,47 @@ fn release_all_waits_for_the_import_ahead_in_flight_and_skips_those_asked_for_be
         assert!(!early, "release_all waits for the import in flight");
     });
     imp.settle();
-    assert_eq!(*f.calls.lock().unwrap(), vec![r(5, 6)], "the pool asked for before is not imported");
+    assert_eq!(f.calls.lock().unwrap().len(), 3, "the pool asked for before is not imported");
     let s = imp.stats();
     assert_eq!((s.live, s.ahead_bytes, f.budget().get().count), (0, 0, 0), "nothing left imported");
-    // Pools registered after it are imported ahead again.
-    imp.add_pool(9 * MIB, 0x1000).unwrap();
+    // release_all forgot the region: a pool made there waits for a binding again.
+    imp.add_pool(5 * MIB + 0x40_000, 0x1000).unwrap();
     imp.settle();
-    assert_eq!(imp.imports(), vec![r(9, 10)]);
+    assert_eq!(f.calls.lock().unwrap().len(), 3);
+}
+
+#[test]
+fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
+    let Some(v) = vulkan() else { return };
+    let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    let imp = Importer::new(space.clone(), v, ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0))).unwrap();
+    imp.add_pool(4 * MIB + 0x1000, 0x2000).unwrap();
+    imp.bind(4 * MIB + 0x1000, 0x100).unwrap();
+    imp.add_pool(4 * MIB + 0x10_000, 0x2000).unwrap();
+    imp.settle();
+    let b = imp.bind(4 * MIB + 0x10_800, 0x100).unwrap();
+    assert_eq!((b.range, b.made, b.offset), (Planned { lo: 4 * MIB + 0x10_000, hi: 4 * MIB + 0x12_000 }, false, 0x800));
+    assert!(matches!(b.handle, emuhost::import::GpuHandle::Vulkan { .. }), "{:?}", b.handle);
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_hits, s.waits), (1, 1, 1));
+    assert!(imp.cost().fixed > Duration::ZERO, "measured at start: {}", imp.cost());
+}
+
+#[test]
+fn pools_a_binding_import_slower_than_the_cost_makes_later_parts_smaller() {
+    let (imp, f) = pools(0);
+    imp.add_pool(4 * MIB, 2 * MIB).unwrap();
+    f.set_hold(true);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(Duration::from_millis(30));
+            f.set_hold(false);
+        });
+        assert_eq!(imp.bind(5 * MIB + 0x10, 0x100).unwrap().range.len(), 256 * KIB);
+    });
+    // 256 KiB in 30 ms or more: at least 119 ms/MiB past the fixed part.
+    assert!(imp.cost().untouched_per_mib >= Duration::from_millis(100), "{}", imp.cost());
+    assert_eq!(imp.granule(), 4 * KIB, "nothing past one page fits 400 us now");
+    imp.add_pool(8 * MIB, 2 * MIB).unwrap();
+    assert_eq!(imp.bind(9 * MIB + 0x10, 0x100).unwrap().range, k(9 * 1024, 9 * 1024 + 4));
 }

@@ -106,7 +106,10 @@ fn replay_reports_json_csv_and_a_plot() {
     // At most one: the binding across 0x1002000000 may come before its pool is whole, and its
     // part then runs across the part the binding before it imported.
     assert!(v["reimports"].as_u64() <= Some(1), "{v}");
-    assert!(f(&v, "live_import_mib_end") <= 11.0, "the two pools and a binding's part at most: {v}");
+    // The two pools (10 MiB) and the bindings' parts (two granules at most each, a granule at
+    // most 1 MiB within the 400 us wait at any pin cost seen).
+    let parts = f(&v, "import_pieces");
+    assert!(f(&v, "live_import_mib_end") <= 10.0 + 2.0 * parts, "{v}");
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
 }
 

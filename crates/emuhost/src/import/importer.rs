@@ -1078,7 +1078,11 @@ impl<B: Backend> Core<B> {
                     }
                     if is_span {
                         st.stats.unspanned_retries += 1;
-                        tracing::warn!("import of {range} failed ({}); made again smaller", chain(&e));
+                        let again = match self.cfg.policy {
+                            ImportPolicy::Chunks => "made again without the span",
+                            ImportPolicy::Pools => "made again as the binding's part of it",
+                        };
+                        tracing::warn!("import of {range} failed ({}); {again}", chain(&e));
                     } else {
                         tracing::warn!("import of {range} failed: {}", chain(&e));
                     }

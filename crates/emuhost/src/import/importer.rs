@@ -172,7 +172,7 @@ impl ImportConfig {
     }
 
     /// Sets one of [`Self::SWITCHES`] to `value` (empty: its default); a bad value is an error
-    /// naming both.
+    /// naming both. (Long: one arm a switch, each that switch's whole parse.)
     pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), ImportError> {
         let d = Self::default();
         let get = || Some(value.to_string());
@@ -617,6 +617,8 @@ impl<B: Backend + 'static> Importer<B> {
     ///
     /// A chunk larger than the space's window, or under the chunks policy than the backend's
     /// largest import, is refused ([`ImportError::ChunkTooLarge`]): no binding could import.
+    /// (Long: the checks, the cost, the state and the threads, in the order each needs the one
+    /// before.)
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
         let align = backend.alignment().max(page_size());
         cfg.plan.check(align)?;

@@ -791,6 +791,8 @@ pub fn replay(
     report.pages_reported = collects.values().map(|c| c.2.len() as u64).sum();
     report.writes = writes.len() as u64;
     (report.lost_writes, report.unchecked_writes) = check_writes(&writes, &collects);
+    // The background imports the session asked for are part of its figures.
+    importer.settle();
     let st = importer.stats();
     report.imports = st.imports;
     report.reimports = st.reimports;

@@ -65,7 +65,8 @@ pub struct ImportConfig {
     /// whose import is in flight waits for it only if it should land sooner than that part.
     pub wait: Duration,
     /// Pools policy: what an import costs; `None` measures it when the importer is made
-    /// ([`ImportCost::measure`]).
+    /// ([`ImportCost::measure`]) and then learns from the bindings' imports; a cost given is used
+    /// as it is.
     pub cost: Option<ImportCost>,
     /// Pools policy: background import threads (`EMUHOST_IMPORT_AHEAD_THREADS`); 0: a quarter
     /// of the processors, one to four.
@@ -1014,13 +1015,14 @@ impl<B: Backend> Core<B> {
     }
 
     /// Learns from a binding's import of `len` bytes just made (its time is the last of
-    /// [`Stats::times`]): imports of 64 KiB or more update an average of the time per MiB past
+    /// [`Stats::times`]), where the cost was measured: imports of 64 KiB or more update an average of the time per MiB past
     /// the fixed part (a quarter the new one), and the cost per untouched MiB becomes the larger
     /// of the start-up one and that average. Under a write tracker, with other threads faulting
     /// and importing, a binding's pages cost several times what the start-up measure saw.
     fn learn(&self, st: &mut State<B::Import>, len: u64) {
         let Some(&took) = st.stats.times.last() else { return };
-        if len < 64 << 10 {
+        // A cost given is used as it is.
+        if len < 64 << 10 || self.cfg.cost.is_some() {
             return;
         }
         let per_mib = took.saturating_sub(st.cost.fixed).as_secs_f64() / (len as f64 / (1u64 << 20) as f64);

@@ -757,7 +757,7 @@ impl<B: Backend + 'static> Importer<B> {
             let mut st = self.state();
             let id = st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
             let chunk = self.core.cfg.plan.chunk;
-            let hot = (lo / chunk..=(lo + size - 1) / chunk).any(|c| st.hot.contains(&c));
+            let hot = regions(lo, lo + size, chunk).any(|c| st.hot.contains(&c));
             (id, st.epoch, hot)
         };
         if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
@@ -937,7 +937,7 @@ impl<B: Backend + 'static> Importer<B> {
         }
         let chunk = core.cfg.plan.chunk;
         let mut new_pools = Vec::new();
-        for c in addr / chunk..=(end - 1) / chunk {
+        for c in regions(addr, end, chunk) {
             if st.hot.insert(c) {
                 let (lo, hi) = (c * chunk, (c * chunk).saturating_add(chunk));
                 new_pools.extend(st.pools.overlapping(lo, hi).into_iter().map(|p| p.id));
@@ -1155,9 +1155,7 @@ impl<B: Backend> Core<B> {
             let mut at = g.start().0;
             while at < g.end().0 {
                 let n = POPULATE_SLICE.min(g.end().0 - at);
-                while self.binding_imports.load(Ordering::Acquire) > 0 {
-                    std::thread::yield_now();
-                }
+                self.step_aside();
                 let slice = self.space.range(at, n).and_then(|s| self.space.populate(s));
                 if let Err(e) = slice {
                     // The pin faults in what this left (pages the guest made read-only, for one).
@@ -1171,9 +1169,7 @@ impl<B: Backend> Core<B> {
         // another thread's), and a binding should wait for one of theirs at most.
         let _turn = background.then(|| {
             let turn = self.driver_turn.lock().unwrap_or_else(|p| p.into_inner());
-            while self.binding_imports.load(Ordering::Acquire) > 0 {
-                std::thread::yield_now();
-            }
+            self.step_aside();
             turn
         });
         let before = t.elapsed();
@@ -1188,6 +1184,13 @@ impl<B: Backend> Core<B> {
             );
         }
         Ok((import, took))
+    }
+
+    /// A background thread waits here until no binding is importing.
+    fn step_aside(&self) {
+        while self.binding_imports.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
     }
 
     /// Records a new live import of `r`, its figures and its log line.
@@ -1409,6 +1412,11 @@ enum Made {
     Ahead(PoolId),
     /// The background thread, a pool whole over a binding's part of it.
     Widen,
+}
+
+/// The indices of the `chunk`-sized regions that `lo..hi` (not empty) touches.
+fn regions(lo: u64, hi: u64, chunk: u64) -> std::ops::RangeInclusive<u64> {
+    lo / chunk..=(hi - 1) / chunk
 }
 
 fn chain(e: &ImportError) -> String {

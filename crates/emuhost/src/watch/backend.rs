@@ -5,6 +5,7 @@ use std::io;
 use std::sync::Mutex;
 
 use super::BackendKind;
+use super::bitmap::Bits;
 use crate::space::{Prot, Region, Space};
 use crate::sys::mm::page_size;
 use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, TableKey, WRITE};
@@ -17,12 +18,11 @@ pub(super) trait Backend: Send + Sync {
     /// added gives host ones).
     fn arm(&self, start: usize, end: usize, regions: &[Region], base: usize) -> io::Result<()>;
     fn disarm(&self, start: usize, end: usize) -> io::Result<()>;
-    /// Appends the written runs of `start..end` (host addresses, in order) and arms them again.
-    /// It never joins a run with one `out` held before the call (those may be guest addresses).
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
-    /// Appends the written runs of `start..end` as [`Backend::read`] does, leaving them written
-    /// (the next read reports them again).
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()>;
+    /// Gives `out` the written runs of host `start..end`, in address order, and arms them again.
+    fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()>;
+    /// Gives `out` the written runs of `start..end` as [`Backend::read`] does, leaving them
+    /// written (the next read reports them again).
+    fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()>;
     /// The key of the page-state table a fault handler hands faults to (`None`: this backend's
     /// writes never fault).
     fn fault_key(&self) -> Option<TableKey> {
@@ -40,6 +40,43 @@ pub(super) trait Backend: Send + Sync {
     /// without it).
     fn needs_host_write_prepare(&self) -> bool {
         false
+    }
+}
+
+/// Where a backend's read puts the written runs it finds, as host addresses less `base` (guest
+/// addresses): into `bits` if given, else into `out`, a run joined to the one before it when
+/// they touch and that one is at index `join` or later (what `out` held before may need a sort,
+/// and is not joined). Made as the kernel's output is read, this is the whole conversion: at
+/// 50 % written a second pass over the runs cost as much as a fifth of the kernel's scan.
+pub(super) struct Runs<'a, 'b> {
+    out: &'a mut Vec<(u64, u64)>,
+    base: u64,
+    join: usize,
+    bits: Option<&'a mut Bits<'b>>,
+}
+
+impl<'a, 'b> Runs<'a, 'b> {
+    pub(super) fn new(out: &'a mut Vec<(u64, u64)>, base: u64, join: usize, bits: Option<&'a mut Bits<'b>>) -> Self {
+        Self { out, base, join, bits }
+    }
+
+    /// Adds host `s..e`.
+    #[inline]
+    pub(super) fn push(&mut self, s: u64, e: u64) {
+        let (s, e) = (s - self.base, e - self.base);
+        if let Some(bits) = &mut self.bits {
+            bits.set(s, e);
+            return;
+        }
+        debug_assert!(self.out.len() <= self.join || self.out[self.out.len() - 1].1 <= s, "runs out of order");
+        if self.out.len() > self.join
+            && let Some(last) = self.out.last_mut()
+            && last.1 == s
+        {
+            last.1 = e;
+            return;
+        }
+        self.out.push((s, e));
     }
 }
 
@@ -89,14 +126,14 @@ impl Backend for UffdBackend {
         self.uffd.unregister(start, end - start)
     }
 
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
-        self.uffd.scan_written(start, end, &mut vec, out)
+        self.uffd.scan_written(start, end, &mut vec, |s, e| out.push(s, e))
     }
 
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
-        self.uffd.peek_written(start, end, &mut vec, out)
+        self.uffd.peek_written(start, end, &mut vec, |s, e| out.push(s, e))
     }
 
     // mprotect keeps the write-protect bits of the pages it changes. Registering again is a no-op
@@ -128,13 +165,13 @@ impl Backend for UffdBackend {
 }
 
 /// Runs of pages, host `(start, end, protection bits)`.
-type Runs = Vec<(usize, usize, u16)>;
+type ProtRuns = Vec<(usize, usize, u16)>;
 
 struct MprotectBackend {
     reg: Registration,
     /// A read's buffers (the runs to protect, the runs seen written), kept between reads so a
     /// collect allocates nothing once they have grown.
-    scratch: Mutex<(Runs, Runs)>,
+    scratch: Mutex<(ProtRuns, ProtRuns)>,
 }
 
 impl MprotectBackend {
@@ -248,25 +285,19 @@ impl Backend for MprotectBackend {
         Some(self.reg.key())
     }
 
-    fn peek(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let p = page_size();
-        // Joined with the runs of this call only: what `out` held before may be in another
-        // address space (the tracker's guest runs), where an equal number means nothing.
-        let first = out.len();
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
             if st & ARMED != 0 && st & DIRTY != 0 {
-                match out[first..].last_mut() {
-                    Some(last) if last.1 == a as u64 => last.1 = (a + p) as u64,
-                    _ => out.push((a as u64, (a + p) as u64)),
-                }
+                out.push(a as u64, (a + p) as u64);
             }
         });
         Ok(())
     }
 
-    fn read(&self, start: usize, end: usize, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+    fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         // The read of an allocation: probe its first readable page, so memory released behind the
         // space's back fails here (and is not made readable by the re-arm below).
@@ -316,8 +347,7 @@ impl Backend for MprotectBackend {
                 self.remark(seen, s, e);
             }
         }
-        // `seen` is joined already (`push_run`); what `out` held before is not ours to join.
-        out.extend(seen.iter().map(|&(s, e, _)| (s as u64, e as u64)));
+        seen.iter().for_each(|&(s, e, _)| out.push(s as u64, e as u64));
         Ok(())
     }
 

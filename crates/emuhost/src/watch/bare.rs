@@ -33,7 +33,9 @@ impl BareUffd {
     /// Bytes written in `addr..addr + len` since the last scan, write-protected again in the same
     /// `PAGEMAP_SCAN` (resumed where the output vector filled).
     pub fn scan(&mut self, addr: usize, len: usize) -> io::Result<u64> {
-        self.uffd.count_written(addr, addr + len, &mut self.vec)
+        let mut bytes = 0;
+        self.uffd.scan_written(addr, addr + len, &mut self.vec, |s, e| bytes += e - s)?;
+        Ok(bytes)
     }
 
     /// Lifts the protection and unregisters.

@@ -19,6 +19,32 @@ pub(super) fn set_bits(words: &mut [u64], first: u64, end: u64) {
     }
 }
 
+/// A caller's bitmap words over a range (bit `i`: the `granularity` bytes from `range.start + i *
+/// granularity`), and the bytes of the runs set in them.
+pub(super) struct Bits<'a> {
+    words: &'a mut [u64],
+    start: u64,
+    shift: u32,
+    pub(super) bytes: u64,
+}
+
+impl<'a> Bits<'a> {
+    /// `granularity` is a power of two, and `words` long enough for `range` (checked by the
+    /// caller before anything is read).
+    pub(super) fn new(words: &'a mut [u64], range: GuestRange, granularity: u64) -> Self {
+        Self { words, start: range.start().0, shift: granularity.trailing_zeros(), bytes: 0 }
+    }
+
+    /// Sets the bits of guest `s..e` (inside the range, not empty) and counts its bytes, with
+    /// shifts only (a collect at 50 % written calls this once per written page).
+    #[inline]
+    pub(super) fn set(&mut self, s: u64, e: u64) {
+        let a = self.start;
+        set_bits(self.words, (s - a) >> self.shift, ((e - a - 1) >> self.shift) + 1);
+        self.bytes += e - s;
+    }
+}
+
 /// One bit per `GRAIN` bytes of `range`, set where a page was written (a grain partly covered
 /// by a written page is set).
 #[derive(Clone, Debug, PartialEq, Eq)]

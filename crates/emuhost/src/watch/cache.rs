@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use super::bitmap::{set_bits, word_mask};
+use super::bitmap::{Bits, set_bits, word_mask};
 use super::{Inner, Read, Scratch, Tracker, WatchError};
 use crate::space::{GuestRange, page_size};
 
@@ -85,29 +85,22 @@ fn check(range: GuestRange, granularity: u64, have: usize) -> Result<(), WatchEr
     Ok(())
 }
 
-/// Sets the bits of guest `s..e` (inside `range`, not empty) in `words`, with shifts only (a
-/// collect at 50 % written calls this once per written page).
-fn set(words: &mut [u64], range: GuestRange, granularity: u64, s: u64, e: u64) {
-    let a = range.start().0;
-    let shift = granularity.trailing_zeros();
-    set_bits(words, (s - a) >> shift, ((e - a - 1) >> shift) + 1);
-}
-
-/// ORs the result of a read (`sc`) into `words`.
-fn or_read(sc: &Scratch, range: GuestRange, granularity: u64, words: &mut [u64], seq: u64) -> Written {
+/// ORs the result of a read (`sc`) into `bits` (which holds the runs the read set straight
+/// from the kernel's output already, if any: then `sc.runs` is empty).
+fn or_read(sc: &Scratch, bits: &mut Bits, seq: u64) -> Written {
     let p = page_size();
     let mut out = Written { seq, ..Written::default() };
-    // Bytes summed, divided once: a division per run costs as much as the rest of the loop.
-    let mut bytes = 0;
     for &(s, e) in &sc.runs {
-        set(words, range, granularity, s, e);
-        bytes += e - s;
+        bits.set(s, e);
     }
-    out.pages = bytes / p;
+    // Bytes summed, divided once: a division per run costs as much as the rest of the loop.
+    out.pages = bits.bytes / p;
     // Untracked spans are reported written too; pages of theirs a run covered are counted once.
+    // (A read sets bits straight only when no run comes from outside the spans read, so there
+    // is then no run to cover one.)
     for u in &sc.untracked {
         let (s, e) = (u.start().0, u.end().0);
-        set(words, range, granularity, s, e);
+        bits.set(s, e);
         let covered: u64 = sc.runs.iter().filter_map(|&(x, y)| super::clip(s, e, x, y)).map(|(x, y)| (y - x) / p).sum();
         out.pages += (e - s) / p - covered;
         out.untracked_pages += (e - s) / p;
@@ -129,7 +122,8 @@ impl Tracker {
     /// pages the space changed under the tracker (mapped anew, released) take the slow path.
     pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
-        self.read(range, Read::Collect, |sc, seq, _| or_read(sc, range, granularity, words, seq))
+        let mut bits = Bits::new(words, range, granularity);
+        self.read(range, Read::Collect, Some(&mut bits), |sc, seq, _, bits| or_read(sc, bits.expect("given"), seq))
     }
 
     /// Reports the pages of `range` written since the last collect into `words` (as
@@ -138,7 +132,8 @@ impl Tracker {
     /// ([`Consumer::query_into`]).
     pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
-        self.read(range, Read::Query, |sc, seq, _| or_read(sc, range, granularity, words, seq))
+        let mut bits = Bits::new(words, range, granularity);
+        self.read(range, Read::Query, Some(&mut bits), |sc, seq, _, bits| or_read(sc, bits.expect("given"), seq))
     }
 
     /// A new consumer of this tracker's writes, with its own dirty pages: every collect of the
@@ -183,11 +178,12 @@ impl Consumer {
     /// [`Tracker::collect_into`] lays them out. The errors are its.
     pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
-        self.tracker.read(range, Read::Collect, |_, seq, inner| {
+        self.tracker.read(range, Read::Collect, None, |_, seq, inner, _| {
             let p = page_size();
             let mut out = Written { seq, ..Written::default() };
+            let mut bits = Bits::new(words, range, granularity);
             self.pending(inner).each(range.start().0, range.end().0, true, |s| {
-                set(words, range, granularity, s, s + p);
+                bits.set(s, s + p);
                 out.pages += 1;
             });
             out
@@ -198,12 +194,14 @@ impl Consumer {
     /// its last collect into `words`, taking nothing: this consumer's next collect reports them.
     pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
-        self.tracker.read(range, Read::Query, |sc, seq, inner| {
+        // No bits set straight by the read: the pending pages are checked against its runs.
+        self.tracker.read(range, Read::Query, None, |sc, seq, inner, _| {
             let p = page_size();
-            let mut out = or_read(sc, range, granularity, words, seq);
+            let mut bits = Bits::new(words, range, granularity);
+            let mut out = or_read(sc, &mut bits, seq);
             // Pending pages the read reported already are counted once.
             self.pending(inner).each(range.start().0, range.end().0, false, |s| {
-                set(words, range, granularity, s, s + p);
+                bits.set(s, s + p);
                 // The runs are sorted and apart: the first that ends past `s` is the only candidate.
                 let i = sc.runs.partition_point(|&(_, y)| y <= s);
                 let seen = sc.runs.get(i).is_some_and(|&(x, _)| x <= s)
@@ -228,7 +226,7 @@ impl Drop for Consumer {
 mod tests {
     use super::*;
 
-    /// `set` against a bit at a time, for runs of every length at every offset across word ends,
+    /// `Bits::set` against a bit at a time, for runs of every length at every offset across word ends,
     /// at the page's granularity and at coarser ones (a run that covers part of a grain sets it).
     #[test]
     fn set_sets_the_bits_of_every_grain_a_run_touches() {
@@ -247,7 +245,7 @@ mod tests {
                         want[(i / 64) as usize] |= 1 << (i % 64);
                     }
                     let mut got = [0u64; 5];
-                    set(&mut got, range, granularity, s, e);
+                    Bits::new(&mut got, range, granularity).set(s, e);
                     assert_eq!(got, want, "pages {first}..+{pages}, granularity {granularity:#x}");
                 }
             }

@@ -169,6 +169,14 @@ fn two_consumers_both_see_every_write(kind: BackendKind) {
     assert_eq!(take(&buffers), vec![6]);
     assert_eq!(take(&buffers), Vec::<u64>::new());
     assert_eq!(take(&textures), Vec::<u64>::new());
+    // So does its collect into words (which sets the caller's bits straight from the kernel's
+    // output only when no consumer needs the runs).
+    poke(&s, 9);
+    let mut words = [0u64; 2];
+    assert_eq!(t.collect_into(r, p(), &mut words).unwrap().pages, 1);
+    assert_eq!(bits(&words), vec![9]);
+    assert_eq!(take(&buffers), vec![9]);
+    assert_eq!(take(&textures), vec![9]);
     // Query then collect, on each: both report, and a query takes nothing from the other.
     poke(&s, 100);
     for c in [&buffers, &textures] {

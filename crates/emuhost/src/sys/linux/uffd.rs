@@ -104,29 +104,19 @@ impl Uffd {
         ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut r).map(|_| ())
     }
 
-    /// Appends the runs of pages written in `start..end` since they were armed, as host
-    /// `(start, end)` pairs, and arms them again, in one `PAGEMAP_SCAN` (more only when `vec`
-    /// fills: the scan resumes at `walk_end`).
+    /// Gives `sink` the runs of pages written in `start..end` since they were armed, as host
+    /// `(start, end)` pairs in address order, and arms them again, in one `PAGEMAP_SCAN` (more
+    /// only when `vec` fills: the scan resumes at `walk_end`).
     pub fn scan_written(
         &self,
         start: usize,
         end: usize,
         vec: &mut [PageRegion],
-        out: &mut Vec<(u64, u64)>,
+        mut sink: impl FnMut(u64, u64),
     ) -> io::Result<()> {
         self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
-            out.extend(regions.iter().map(|r| (r.start, r.end)))
+            regions.iter().for_each(|r| sink(r.start, r.end))
         })
-    }
-
-    /// [`Uffd::scan_written`] that only counts the written pages (bytes), for measuring the
-    /// kernel's part alone.
-    pub fn count_written(&self, start: usize, end: usize, vec: &mut [PageRegion]) -> io::Result<u64> {
-        let mut bytes = 0;
-        self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
-            bytes += regions.iter().map(|r| r.end - r.start).sum::<u64>()
-        })?;
-        Ok(bytes)
     }
 
     /// [`Uffd::scan_written`] without protecting anything: the written pages stay written (and
@@ -136,11 +126,9 @@ impl Uffd {
         start: usize,
         end: usize,
         vec: &mut [PageRegion],
-        out: &mut Vec<(u64, u64)>,
+        mut sink: impl FnMut(u64, u64),
     ) -> io::Result<()> {
-        self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| {
-            out.extend(regions.iter().map(|r| (r.start, r.end)))
-        })
+        self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| regions.iter().for_each(|r| sink(r.start, r.end)))
     }
 
     /// `PAGEMAP_SCAN` of `start..end` with `flags`, giving each batch of written regions to `sink`.

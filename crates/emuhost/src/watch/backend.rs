@@ -8,6 +8,7 @@ use super::BackendKind;
 use super::bitmap::Bits;
 use crate::space::{Prot, Region, Space};
 use crate::sys::mm::page_size;
+use crate::sys::probe::ThpModes;
 use crate::sys::segv::{self, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, TableKey, WRITE};
 use crate::sys::uapi::PageRegion;
 use crate::sys::uffd::{Uffd, no_huge_pages};
@@ -87,9 +88,11 @@ pub(super) const SCAN_VEC: usize = 512;
 
 pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<Box<dyn Backend>> {
     Ok(match kind {
-        BackendKind::Uffd => {
-            Box::new(UffdBackend { uffd: Uffd::new()?, vec: Mutex::new(vec![PageRegion::default(); SCAN_VEC]) })
-        }
+        BackendKind::Uffd => Box::new(UffdBackend {
+            uffd: Uffd::new()?,
+            vec: Mutex::new(vec![PageRegion::default(); SCAN_VEC]),
+            no_huge: huge_pages_may_back(crate::sys::probe::thp_modes().as_ref(), space.adopted()),
+        }),
         BackendKind::Mprotect => {
             let pages = space.window() as usize / page_size();
             Box::new(MprotectBackend {
@@ -100,13 +103,37 @@ pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> i
     })
 }
 
+/// Whether the pages of a tracked range could come to be backed by transparent huge pages
+/// (a written one would be reported whole) unless the range is advised against them: where the
+/// top mode or some size's is `always`; where shmem's (the views' memfds) is `always`,
+/// `within_size` or `force`; and, in a reservation the caller made (which it may have advised
+/// `MADV_HUGEPAGE`), where some mode is `madvise`. Elsewhere (`madvise` on the space's own
+/// reservation, the default of most distributions, or `never`) the arm makes no
+/// `MADV_NOHUGEPAGE`: it takes the process's memory-map lock for writing, and every such call of
+/// an arm waits for every reader of that lock (a driver's pin, a populate, another thread's
+/// collect) while its commit holds the space's lock. Read when the tracker is made.
+pub(super) fn huge_pages_may_back(modes: Option<&ThpModes>, adopted: bool) -> bool {
+    let Some(m) = modes else { return false };
+    let sizes = m.sizes.iter().map(|s| if s == "inherit" { m.top.as_str() } else { s.as_str() });
+    let anon = std::iter::once(m.top.as_str()).chain(sizes).any(|s| s == "always" || (adopted && s == "madvise"));
+    let shmem = matches!(m.shmem.as_deref(), Some("always" | "within_size" | "force"));
+    anon || shmem
+}
+
 struct UffdBackend {
     uffd: Uffd,
     vec: Mutex<Vec<PageRegion>>,
+    /// Advise `MADV_NOHUGEPAGE` on arming ([`huge_pages_may_back`]).
+    no_huge: bool,
 }
 
 impl UffdBackend {
+    /// Arms pages new to userfaultfd: advised against huge pages where they could get them,
+    /// registered, write-protected.
     fn arm_new(&self, start: usize, end: usize) -> io::Result<()> {
+        if self.no_huge {
+            no_huge_pages(start, end - start)?;
+        }
         self.uffd.register(start, end - start)?;
         self.uffd.protect(start, end - start)
     }
@@ -118,7 +145,6 @@ impl Backend for UffdBackend {
     }
 
     fn arm(&self, start: usize, end: usize, _regions: &[Region], _base: usize) -> io::Result<()> {
-        no_huge_pages(start, end - start)?;
         self.arm_new(start, end)
     }
 
@@ -145,7 +171,6 @@ impl Backend for UffdBackend {
     }
 
     fn remapped(&self, start: usize, end: usize, _prot: Prot) -> io::Result<bool> {
-        no_huge_pages(start, end - start)?;
         self.arm_new(start, end)?;
         Ok(true)
     }
@@ -153,7 +178,6 @@ impl Backend for UffdBackend {
     // Released pages are reserved mappings, new to userfaultfd: arm them so a later commit is
     // tracked from its first write.
     fn released(&self, start: usize, end: usize) -> io::Result<bool> {
-        no_huge_pages(start, end - start)?;
         self.arm_new(start, end)?;
         Ok(false)
     }
@@ -392,5 +416,37 @@ impl Backend for MprotectBackend {
 
     fn needs_host_write_prepare(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modes(top: &str, sizes: &[&str], shmem: Option<&str>) -> ThpModes {
+        ThpModes { top: top.into(), sizes: sizes.iter().map(|s| s.to_string()).collect(), shmem: shmem.map(Into::into) }
+    }
+
+    #[test]
+    fn huge_pages_may_back_tracked_pages_only_where_a_mode_lets_them_unasked() {
+        // Debian's and Ubuntu's default, this VM's: 2 MiB pages inherit `madvise`, others `never`.
+        let usual = modes("madvise", &["inherit", "never", "never"], Some("never"));
+        assert!(!huge_pages_may_back(Some(&usual), false));
+        // A caller's reservation may have asked for them.
+        assert!(huge_pages_may_back(Some(&usual), true));
+        assert!(huge_pages_may_back(Some(&modes("always", &["inherit"], Some("never"))), false));
+        // One size `always` is enough, and so is `always` at the top whatever the sizes say.
+        assert!(huge_pages_may_back(Some(&modes("madvise", &["never", "always"], None)), false));
+        assert!(huge_pages_may_back(Some(&modes("always", &["never"], None)), false));
+        // `inherit` follows the top.
+        assert!(!huge_pages_may_back(Some(&modes("never", &["inherit"], None)), true));
+        // Views are memfd pages: shmem's own modes.
+        for (shmem, may) in
+            [("always", true), ("within_size", true), ("force", true), ("advise", false), ("deny", false)]
+        {
+            assert_eq!(huge_pages_may_back(Some(&modes("never", &[], Some(shmem))), false), may, "{shmem}");
+        }
+        // No THP in the kernel.
+        assert!(!huge_pages_may_back(None, true));
     }
 }

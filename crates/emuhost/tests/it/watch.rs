@@ -76,6 +76,7 @@ watch_conformance!(
     writes_across_an_allocations_end,
     rearm,
     many_allocations,
+    an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
     released_behind_the_mappings,
     released_behind_the_mappings_into_words,
     verify_catches_a_page_decommitted_in_place,
@@ -187,6 +188,31 @@ fn rearm(kind: BackendKind) {
     t.disarm(r).unwrap();
     poke(&s, 4);
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+}
+
+/// `MADV_NOHUGEPAGE` takes the memory-map lock for writing: a uffd arm makes it only where the
+/// kernel's THP settings could give the space's own pages huge pages unasked (`always`).
+fn an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 64);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    let before = calls();
+    t.arm(r).unwrap();
+    let used = calls().since(&before);
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let sizes = std::fs::read_dir("/sys/kernel/mm/transparent_hugepage")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hugepages-"))
+        .map(|e| std::fs::read_to_string(e.path().join("enabled")).unwrap_or_default())
+        .collect::<Vec<_>>();
+    let shmem = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").unwrap_or_default();
+    let always = thp.contains("[always]")
+        || sizes.iter().any(|m| m.contains("[always]"))
+        || ["[always]", "[within_size]", "[force]"].iter().any(|m| shmem.contains(m));
+    let want = u64::from(kind == BackendKind::Uffd && always);
+    assert_eq!(used.madvise, want, "THP: {thp:?}, sizes {sizes:?}, shmem {shmem:?}; {used:?}");
 }
 
 fn many_allocations(kind: BackendKind) {

@@ -75,8 +75,43 @@ pub fn procmap_query() -> io::Result<()> {
 
 /// The transparent huge page mode (`always`, `madvise` or `never`), if the kernel has THP.
 pub fn thp_mode() -> Option<String> {
-    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    thp_setting("enabled")
+}
+
+/// The bracketed word of `/sys/kernel/mm/transparent_hugepage/<name>`, if there is one.
+fn thp_setting(name: &str) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}")).ok()?;
     let start = s.find('[')?;
     let end = s[start..].find(']')?;
     Some(s[start + 1..start + end].to_string())
+}
+
+/// The kernel's transparent huge page settings, as read now (an administrator may change them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThpModes {
+    /// `enabled`: `always`, `madvise` or `never`.
+    pub top: String,
+    /// Each size's `hugepages-<size>kB/enabled` (Linux 6.8+): `always`, `inherit`, `madvise` or
+    /// `never`.
+    pub sizes: Vec<String>,
+    /// `shmem_enabled`, if there is one: `always`, `within_size`, `advise`, `never`, `deny` or
+    /// `force`.
+    pub shmem: Option<String>,
+}
+
+/// The THP settings, `None` where the kernel has no THP.
+pub fn thp_modes() -> Option<ThpModes> {
+    let top = thp_mode()?;
+    let mut sizes = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/kernel/mm/transparent_hugepage") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("hugepages-")
+                && let Some(mode) = thp_setting(&format!("{name}/enabled"))
+            {
+                sizes.push(mode);
+            }
+        }
+    }
+    Some(ThpModes { top, sizes, shmem: thp_setting("shmem_enabled") })
 }

@@ -32,14 +32,6 @@ impl ImportCost {
         self.fixed + Duration::from_nanos((per_byte * len as f64) as u64)
     }
 
-    /// Whether the import faults untouched pages in itself: they cost over twice as much as
-    /// populated ones, and at least 0.1 ms/MiB (256 pages zeroed and mapped; an import that
-    /// pins nothing, lavapipe's, measures a few µs/MiB either way). A pinning driver's does,
-    /// under the process's memory-map lock.
-    pub fn faults_in(&self) -> bool {
-        self.untouched_per_mib > 2 * self.populated_per_mib && self.untouched_per_mib >= Duration::from_micros(100)
-    }
-
     /// The largest power of two of bytes, at least `align` (a power of two) and at most 1 GiB,
     /// whose import is estimated to take at most `target`.
     pub fn granule(&self, target: Duration, align: u64) -> u64 {
@@ -119,21 +111,6 @@ mod tests {
         assert_eq!(c.granule(Duration::from_micros(50), 4096), 4096);
         // Free imports: capped at 1 GiB.
         assert_eq!(ImportCost::default().granule(Duration::from_micros(1), 4096), 1 << 30);
-    }
-
-    #[test]
-    fn an_import_faults_pages_in_where_untouched_ones_cost_over_twice_and_at_least_a_tenth_ms() {
-        let c = |untouched: u64, populated: u64| ImportCost {
-            fixed: Duration::from_micros(100),
-            untouched_per_mib: Duration::from_micros(untouched),
-            populated_per_mib: Duration::from_micros(populated),
-        };
-        // The H200's: 0.37 ms/MiB untouched, 0.05 populated.
-        assert!(c(370, 50).faults_in());
-        assert!(!c(370, 200).faults_in(), "populated pages cost as much");
-        // lavapipe's: a few us/MiB either way.
-        assert!(!c(5, 0).faults_in(), "nothing is pinned");
-        assert!(c(100, 0).faults_in() && !c(99, 0).faults_in());
     }
 
     #[test]

@@ -1137,8 +1137,8 @@ impl<B: Backend> Core<B> {
     }
 
     /// Commits the reserved pages of `span` (its range `r`) and imports it: the import and its
-    /// time. Under the pools policy it populates the pages first; on a background thread
-    /// (`background`) it also stays out of the way of bindings' imports.
+    /// time. On a background thread (`background`) it populates the pages first and stays out
+    /// of the way of bindings' imports.
     fn make(&self, span: HostSpan, r: Planned, background: bool) -> Result<(B::Import, Duration), ImportError> {
         let t = Instant::now();
         if self.cfg.commit {
@@ -1147,22 +1147,15 @@ impl<B: Backend> Core<B> {
             // import.
             self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| self.wrap(r, e.into()))?;
         }
-        if background || (self.cfg.policy == ImportPolicy::Pools && self.cost.faults_in()) {
-            // Populated first, in slices (on a background thread each after every binding's
-            // import under way; on a binding's only where the import would fault them in, and
-            // not under the chunks policy, the seed's): the driver pins under the process's
-            // memory-map lock, and a pin that faults pages in holds it about seven times as long
-            // as one of populated pages. Every commit, decommit and arm on the game's threads
-            // takes that lock for writing, holding the space's lock meanwhile, and the render
-            // thread's collects wait for the space's lock (on the H200, commits of a few KiB
-            // waited 1-4 ms behind pins).
+        if background {
+            // In slices, each after every binding's import under way: a long populate holds the
+            // process's memory-map lock, and a binding's pin (or a commit queued for the lock in
+            // write mode, which the pin then queues behind) would wait for all of it.
             let g = span.guest();
             let mut at = g.start().0;
             while at < g.end().0 {
                 let n = POPULATE_SLICE.min(g.end().0 - at);
-                if background {
-                    self.step_aside();
-                }
+                self.step_aside();
                 let slice = self.space.range(at, n).and_then(|s| self.space.populate(s));
                 if let Err(e) = slice {
                     // The pin faults in what this left (pages the guest made read-only, for one).

@@ -63,11 +63,7 @@ fn read(space: &Space, lo: u64, len: u64) -> Vec<u8> {
 
 /// Whether a guest page is present (`/proc/self/pagemap`).
 fn present(space: &Space, addr: u64) -> bool {
-    host_present(space.host_addr(GuestAddr(addr)).unwrap() as u64)
-}
-
-/// Whether the page at host address `host` is present (`/proc/self/pagemap`).
-fn host_present(host: u64) -> bool {
+    let host = space.host_addr(GuestAddr(addr)).unwrap() as u64;
     let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
     f.seek(SeekFrom::Start(host / page_size() * 8)).unwrap();
     let mut b = [0u8; 8];
@@ -428,8 +424,6 @@ struct Faulty {
     entered: AtomicU64,
     /// Imports on this thread never wait for `hold`.
     free_thread: Mutex<Option<std::thread::ThreadId>>,
-    /// Whether every page of each import's span was present when the import began.
-    resident: Mutex<Vec<bool>>,
 }
 
 impl Faulty {
@@ -471,8 +465,6 @@ impl Backend for Faulty {
         // Wrapping: the importer's start-up measure imports scratch memory outside the space.
         let lo = (span.addr() as u64).wrapping_sub(self.base.load(Ordering::Relaxed));
         self.calls.lock().unwrap().push(Planned { lo, hi: lo + span.len() as u64 });
-        let all = (span.addr()..span.addr() + span.len()).step_by(page_size() as usize).all(|a| host_present(a as u64));
-        self.resident.lock().unwrap().push(all);
         self.entered.fetch_add(1, Ordering::SeqCst);
         let free = *self.free_thread.lock().unwrap() == Some(std::thread::current().id());
         let mut hold = self.hold.lock().unwrap();
@@ -810,26 +802,6 @@ fn pools(ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
 
 fn k(lo_kib: u64, hi_kib: u64) -> Planned {
     Planned { lo: lo_kib * KIB, hi: hi_kib * KIB }
-}
-
-/// Where the import faults pages in itself (untouched pages cost twenty times populated ones, as
-/// a pinning driver's do), a binding populates its pages before it imports them, so the pin holds
-/// the memory-map lock only to pin; where it does not, the pages are left to the import.
-#[test]
-fn pools_a_binding_populates_its_pages_before_an_import_that_would_fault_them_in() {
-    for (populated_us, want) in [(50, true), (1000, false)] {
-        let cost = ImportCost {
-            fixed: Duration::from_micros(100),
-            untouched_per_mib: Duration::from_millis(1),
-            populated_per_mib: Duration::from_micros(populated_us),
-        };
-        let cfg =
-            ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).ahead(0).cost(Some(cost));
-        let (imp, f) = faulty_with(cfg);
-        imp.add_pool(5 * MIB, 64 * KIB).unwrap();
-        assert!(imp.bind(5 * MIB + 0x10, 0x10).unwrap().made);
-        assert_eq!(*f.resident.lock().unwrap(), vec![want], "populated at {populated_us} us/MiB");
-    }
 }
 
 #[test]

@@ -264,20 +264,31 @@ fn released_behind_the_mappings(kind: BackendKind) {
     assert!(written(&t.collect(r).unwrap()).contains(&10));
 }
 
+/// Two allocations, of 8 and `b_pages` pages, committed and armed, with or without a consumer
+/// (kept alive with the tracker): the space, the tracker, the range of both.
+#[allow(clippy::type_complexity)]
+fn two_armed(
+    kind: BackendKind,
+    b_pages: u64,
+    with_consumer: bool,
+) -> Option<(Arc<Space>, Arc<Tracker>, Option<emuhost::watch::Consumer>, GuestRange)> {
+    let (s, t) = setup(kind)?;
+    let consumer = with_consumer.then(|| t.consumer());
+    s.commit(pages(&s, 0, 8), Prot::READ_WRITE).unwrap();
+    s.commit(pages(&s, 8, b_pages), Prot::READ_WRITE).unwrap();
+    let r = pages(&s, 0, 8 + b_pages);
+    t.arm(r).unwrap();
+    Some((s, t, consumer, r))
+}
+
 /// The same into the caller's words, where the runs go straight into the bits (no consumer)
 /// or through the tracker's runs (a consumer needs them): the released allocation is reported
 /// whole and counted once, beside the page written in the other.
 fn released_behind_the_mappings_into_words(kind: BackendKind) {
     for with_consumer in [false, true] {
-        let Some((s, t)) = setup(kind) else { return };
-        let _consumer = with_consumer.then(|| t.consumer());
-        let (a, b) = (pages(&s, 0, 8), pages(&s, 8, 8));
-        s.commit(a, Prot::READ_WRITE).unwrap();
-        s.commit(b, Prot::READ_WRITE).unwrap();
-        let r = pages(&s, 0, 16);
-        t.arm(r).unwrap();
+        let Some((s, t, _consumer, r)) = two_armed(kind, 8, with_consumer) else { return };
         poke(&s, 9);
-        release_behind(&s, b);
+        release_behind(&s, pages(&s, 8, 8));
         poke(&s, 1);
         poke(&s, 2);
         let mut words = [0u64; 1];
@@ -294,13 +305,7 @@ fn released_behind_the_mappings_into_words(kind: BackendKind) {
         return;
     }
     for with_consumer in [false, true] {
-        let Some((s, t)) = setup(kind) else { return };
-        let _consumer = with_consumer.then(|| t.consumer());
-        let (a, b) = (pages(&s, 0, 8), pages(&s, 8, 1400));
-        s.commit(a, Prot::READ_WRITE).unwrap();
-        s.commit(b, Prot::READ_WRITE).unwrap();
-        let r = pages(&s, 0, 1408);
-        t.arm(r).unwrap();
+        let Some((s, t, _consumer, r)) = two_armed(kind, 1400, with_consumer) else { return };
         poke(&s, 1);
         for pg in (8..1300).step_by(2) {
             poke(&s, pg);

@@ -32,6 +32,7 @@ mod types;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 pub use error::SpaceError;
@@ -339,6 +340,20 @@ pub struct Space {
     one_call_commit: bool,
     state: Mutex<State>,
     record: RwLock<Record>,
+    /// Changes of the mappings under way (waiting for the space's lock or in the kernel): see
+    /// [`Space::changes_in_flight`].
+    changing: AtomicU32,
+}
+
+/// Counts a change of the mappings in flight while it lives ([`Space::changing`]).
+#[must_use = "the change is counted only while the guard lives"]
+#[derive(Debug)]
+pub struct Changing<'a>(&'a AtomicU32);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 impl Space {
@@ -430,7 +445,25 @@ impl Space {
             one_call_commit: config.one_call_commit,
             state: Mutex::new(State::default()),
             record: RwLock::new(Record::default()),
+            changing: AtomicU32::new(0),
         }
+    }
+
+    /// Commits, decommits, protections, views and arms under way now: each takes the process's
+    /// memory-map lock for writing, and waits for every reader of it (a driver's pin, a
+    /// populate, a collect's scan) while holding the space's lock. Work that can wait (an
+    /// importer's background populates and pins) starts none while this is not zero.
+    pub fn changes_in_flight(&self) -> u32 {
+        self.changing.load(Ordering::Acquire)
+    }
+
+    /// Marks a change of the mappings in flight until the guard is dropped. The space's own
+    /// changes and a tracker's arms do this; an embedder that takes the memory-map lock for
+    /// writing itself (an `mprotect` or `mmap` of its own, say) may too, so that background
+    /// populates and pins do not start meanwhile.
+    pub fn changing(&self) -> Changing<'_> {
+        self.changing.fetch_add(1, Ordering::AcqRel);
+        Changing(&self.changing)
     }
 
     /// A space with the default configuration (512 GiB, one-call commit).
@@ -511,6 +544,7 @@ impl Space {
     pub fn commit(&self, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
         // Fault injection may panic here, before any lock is taken (a no-op in the default build).
         crate::faults::panic_at_commit();
+        let _changing = self.changing();
         self.commit_locked(&mut self.state(), range, prot)
     }
 
@@ -520,6 +554,7 @@ impl Space {
     /// never overridden. Returns the bytes committed.
     pub fn commit_reserved(&self, range: GuestRange, prot: Prot) -> Result<u64, SpaceError> {
         self.check(range)?;
+        let _changing = self.changing();
         let mut st = self.state();
         let (a, b) = (range.start().0, range.end().0);
         let mut gaps = Vec::new();
@@ -722,6 +757,7 @@ impl Space {
     /// the space did not make is an error naming it, and nothing is changed.
     pub fn decommit(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
+        let _changing = self.changing();
         let mut st = self.state();
         st.refuse_held("decommit", range)?;
         let mut rec = self.record_mut();
@@ -749,6 +785,7 @@ impl Space {
     /// that the space did not make is an error naming it; so is a hole, and nothing is changed.
     pub fn protect(&self, range: GuestRange, prot: Prot) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
+        let _changing = self.changing();
         let mut st = self.state();
         let mut rec = self.record_mut();
         let err = |e| SpaceError::os("protect", range.start().0, range.len(), e);
@@ -911,6 +948,7 @@ impl Space {
         prot: Prot,
     ) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
+        let _changing = self.changing();
         let mut st = self.state();
         st.refuse_held("map section", range)?;
         let sec = st.sections.get(&section).ok_or(SpaceError::NoSection(section.0))?;

@@ -587,6 +587,7 @@ impl Tracker {
     /// emulator arms after every commit, and a commit over armed pages must not forget writes).
     pub fn arm(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
+        let _changing = self.space.changing();
         self.space.with_layout(range, |_| {
             let regions = self.space.kernel_regions(range)?;
             self.arm_locked(&mut self.inner(), range, &regions)
@@ -629,6 +630,7 @@ impl Tracker {
     /// Stops tracking `range` (its pages get their protection back).
     pub fn disarm(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
+        let _changing = self.space.changing();
         self.space.with_layout(range, |_| {
             let mut guard = self.inner();
             let inner = &mut *guard;

@@ -860,6 +860,27 @@ fn pools_ready_where_bindings_come_pools_are_imported_ahead_and_their_bindings_w
     assert_eq!(f.calls.lock().unwrap().len(), 1);
 }
 
+/// While a change of the space's mappings is under way (it waits for the memory-map lock behind
+/// every pin and populate), the background threads start no populate and no import; they go on
+/// once it is done.
+#[test]
+fn pools_background_imports_wait_while_a_change_of_the_mappings_is_under_way() {
+    let (imp, f) = pools(64 * MIB);
+    imp.bind(5 * MIB + 0x100, 0x100).unwrap();
+    imp.settle();
+    let space = imp.space().clone();
+    let changing = space.changing();
+    assert_eq!(space.changes_in_flight(), 1);
+    imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(f.calls.lock().unwrap().len(), 1, "nothing imported ahead meanwhile");
+    assert!(!present(&space, 5 * MIB + 0x8000), "nor populated");
+    drop(changing);
+    assert_eq!(space.changes_in_flight(), 0);
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), vec![k(5 * 1024, 5 * 1024 + 4), k(5 * 1024 + 32, 5 * 1024 + 48)]);
+}
+
 #[test]
 fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_behind_it() {
     let (imp, f) = pools(0);

@@ -820,3 +820,50 @@ fn adopt_refuses_what_is_not_a_reservation_naming_it() {
         unmap(at, n * p);
     }
 }
+
+/// A commit, a decommit and a protection count as changes in flight from before they wait for
+/// the space's lock until they return; guards nest.
+#[test]
+fn changes_in_flight_count_each_change_while_it_waits_and_runs() {
+    let s = space();
+    let r = pages(&s, 0, 4);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    assert_eq!(s.changes_in_flight(), 0);
+    type Op<'a> = &'a (dyn Fn(&Space) + Sync);
+    let ops: [(&str, Op); 3] = [
+        ("commit", &|s| {
+            s.commit(pages(s, 8, 2), Prot::READ_WRITE).unwrap();
+        }),
+        ("protect", &|s| s.protect(pages(s, 0, 1), Prot::READ).unwrap()),
+        ("decommit", &|s| s.decommit(pages(s, 8, 2)).unwrap()),
+    ];
+    for (name, op) in ops {
+        std::thread::scope(|sc| {
+            // Holds the space's lock until told, or until `tx` is dropped (a failed assertion
+            // below unwinds through it, so the scope's join does not hang).
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (held_tx, held_rx) = std::sync::mpsc::channel();
+            let s = &s;
+            sc.spawn(move || {
+                s.with_layout(r, |_| {
+                    held_tx.send(()).unwrap();
+                    let _ = rx.recv();
+                })
+            });
+            held_rx.recv().unwrap();
+            let t = sc.spawn(move || op(s));
+            let start = std::time::Instant::now();
+            while s.changes_in_flight() != 1 {
+                assert!(start.elapsed() < std::time::Duration::from_secs(10), "{name}: not counted");
+                std::thread::yield_now();
+            }
+            tx.send(()).unwrap();
+            t.join().unwrap();
+        });
+        assert_eq!(s.changes_in_flight(), 0, "{name}");
+    }
+    let (a, b) = (s.changing(), s.changing());
+    assert_eq!(s.changes_in_flight(), 2);
+    drop((a, b));
+    assert_eq!(s.changes_in_flight(), 0);
+}

@@ -1190,9 +1190,20 @@ impl<B: Backend> Core<B> {
     /// space's mappings is under way: each such change waits for the memory-map lock behind
     /// every populate and pin that holds it, while holding the space's lock that the render
     /// thread's collects need (on the H200, commits of a few KiB waited 1-4 ms so).
+    /// It yields at first, then sleeps 50 µs at a time (a change can wait milliseconds for the
+    /// lock), and stops waiting once the importer is being dropped (a guard an embedder keeps
+    /// must not hang the drop).
     fn step_aside(&self) {
-        while self.binding_imports.load(Ordering::Acquire) > 0 || self.space.changes_in_flight() > 0 {
-            std::thread::yield_now();
+        let mut spins = 0u32;
+        while (self.binding_imports.load(Ordering::Acquire) > 0 || self.space.changes_in_flight() > 0)
+            && !self.stopping.load(Ordering::Relaxed)
+        {
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 

@@ -460,7 +460,8 @@ impl Space {
     /// Marks a change of the mappings in flight until the guard is dropped. The space's own
     /// changes and a tracker's arms do this; an embedder that takes the memory-map lock for
     /// writing itself (an `mprotect` or `mmap` of its own, say) may too, so that background
-    /// populates and pins do not start meanwhile.
+    /// populates and pins do not start meanwhile. Keep it only for the change: while it lives,
+    /// an importer's `settle` waits for it.
     pub fn changing(&self) -> Changing<'_> {
         self.changing.fetch_add(1, Ordering::AcqRel);
         Changing(&self.changing)

@@ -81,11 +81,11 @@ impl<'a, 'b> Runs<'a, 'b> {
     }
 }
 
-/// The backend `kind` over `space`'s window; with mprotect, emuhost's `SIGSEGV` handler is
-/// installed only if `install_handler` (else the embedder's own handler forwards faults).
 /// Entries of the uffd backend's `PAGEMAP_SCAN` output vector (a full one resumes the scan).
 pub(super) const SCAN_VEC: usize = 512;
 
+/// The backend `kind` over `space`'s window; with mprotect, emuhost's `SIGSEGV` handler is
+/// installed only if `install_handler` (else the embedder's own handler forwards faults).
 pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<Box<dyn Backend>> {
     Ok(match kind {
         BackendKind::Uffd => Box::new(UffdBackend {

@@ -879,6 +879,12 @@ fn pools_background_imports_wait_while_a_change_of_the_mappings_is_under_way() {
     assert_eq!(space.changes_in_flight(), 0);
     imp.settle();
     assert_eq!(*f.calls.lock().unwrap(), vec![k(5 * 1024, 5 * 1024 + 4), k(5 * 1024 + 32, 5 * 1024 + 48)]);
+    // A guard kept forever does not hang the importer's drop.
+    let kept = space.changing();
+    imp.add_pool(5 * MIB + 0x20000, 0x4000).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    drop(imp);
+    drop(kept);
 }
 
 #[test]

@@ -1015,9 +1015,9 @@ impl<B: Backend> Core<B> {
     }
 
     /// Learns from a binding's import of `len` bytes just made (its time is the last of
-    /// [`Stats::times`]), where the cost was measured: imports of 64 KiB or more update an average of the time per MiB past
-    /// the fixed part (a quarter the new one), and the cost per untouched MiB becomes the larger
-    /// of the start-up one and that average. Under a write tracker, with other threads faulting
+    /// [`Stats::times`]), where the cost was measured: imports of 64 KiB or more update an
+    /// average of the time per MiB past the fixed part (a quarter the new one), and the cost per
+    /// untouched MiB becomes the larger of the start-up one and that average. Under a write tracker, with other threads faulting
     /// and importing, a binding's pages cost several times what the start-up measure saw.
     fn learn(&self, st: &mut State<B::Import>, len: u64) {
         let Some(&took) = st.stats.times.last() else { return };

@@ -905,20 +905,24 @@ fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_beh
     assert_eq!(imp.bind(9 * MIB - 0x10, 0x20).unwrap().range, k(9 * 1024 - 256, 9 * 1024 + 256));
 }
 
+/// An importer under the pools policy at `cost`, one background thread, with a binding made at
+/// 4 MiB and a pool of `size` bytes at 4 MiB + 64 KiB whose import ahead has entered the backend
+/// and is held there (`Faulty::set_hold`).
+fn one_held_ahead(cost: Option<ImportCost>, size: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).cost(cost).ahead_threads(1);
+    let (imp, f) = faulty_with(cfg);
+    imp.bind(4 * MIB, 0x10).unwrap();
+    f.set_hold(true);
+    imp.add_pool(4 * MIB + 0x1_0000, size).unwrap();
+    f.wait_entered(2);
+    (imp, f)
+}
+
 #[test]
 fn pools_a_binding_waits_for_an_import_in_flight_only_if_it_lands_sooner_than_its_own_part() {
     // A large pool in flight (896 KiB: 87.6 ms by the estimate, 100 ms/MiB) is not waited for:
     // the binding imports its part (one page, 0.5 ms).
-    let cfg = ImportConfig::default()
-        .plan(PlanConfig::new(MIB, 0))
-        .cooling(Duration::ZERO)
-        .cost(cost(100, 100_000))
-        .ahead_threads(1);
-    let (imp, f) = faulty_with(cfg);
-    imp.bind(4 * MIB, 0x10).unwrap();
-    f.set_hold(true);
-    imp.add_pool(4 * MIB + 0x1_0000, 0xe_0000).unwrap();
-    f.wait_entered(2);
+    let (imp, f) = one_held_ahead(cost(100, 100_000), 0xe_0000);
     *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
     let b = imp.bind(4 * MIB + 0x8_0010, 0x10);
     let s = imp.stats();
@@ -929,16 +933,7 @@ fn pools_a_binding_waits_for_an_import_in_flight_only_if_it_lands_sooner_than_it
     // An import in flight that should land within the binding's own time is waited for: here
     // every import is estimated at 20 ms, and the one in flight lands as soon as the binding
     // waits.
-    let cfg = ImportConfig::default()
-        .plan(PlanConfig::new(MIB, 0))
-        .cooling(Duration::ZERO)
-        .cost(cost(20_000, 0))
-        .ahead_threads(1);
-    let (imp, f) = faulty_with(cfg);
-    imp.bind(4 * MIB, 0x10).unwrap();
-    f.set_hold(true);
-    imp.add_pool(4 * MIB + 0x1_0000, 0x1_0000).unwrap();
-    f.wait_entered(2);
+    let (imp, f) = one_held_ahead(cost(20_000, 0), 0x1_0000);
     let (b, held) = std::thread::scope(|sc| {
         let t = sc.spawn(|| (Instant::now(), imp.bind(4 * MIB + 0x1_0010, 0x10)));
         // Released once the binding waits (its wait is bounded at about 40 ms).

@@ -11,7 +11,7 @@ use super::cost::ImportCost;
 use super::plan::{PlanConfig, Planned, binding_cover, cover, piece, plan, pool_range};
 use super::pools::{PoolId, Pools};
 use super::{ImportError, switch_u64};
-use crate::space::{Prot, Space, page_size};
+use crate::space::{LongRead, Prot, Space, page_size};
 
 /// The default time a range that failed to import is held before it is tried again.
 pub const DEFAULT_COOLING: Duration = Duration::from_secs(1);
@@ -1155,7 +1155,7 @@ impl<B: Backend> Core<B> {
             let mut at = g.start().0;
             while at < g.end().0 {
                 let n = POPULATE_SLICE.min(g.end().0 - at);
-                self.step_aside();
+                let _read = self.step_aside();
                 let slice = self.space.range(at, n).and_then(|s| self.space.populate(s));
                 if let Err(e) = slice {
                     // The pin faults in what this left (pages the guest made read-only, for one).
@@ -1169,8 +1169,7 @@ impl<B: Backend> Core<B> {
         // another thread's), and a binding should wait for one of theirs at most.
         let _turn = background.then(|| {
             let turn = self.driver_turn.lock().unwrap_or_else(|p| p.into_inner());
-            self.step_aside();
-            turn
+            (turn, self.step_aside())
         });
         let before = t.elapsed();
         let import = self.backend.import(span).map_err(|e| self.wrap(r, e))?;
@@ -1187,17 +1186,26 @@ impl<B: Backend> Core<B> {
     }
 
     /// A background thread waits here until no binding is importing and no change of the
-    /// space's mappings is under way: each such change waits for the memory-map lock behind
-    /// every populate and pin that holds it, while holding the space's lock that the render
-    /// thread's collects need (on the H200, commits of a few KiB waited 1-4 ms so).
+    /// space's mappings is under way, and returns the space's long read for its populate or pin
+    /// (`None` once the importer is being dropped). A change waits for the memory-map lock
+    /// behind every populate and pin that holds it, and there every collect's scan queues behind
+    /// the change, which meanwhile holds the space's lock that collects need too (on the H200,
+    /// commits of a few KiB waited 1-4 ms so): with the long read, a change that comes during
+    /// the populate or the pin waits for it before it takes the space's lock instead.
     /// It yields at first, then sleeps 50 µs at a time (a change can wait milliseconds for the
     /// lock), and stops waiting once the importer is being dropped (a guard an embedder keeps
     /// must not hang the drop).
-    fn step_aside(&self) {
+    fn step_aside(&self) -> Option<LongRead<'_>> {
         let mut spins = 0u32;
-        while (self.binding_imports.load(Ordering::Acquire) > 0 || self.space.changes_in_flight() > 0)
-            && !self.stopping.load(Ordering::Relaxed)
-        {
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return None;
+            }
+            if self.binding_imports.load(Ordering::Acquire) == 0
+                && let Some(read) = self.space.try_long_read()
+            {
+                return Some(read);
+            }
             spins += 1;
             if spins < 64 {
                 std::thread::yield_now();

@@ -33,7 +33,7 @@ mod types;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 pub use error::SpaceError;
 pub use types::{GuestAddr, GuestRange, Prot, page_size};
@@ -343,6 +343,10 @@ pub struct Space {
     /// Changes of the mappings under way (waiting for the space's lock or in the kernel): see
     /// [`Space::changes_in_flight`].
     changing: AtomicU32,
+    /// Long reads of the memory map under way ([`Space::try_long_read`]), and where a change
+    /// waits for them to end.
+    long_reads: AtomicU32,
+    reads_done: (Mutex<()>, Condvar),
 }
 
 /// Counts a change of the mappings in flight while it lives ([`Space::changing`]).
@@ -355,6 +359,25 @@ impl Drop for Changing<'_> {
         self.0.fetch_sub(1, Ordering::Release);
     }
 }
+
+/// A long read of the memory map in flight while it lives ([`Space::try_long_read`]).
+#[must_use = "the read is counted only while the guard lives"]
+#[derive(Debug)]
+pub struct LongRead<'a>(&'a Space);
+
+impl Drop for LongRead<'_> {
+    fn drop(&mut self) {
+        if self.0.long_reads.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Under the lock a waiting change checks the count under, so it never misses this.
+            let _g = self.0.reads_done.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.0.reads_done.1.notify_all();
+        }
+    }
+}
+
+/// The longest a change waits for long reads to end before it goes on (into the kernel, where
+/// it waits for them anyway): a guard kept by mistake slows changes down, it never stops them.
+const LONG_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Space {
     /// Reserves the window (and its guard pages) where the configuration places it.
@@ -446,6 +469,8 @@ impl Space {
             state: Mutex::new(State::default()),
             record: RwLock::new(Record::default()),
             changing: AtomicU32::new(0),
+            long_reads: AtomicU32::new(0),
+            reads_done: (Mutex::new(()), Condvar::new()),
         }
     }
 
@@ -462,9 +487,50 @@ impl Space {
     /// writing itself (an `mprotect` or `mmap` of its own, say) may too, so that background
     /// populates and pins do not start meanwhile. Keep it only for the change: while it lives,
     /// an importer's `settle` waits for it.
+    ///
+    /// Before it returns, it waits for the long reads in flight ([`Space::try_long_read`]) to
+    /// end, for 100 ms at most: the change would wait for them in the kernel anyway, and there
+    /// other threads' reads of the memory map (a collect's scan) queue behind it. Call it before
+    /// taking any lock that such a reader may need.
     pub fn changing(&self) -> Changing<'_> {
-        self.changing.fetch_add(1, Ordering::AcqRel);
+        self.changing.fetch_add(1, Ordering::SeqCst);
+        if self.long_reads.load(Ordering::SeqCst) > 0 {
+            self.wait_for_long_reads();
+        }
         Changing(&self.changing)
+    }
+
+    fn wait_for_long_reads(&self) {
+        let deadline = std::time::Instant::now() + LONG_READ_WAIT;
+        let (lock, done) = &self.reads_done;
+        let mut g = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.long_reads.load(Ordering::SeqCst) > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::debug!("a change of the mappings waited {LONG_READ_WAIT:?} for long reads: going on");
+                return;
+            }
+            g = done.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// For work that can wait (a background thread's populate or driver pin) and holds the
+    /// process's memory-map lock for reading for long: `None` while a change of the mappings is
+    /// in flight (step aside and try again). While the guard lives, a change that comes waits
+    /// for it before it takes the space's lock, rather than in the kernel: a writer waiting
+    /// there for the memory-map lock makes every later reader queue behind it (the render
+    /// thread's collects, whose scans read the memory map), and it would hold the space's lock
+    /// that those collects need meanwhile. Keep it only for the read, and make no change of the
+    /// space's mappings while it lives (the change would wait for it: 100 ms).
+    pub fn try_long_read(&self) -> Option<LongRead<'_>> {
+        self.long_reads.fetch_add(1, Ordering::SeqCst);
+        let read = LongRead(self);
+        (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+    }
+
+    /// Long reads of the memory map under way ([`Space::try_long_read`]).
+    pub fn long_reads_in_flight(&self) -> u32 {
+        self.long_reads.load(Ordering::SeqCst)
     }
 
     /// A space with the default configuration (512 GiB, one-call commit).

@@ -887,6 +887,48 @@ fn pools_background_imports_wait_while_a_change_of_the_mappings_is_under_way() {
     drop(kept);
 }
 
+/// A background import is a long read of the space's memory map while it pins: a commit that
+/// comes meanwhile waits for it before it takes the space's lock (which stays free), and is made
+/// once the import lands. A binding's own import is none: nothing would wait for it sooner.
+#[test]
+fn pools_a_background_import_is_a_long_read_that_changes_wait_for() {
+    let (imp, f) = one_held_ahead(cost(20_000, 0), 0x1_0000);
+    let space = imp.space().clone();
+    let reads = space.long_reads_in_flight();
+    if reads != 1 {
+        f.set_hold(false);
+    }
+    assert_eq!(reads, 1, "the import ahead in flight");
+    let r = space.range(32 * MIB, 0x4000).unwrap();
+    let made_meanwhile = std::thread::scope(|sc| {
+        let t = sc.spawn(|| space.commit(r, Prot::READ_WRITE).map(|_| ()));
+        while space.changes_in_flight() != 1 && !t.is_finished() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        let made = !space.allocations_in(r).is_empty();
+        // Before any assertion: a panic with the import held would hang the importer's drop.
+        f.set_hold(false);
+        t.join().unwrap().unwrap();
+        made
+    });
+    assert!(!made_meanwhile, "the commit went ahead of the background pin");
+    imp.settle();
+    assert_eq!((space.long_reads_in_flight(), space.allocations_in(r).len()), (0, 1));
+    // A binding's own import.
+    f.set_hold(true);
+    let entered = f.entered.load(Ordering::SeqCst);
+    let reads = std::thread::scope(|sc| {
+        let t = sc.spawn(|| imp.bind(40 * MIB, 0x10));
+        f.wait_entered(entered + 1);
+        let reads = space.long_reads_in_flight();
+        f.set_hold(false);
+        t.join().unwrap().unwrap();
+        reads
+    });
+    assert_eq!(reads, 0, "a binding's import is not a long read");
+}
+
 #[test]
 fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_behind_it() {
     let (imp, f) = pools(0);

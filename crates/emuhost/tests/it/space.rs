@@ -867,3 +867,46 @@ fn changes_in_flight_count_each_change_while_it_waits_and_runs() {
     drop((a, b));
     assert_eq!(s.changes_in_flight(), 0);
 }
+
+/// A change that comes while a long read is in flight waits for it before it takes the space's
+/// lock: meanwhile the lock is free (a collect goes on) and the change is not made; it is made
+/// once the read ends. A long read is refused while a change is in flight.
+#[test]
+fn a_change_waits_for_a_long_read_in_flight_before_it_takes_the_space_lock() {
+    let s = space();
+    let r = pages(&s, 8, 2);
+    let read = s.try_long_read().expect("no change in flight");
+    assert_eq!(s.long_reads_in_flight(), 1);
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| s.commit(r, Prot::READ_WRITE).map(|_| ()));
+        while s.changes_in_flight() != 1 && !t.is_finished() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // The space's lock is free, and the commit not made.
+        assert!(s.allocations_in(r).is_empty(), "the commit went ahead of the long read");
+        assert!(!t.is_finished());
+        assert!(s.try_long_read().is_none(), "a long read while a change is in flight");
+        assert_eq!(s.long_reads_in_flight(), 1, "the refused one is not counted");
+        drop(read);
+        t.join().unwrap().unwrap();
+    });
+    assert_eq!(s.allocations_in(r).len(), 1);
+    assert_eq!((s.changes_in_flight(), s.long_reads_in_flight()), (0, 0));
+}
+
+/// A long read kept (by mistake) for ever slows a change down, it does not stop it.
+#[test]
+fn a_long_read_kept_for_ever_delays_a_change_for_a_bounded_time() {
+    let s = space();
+    let kept = s.try_long_read().expect("no change in flight");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = std::thread::scope(|sc| {
+        sc.spawn(|| tx.send(s.commit(pages(&s, 8, 2), Prot::READ_WRITE).map(|_| ())).unwrap());
+        let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+        // Before the scope joins the thread, so a commit that waits for ever fails the test.
+        drop(kept);
+        done
+    });
+    assert!(matches!(done, Ok(Ok(()))), "{done:?}");
+}

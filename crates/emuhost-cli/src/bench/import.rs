@@ -1,7 +1,8 @@
 //! `emuhost bench import`: (1) one import of untouched pages against one of pages populated first,
 //! per size; (2) a session of pools and bindings shaped like the reference's game (thousands of
 //! pools, ~2 % across a chunk's end, a few dozen chunks bound) through the importer with naive
-//! chunks, with spans, and with spans + populate ahead.
+//! chunks, with spans, and with spans + populate ahead; (3) collects beside commits and pins
+//! ([`super::chain`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,9 +29,18 @@ pub struct Args {
     /// Rounds of the session arms.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     session_rounds: u32,
-    /// Leave the session out (sizes only).
+    /// Leave the session out.
     #[arg(long)]
     no_session: bool,
+    /// Rounds of the collects beside commits and pins (0 leaves them out).
+    #[arg(long, default_value_t = 3)]
+    chain_rounds: u32,
+    /// How long each arm runs in a round of the collects beside commits and pins, in ms.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    chain_ms: u64,
+    /// What the background thread pins in the collects beside commits and pins, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    chain_pin_mib: u64,
     /// Seed of the synthetic session.
     #[arg(long, default_value_t = 1267)]
     seed: u64,
@@ -69,8 +79,17 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
         }
         s.json()
     };
+    let chain = if a.chain_rounds == 0 {
+        serde_json::Value::Null
+    } else {
+        let c = super::chain::arms(&backend, a.chain_rounds, Duration::from_millis(a.chain_ms), a.chain_pin_mib * MIB)?;
+        if !a.json {
+            c.print();
+        }
+        c.json()
+    };
     if a.json {
-        outln!("{}", json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session }));
+        outln!("{}", json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session, "chain": chain }));
     }
     Ok(Outcome::Ok)
 }

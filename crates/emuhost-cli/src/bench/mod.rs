@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod chain;
 mod import;
 mod prepare;
 mod sched;
@@ -28,8 +29,9 @@ pub enum Which {
     /// A compile-like job (allocation-heavy tree passes) at 1, 2, 4 ... N workers: jobs per second
     /// and speed-up, with this build's allocator (build with `--features mimalloc` for the other).
     Workers(sched::WorkersArgs),
-    /// GPU import: untouched against populated pages per size, and a session through the
-    /// importer with naive chunks, spans, and spans + populate ahead.
+    /// GPU import: untouched against populated pages per size; a session through the importer
+    /// with naive chunks, spans, and spans + populate ahead; collects beside commits and pins,
+    /// the pins in the kernel's queue against as the space's long reads.
     Import(import::Args),
     /// `emuhost prepare` at 1, 2, 4 ... N workers, cold and warm cache, each run its own process:
     /// time per phase, speed-up and peak memory, with this build's allocator.

@@ -1,0 +1,240 @@
+//! `emuhost bench import`, part (3): the render thread's collects beside a game thread's commits
+//! and a background thread's pins, the chain that made the worst frames under the pools policy
+//! on the H200. A pin holds the process's memory-map lock for reading for milliseconds; a commit
+//! (or its arm) that comes meanwhile waits in the kernel for the lock in write mode, holding the
+//! space's lock; a collect then waits for the space's lock, and its scan for the memory-map lock
+//! behind the waiting writer. Two arms, alternated round by round:
+//!
+//! - `pin in the kernel's queue`: the pinning thread steps aside while a change is in flight, then
+//!   pins (the importer before the space's long reads);
+//! - `pin as a long read`: it pins under [`Space::try_long_read`], so a change that comes during
+//!   the pin waits for it before it takes the space's lock, not in the kernel.
+//!
+//! Each round runs the three threads for `--chain-ms` (the pins of `--chain-pin-mib`) and reports the collects' latency (p50, p99,
+//! worst), the game thread's commit-and-arm latency, and the pins made per second.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use emuhost::import::{AnyBackend, Backend, HostSpan};
+use emuhost::space::{GuestAddr, Prot, Space, page_size};
+use emuhost::watch::Tracker;
+use serde_json::json;
+
+use super::median;
+
+const MIB: u64 = 1 << 20;
+/// Collected by the render thread: armed, a few pages written between collects.
+const COLLECTED: u64 = 16 * MIB;
+/// Where the game thread commits 16 KiB pieces, then decommits them all and starts over.
+const GAME: u64 = 256 * MIB;
+const PIECE: u64 = 16 << 10;
+
+const ARMS: [&str; 2] = ["pin in the kernel's queue", "pin as a long read"];
+
+/// One round of one arm.
+#[derive(Default, Clone)]
+struct Round {
+    collect_p50: f64,
+    collect_p99: f64,
+    collect_worst: f64,
+    change_p99: f64,
+    change_worst: f64,
+    pins_per_s: f64,
+    tracker: &'static str,
+}
+
+/// A figure's name and how to read it from a round.
+type Figure = (&'static str, fn(&Round) -> f64);
+
+pub struct ChainResult {
+    rounds: Vec<[Round; 2]>,
+    pinned: u64,
+    tracker: &'static str,
+    backend: String,
+}
+
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The pinning thread's loop: pin `span`'s range, release, 1 ms apart, until `stop`.
+fn pin_loop(
+    b: &AnyBackend,
+    space: &Arc<Space>,
+    (lo, len): (u64, u64),
+    long_read: bool,
+    stop: &AtomicBool,
+) -> anyhow::Result<u64> {
+    let mut pins = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let read = if long_read {
+            loop {
+                if let Some(r) = space.try_long_read() {
+                    break Some(r);
+                }
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(pins);
+                }
+                std::thread::yield_now();
+            }
+        } else {
+            while space.changes_in_flight() > 0 && !stop.load(Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+            None
+        };
+        // The release too: `munlock` holds the lock for writing as long as a pin holds it.
+        let import = b.import(HostSpan::of(space, lo, len)?)?;
+        b.release(import);
+        drop(read);
+        pins += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(pins)
+}
+
+/// The game thread's loop: commit and arm 16 KiB pieces one after another, a byte written in
+/// each, 200 µs apart; the whole area decommitted when it is full. The commit-and-arm times.
+fn game_loop(space: &Space, tracker: &Tracker, at: u64, stop: &AtomicBool) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::new();
+    let mut off = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if off == GAME {
+            space.decommit(space.range(at, GAME)?)?;
+            off = 0;
+        }
+        let piece = space.range(at + off, PIECE)?;
+        let t = Instant::now();
+        space.commit(piece, Prot::READ_WRITE)?;
+        tracker.arm(piece)?;
+        times.push(ms(t.elapsed()));
+        space.write(GuestAddr(at + off), &[1])?;
+        off += PIECE;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(times)
+}
+
+/// One round of one arm: the three threads for `dur`, the background thread pinning `pinned`
+/// bytes (populated: the pin of a pool imported ahead).
+fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow::Result<Round> {
+    let align = b.alignment().max(page_size());
+    let space = Arc::new(Space::with_window(1 << 32)?);
+    let pin_lo = (align - space.host_base() as u64 % align) % align;
+    let (coll, game) = (pin_lo + pinned + (1 << 28), pin_lo + pinned + (1 << 29));
+    let pin_range = space.range(pin_lo, pinned)?;
+    space.commit(pin_range, Prot::READ_WRITE)?;
+    space.populate(pin_range)?;
+    let collected = space.range(coll, COLLECTED)?;
+    space.commit(collected, Prot::READ_WRITE)?;
+    space.populate(collected)?;
+    let tracker = Tracker::new(&space)?;
+    tracker.arm(collected)?;
+    let stop = AtomicBool::new(false);
+    let p = page_size();
+    let (pins, changes, mut collects) = std::thread::scope(|sc| -> anyhow::Result<_> {
+        let pinner = sc.spawn(|| pin_loop(b, &space, (pin_lo, pinned), long_read, &stop));
+        let gamer = sc.spawn(|| game_loop(&space, &tracker, game, &stop));
+        let mut collects = Vec::new();
+        let end = Instant::now() + dur;
+        let mut i = 0u64;
+        let rendered = (|| -> anyhow::Result<()> {
+            while Instant::now() < end {
+                for k in 0..8 {
+                    space.write(GuestAddr(coll + ((i * 8 + k) * 97 % (COLLECTED / p)) * p), &[1])?;
+                }
+                i += 1;
+                let t = Instant::now();
+                tracker.collect(collected)?;
+                collects.push(ms(t.elapsed()));
+                std::thread::sleep(Duration::from_micros(250));
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let pins = pinner.join().expect("the pinning thread panicked")?;
+        let changes = gamer.join().expect("the game thread panicked")?;
+        rendered?;
+        Ok((pins, changes, collects))
+    })?;
+    let mut changes = changes;
+    Ok(Round {
+        collect_p50: quantile(&mut collects, 0.5),
+        collect_p99: quantile(&mut collects, 0.99),
+        collect_worst: quantile(&mut collects, 1.0),
+        change_p99: quantile(&mut changes, 0.99),
+        change_worst: quantile(&mut changes, 1.0),
+        pins_per_s: pins as f64 / dur.as_secs_f64(),
+        tracker: tracker.kind().name(),
+    })
+}
+
+pub fn arms(b: &Arc<AnyBackend>, rounds: u32, dur: Duration, pinned: u64) -> anyhow::Result<ChainResult> {
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        let mut pair: [Round; 2] = Default::default();
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            pair[i] = round(b, i == 1, dur, pinned)?;
+        }
+        out.push(pair);
+    }
+    let tracker = out.first().map_or("", |r| r[0].tracker);
+    Ok(ChainResult { rounds: out, pinned, tracker, backend: b.kind().name().to_string() })
+}
+
+impl ChainResult {
+    /// The median over rounds of one figure of arm `i`.
+    fn med(&self, i: usize, f: fn(&Round) -> f64) -> f64 {
+        let mut v: Vec<f64> = self.rounds.iter().map(|r| f(&r[i])).collect();
+        median(&mut v)
+    }
+
+    const FIGURES: [Figure; 6] = [
+        ("collect_ms_p50", |r| r.collect_p50),
+        ("collect_ms_p99", |r| r.collect_p99),
+        ("collect_ms_worst", |r| r.collect_worst),
+        ("change_ms_p99", |r| r.change_p99),
+        ("change_ms_worst", |r| r.change_worst),
+        ("pins_per_s", |r| r.pins_per_s),
+    ];
+
+    pub fn print(&self) {
+        outln!(
+            "collects beside commits and pins of {} MiB ({} tracker, {} pins, {} rounds, medians)",
+            self.pinned / MIB,
+            self.tracker,
+            self.backend,
+            self.rounds.len()
+        );
+        outln!("  {:<20} {:>26} {:>26} {:>8}", "", ARMS[0], ARMS[1], "ratio");
+        for (name, f) in Self::FIGURES {
+            let (a, b) = (self.med(0, f), self.med(1, f));
+            outln!("  {name:<20} {a:>26.3} {b:>26.3} {:>7.2}x", a / b);
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let arm = |i: usize| {
+            let mut m = serde_json::Map::new();
+            m.insert("arm".into(), json!(ARMS[i]));
+            for (name, f) in Self::FIGURES {
+                m.insert(name.into(), json!(self.med(i, f)));
+            }
+            serde_json::Value::Object(m)
+        };
+        json!({
+            "tracker": self.tracker, "backend": self.backend, "rounds": self.rounds.len(), "pinned_mib": self.pinned / MIB,
+            "old": arm(0), "new": arm(1),
+            "collect_worst_ratio": self.med(0, |r| r.collect_worst) / self.med(1, |r| r.collect_worst),
+            "collect_p99_ratio": self.med(0, |r| r.collect_p99) / self.med(1, |r| r.collect_p99),
+        })
+    }
+}

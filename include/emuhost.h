@@ -136,6 +136,10 @@
 // [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
 #define EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS 1
 
+// A change of the mappings in the space's window that the caller makes itself, in flight
+// (opaque): from `emuhost_space_change_begin` to `emuhost_change_end`.
+typedef struct emuhost_change_t emuhost_change_t;
+
 // One consumer of a tracker's writes (opaque): its own dirty pages, fed by every collect of the
 // tracker, so two caches on one tracker each see every write.
 //
@@ -548,6 +552,22 @@ struct emuhost_error_t *emuhost_space_protect(const struct emuhost_space_t *spac
 
 // Zeroes the range in place (pages stay committed and mapped, so GPU imports of them stay valid).
 struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
+
+// Marks a change of the mappings of the space's window that the caller makes itself (its own
+// `mprotect`, `mmap` or `munmap` there) as in flight, until `emuhost_change_end`. Each takes the
+// process's memory-map lock for writing: while one is marked, an importer's background threads
+// start no populate and no pin, and before this returns it waits (100 ms at most) for those
+// under way to end, so that the caller's call does not wait for them in the kernel, where
+// every other thread's read of the memory map (a collect) would queue behind it. Mark only the
+// call itself; take no lock before this that a collect or a binding takes too.
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_space_change_begin(const struct emuhost_space_t *space, struct emuhost_change_t **out);
+
+// Ends a change marked by `emuhost_space_change_begin` (NULL does nothing; an ended one is
+// `EMUHOST_ERROR_BAD_HANDLE`).
+struct emuhost_error_t *emuhost_change_end(struct emuhost_change_t *change);
 
 // Faults the range's pages in ahead of use (they must be committed writable), so a later GPU
 // import pays for pinning only.

@@ -148,6 +148,13 @@ private:
 
 inline const emuhost_settings_t *raw(const Settings *s) { return s ? s->get() : nullptr; }
 
+// A change of the window's mappings that the caller makes itself, marked in flight while this
+// lives (see emuhost_space_change_begin): Space::change().
+class Change : public detail::Handle<emuhost_change_t, emuhost_change_end> {
+public:
+    explicit Change(emuhost_change_t *raw) : Handle(raw) {}
+};
+
 // The guest address space.
 class Space : public detail::Handle<emuhost_space_t, emuhost_space_delete> {
 public:
@@ -190,6 +197,13 @@ public:
     }
     void zero(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_space_zero(get(), addr, len)); }
     void populate(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_space_populate(get(), addr, len)); }
+    // Marks the caller's own mprotect/mmap/munmap in the window as in flight while the guard
+    // lives (see emuhost_space_change_begin).
+    Change change() const {
+        emuhost_change_t *raw = nullptr;
+        detail::check(emuhost_space_change_begin(get(), &raw));
+        return Change(raw);
+    }
     void write(std::uint64_t addr, span<const std::byte> data) const {
         detail::check(emuhost_space_write(get(), addr, data.data(), data.size()));
     }

@@ -107,6 +107,11 @@ int run() {
     }
     const std::uint64_t page = info.page_size;
     space.commit(0, ARMED, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
+    {
+        // Where the program would make its own mprotect in the window: marked while it runs.
+        auto change = space.change();
+        if (!change) return 1;
+    }
 
     emuhost::Tracker tracker(space, EMUHOST_WATCH_AUTO, &settings);
     std::printf("backend: %s\n", tracker.backend_name().c_str());

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use emuhost::space::{GuestAddr, Space, SpaceConfig, page_size};
+use emuhost::space::{GuestAddr, OwnedChanging, Space, SpaceConfig, page_size};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -231,6 +231,47 @@ pub extern "C" fn emuhost_space_protect(
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_zero(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_zero", addr, len, |s, r| Ok(s.zero(r)?))
+}
+
+/// A change of the mappings in the space's window that the caller makes itself, in flight
+/// (opaque): from `emuhost_space_change_begin` to `emuhost_change_end`.
+pub struct emuhost_change_t {
+    _private: [u8; 0],
+}
+
+impl Kind for OwnedChanging {
+    type C = emuhost_change_t;
+    const NAME: &'static str = "change";
+}
+
+/// Marks a change of the mappings of the space's window that the caller makes itself (its own
+/// `mprotect`, `mmap` or `munmap` there) as in flight, until `emuhost_change_end`. Each takes the
+/// process's memory-map lock for writing: while one is marked, an importer's background threads
+/// start no populate and no pin, and before this returns it waits (100 ms at most) for those
+/// under way to end, so that the caller's call does not wait for them in the kernel, where
+/// every other thread's read of the memory map (a collect) would queue behind it. Mark only the
+/// call itself; take no lock before this that a collect or a binding takes too.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_space_change_begin(
+    space: *const emuhost_space_t,
+    out: *mut *mut emuhost_change_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        let s = get(space, "emuhost_space_change_begin")?;
+        // SAFETY: checked above; the caller vouches that it is writable.
+        unsafe { handle::give(out, Arc::new(s.changing_owned())) }
+    })
+}
+
+/// Ends a change marked by `emuhost_space_change_begin` (NULL does nothing; an ended one is
+/// `EMUHOST_ERROR_BAD_HANDLE`).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_change_end(change: *mut emuhost_change_t) -> *mut emuhost_error_t {
+    entry(|| handle::delete::<OwnedChanging>(change))
 }
 
 /// Faults the range's pages in ahead of use (they must be committed writable), so a later GPU

@@ -360,6 +360,52 @@ fn an_importer_binds_pools_and_counts() {
     }
 }
 
+/// While the caller marks a change of its own in flight, the importer's background threads
+/// import nothing ahead; once it ends, they do. A change ended twice is a stale handle.
+#[test]
+fn a_change_the_caller_marks_holds_the_background_imports_back() {
+    let p = page();
+    let s = space(4096);
+    let imports = |imp| {
+        let mut stats = emuhost_import_stats_t::default();
+        // SAFETY: the out-pointer is a local.
+        ok(unsafe { emuhost_importer_stats(imp, &mut stats) });
+        stats.imports
+    };
+    // SAFETY: out-pointers are locals; NUL-terminated literals.
+    unsafe {
+        let mut st = null_mut();
+        ok(emuhost_settings_new(&mut st));
+        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_BACKEND".as_ptr(), c"pin".as_ptr()));
+        let mut imp = null_mut();
+        ok(emuhost_importer_new(s, st, &mut imp));
+        ok(emuhost_settings_delete(st));
+        ok(emuhost_space_commit(s, 0, 512 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        let mut pool = 0;
+        ok(emuhost_importer_add_pool(imp, 0, 16 * p, &mut pool));
+        let mut b = emuhost_binding_t::default();
+        ok(emuhost_importer_bind(imp, p, p, &mut b));
+        assert_eq!(imports(imp), 1);
+        let mut change = null_mut();
+        ok(emuhost_space_change_begin(s, &mut change));
+        // A pool where a binding came: imported ahead, but not while the change is marked.
+        ok(emuhost_importer_add_pool(imp, 32 * p, 16 * p, &mut pool));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let meanwhile = imports(imp);
+        ok(emuhost_change_end(change));
+        fails(emuhost_change_end(change), EMUHOST_ERROR_BAD_HANDLE, "");
+        let start = std::time::Instant::now();
+        while imports(imp) < 2 && start.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!((meanwhile, imports(imp)), (1, 2));
+        fails(emuhost_space_change_begin(s, null_mut()), EMUHOST_ERROR_NULL, "out-pointer");
+        ok(emuhost_change_end(null_mut()));
+        ok(emuhost_importer_delete(imp));
+        ok(emuhost_space_delete(s));
+    }
+}
+
 static LINES: std::sync::Mutex<Vec<(u32, String, String)>> = std::sync::Mutex::new(Vec::new());
 
 unsafe extern "C" fn keep(user: *mut c_void, level: u32, target: *const c_char, message: *const c_char) {

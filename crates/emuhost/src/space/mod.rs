@@ -360,6 +360,18 @@ impl Drop for Changing<'_> {
     }
 }
 
+/// Counts a change of the mappings in flight while it lives, and keeps the space alive
+/// ([`Space::changing_owned`]).
+#[must_use = "the change is counted only while the guard lives"]
+#[derive(Debug)]
+pub struct OwnedChanging(Arc<Space>);
+
+impl Drop for OwnedChanging {
+    fn drop(&mut self) {
+        self.0.changing.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// A long read of the memory map in flight while it lives ([`Space::try_long_read`]).
 #[must_use = "the read is counted only while the guard lives"]
 #[derive(Debug)]
@@ -493,11 +505,22 @@ impl Space {
     /// other threads' reads of the memory map (a collect's scan) queue behind it. Call it before
     /// taking any lock that such a reader may need.
     pub fn changing(&self) -> Changing<'_> {
+        self.enter_change();
+        Changing(&self.changing)
+    }
+
+    /// [`Space::changing`] with a guard that keeps the space alive, for a caller that cannot
+    /// borrow it (the C API's `emuhost_space_change_begin`).
+    pub fn changing_owned(self: &Arc<Self>) -> OwnedChanging {
+        self.enter_change();
+        OwnedChanging(self.clone())
+    }
+
+    fn enter_change(&self) {
         self.changing.fetch_add(1, Ordering::SeqCst);
         if self.long_reads.load(Ordering::SeqCst) > 0 {
             self.wait_for_long_reads();
         }
-        Changing(&self.changing)
     }
 
     fn wait_for_long_reads(&self) {

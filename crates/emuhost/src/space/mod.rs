@@ -32,7 +32,7 @@ mod types;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 pub use error::SpaceError;
@@ -347,6 +347,8 @@ pub struct Space {
     /// waits for them to end.
     long_reads: AtomicU32,
     reads_done: (Mutex<()>, Condvar),
+    /// Changes that found long reads in flight and waited for them.
+    long_read_waits: AtomicU64,
 }
 
 /// Counts a change of the mappings in flight while it lives ([`Space::changing`]).
@@ -483,6 +485,7 @@ impl Space {
             changing: AtomicU32::new(0),
             long_reads: AtomicU32::new(0),
             reads_done: (Mutex::new(()), Condvar::new()),
+            long_read_waits: AtomicU64::new(0),
         }
     }
 
@@ -509,6 +512,14 @@ impl Space {
         Changing(&self.changing)
     }
 
+    /// [`Space::changing`] without the wait: for an operation that may find nothing to change
+    /// and so would wait for nothing. Before its first system call that changes the mappings it
+    /// calls [`Space::wait_for_long_reads`], with no lock held.
+    pub(crate) fn maybe_changing(&self) -> Changing<'_> {
+        self.changing.fetch_add(1, Ordering::SeqCst);
+        Changing(&self.changing)
+    }
+
     /// [`Space::changing`] with a guard that keeps the space alive, for a caller that cannot
     /// borrow it (the C API's `emuhost_space_change_begin`).
     pub fn changing_owned(self: &Arc<Self>) -> OwnedChanging {
@@ -518,12 +529,16 @@ impl Space {
 
     fn enter_change(&self) {
         self.changing.fetch_add(1, Ordering::SeqCst);
-        if self.long_reads.load(Ordering::SeqCst) > 0 {
-            self.wait_for_long_reads();
-        }
+        self.wait_for_long_reads();
     }
 
-    fn wait_for_long_reads(&self) {
+    /// Waits for the long reads in flight to end (100 ms at most). No lock may be held that a
+    /// long read's thread or a collect takes.
+    pub(crate) fn wait_for_long_reads(&self) {
+        if self.long_reads.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.long_read_waits.fetch_add(1, Ordering::Relaxed);
         let deadline = std::time::Instant::now() + LONG_READ_WAIT;
         let (lock, done) = &self.reads_done;
         let mut g = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -549,6 +564,11 @@ impl Space {
         self.long_reads.fetch_add(1, Ordering::SeqCst);
         let read = LongRead(self);
         (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+    }
+
+    /// The changes so far that found a long read in flight and waited for it.
+    pub fn long_read_waits(&self) -> u64 {
+        self.long_read_waits.load(Ordering::Relaxed)
     }
 
     /// Long reads of the memory map under way ([`Space::try_long_read`]).
@@ -644,13 +664,23 @@ impl Space {
     /// never overridden. Returns the bytes committed.
     pub fn commit_reserved(&self, range: GuestRange, prot: Prot) -> Result<u64, SpaceError> {
         self.check(range)?;
-        let _changing = self.changing();
-        let mut st = self.state();
+        let _changing = self.maybe_changing();
         let (a, b) = (range.start().0, range.end().0);
-        let mut gaps = Vec::new();
-        for (x, y) in st.views.gaps(a, b) {
-            gaps.extend(st.extents.gaps(x, y));
+        let gaps_in = |st: &State| {
+            let mut gaps = Vec::new();
+            for (x, y) in st.views.gaps(a, b) {
+                gaps.extend(st.extents.gaps(x, y));
+            }
+            gaps
+        };
+        // All committed (a binding's import over the guest's memory, most often): nothing to
+        // change, so nothing to wait for.
+        if gaps_in(&self.state()).is_empty() {
+            return Ok(0);
         }
+        self.wait_for_long_reads();
+        let mut st = self.state();
+        let gaps = gaps_in(&st);
         let mut done = 0;
         for (x, y) in gaps {
             let gap = GuestRange::from_bounds(x, y).expect("extents and views are page-aligned");

@@ -587,11 +587,22 @@ impl Tracker {
     /// emulator arms after every commit, and a commit over armed pages must not forget writes).
     pub fn arm(&self, range: GuestRange) -> Result<(), WatchError> {
         let range = self.space.range(range.start().0, range.len())?;
-        let _changing = self.space.changing();
+        let _changing = self.space.maybe_changing();
+        // Pages armed already (an arm after every commit, most often) need no system call, so
+        // nothing to wait for.
+        if self.space.with_layout(range, |_| self.to_arm(&self.inner(), range)) {
+            self.space.wait_for_long_reads();
+        }
         self.space.with_layout(range, |_| {
             let regions = self.space.kernel_regions(range)?;
             self.arm_locked(&mut self.inner(), range, &regions)
         })
+    }
+
+    /// Whether an arm of `range` has pages to arm ([`Tracker::arm_locked`]).
+    fn to_arm(&self, inner: &Inner, range: GuestRange) -> bool {
+        let (a, b) = (range.start().0, range.end().0);
+        !inner.armed.gaps(a, b).is_empty() || inner.failed.iter().any(|(s, (e, _))| clip(a, b, *s, *e).is_some())
     }
 
     /// Arms the pages of `range` not armed yet (and those of allocations whose read failed, to

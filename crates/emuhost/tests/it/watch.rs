@@ -75,6 +75,7 @@ watch_conformance!(
     a_full_output_vector_resumes,
     writes_across_an_allocations_end,
     rearm,
+    an_arm_waits_for_long_reads_only_where_it_arms_pages,
     many_allocations,
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
     released_behind_the_mappings,
@@ -188,6 +189,25 @@ fn rearm(kind: BackendKind) {
     t.disarm(r).unwrap();
     poke(&s, 4);
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+}
+
+/// An arm over pages armed already makes no system call, so it waits for no long read in flight
+/// (a background pin): the game thread arms after every commit. One that arms pages waits.
+fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let read = s.try_long_read().expect("no change in flight");
+    let waits = s.long_read_waits();
+    t.arm(r).unwrap();
+    assert_eq!(s.long_read_waits(), waits, "armed already: nothing to wait for");
+    s.commit(pages(&s, 8, 8), Prot::READ_WRITE).unwrap();
+    t.arm(pages(&s, 0, 16)).unwrap();
+    drop(read);
+    assert_eq!(s.long_read_waits(), waits + 2, "the commit and the arm of new pages waited");
+    poke(&s, 9);
+    assert_eq!(written(&t.collect(pages(&s, 0, 16)).unwrap()), vec![9]);
 }
 
 /// `MADV_NOHUGEPAGE` takes the memory-map lock for writing: a uffd arm makes it only where the

@@ -227,6 +227,7 @@ pub fn summary(r: &ReplayReport) -> Value {
     o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
     o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
     o.insert("import_cost".into(), json!(r.import_cost));
+    o.insert("long_read_waits".into(), json!(r.long_read_waits));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
         o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));

@@ -111,6 +111,8 @@ fn replay_reports_json_csv_and_a_plot() {
     let parts = f(&v, "import_pieces");
     assert!(f(&v, "live_import_mib_end") <= 10.0 + 2.0 * parts, "{v}");
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
+    // How many changes waited for a background populate or pin depends on the interleaving.
+    assert!(v["long_read_waits"].as_u64().is_some(), "{v}");
 }
 
 #[test]

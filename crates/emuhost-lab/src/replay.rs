@@ -146,6 +146,9 @@ pub struct ReplayReport {
     /// Bindings the importer could not import (the driver refused, or the range was cooling after
     /// it did): the replay goes on, as a game does (it would copy instead).
     pub bind_failures: u64,
+    /// Changes of the mappings (commits, arms ...) that waited for a background populate or pin
+    /// to end before they took the space's lock ([`emuhost::space::Space::long_read_waits`]).
+    pub long_read_waits: u64,
 }
 
 impl ReplayReport {
@@ -807,6 +810,7 @@ pub fn replay(
         report.import_cost = importer.cost().to_string();
     }
     report.import_failures = st.failures;
+    report.long_read_waits = importer.space().long_read_waits();
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;
     importer.release_all();

@@ -151,7 +151,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The value at quantile `q` of sorted `v`.
-fn quantile(v: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

@@ -55,9 +55,10 @@ pub struct ChainResult {
     backend: String,
 }
 
+/// The value at quantile `q` of `v` (sorted here).
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+    crate::replay::quantile(v, q)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -127,7 +127,8 @@ fn game_loop(space: &Space, tracker: &Tracker, at: u64, stop: &AtomicBool) -> an
 /// bytes (populated: the pin of a pool imported ahead).
 fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow::Result<Round> {
     let align = b.alignment().max(page_size());
-    let space = Arc::new(Space::with_window(1 << 32)?);
+    // The pinned range (aligned for the device), then the collected one and the game's area.
+    let space = Arc::new(Space::with_window((align + pinned + (1 << 30)).next_multiple_of(1 << 30))?);
     let pin_lo = (align - space.host_base() as u64 % align) % align;
     let (coll, game) = (pin_lo + pinned + (1 << 28), pin_lo + pinned + (1 << 29));
     let pin_range = space.range(pin_lo, pinned)?;

@@ -589,9 +589,14 @@ impl Tracker {
         let range = self.space.range(range.start().0, range.len())?;
         let _changing = self.space.maybe_changing();
         // Pages armed already (an arm after every commit, most often) need no system call, so
-        // nothing to wait for.
-        if self.space.with_layout(range, |_| self.to_arm(&self.inner(), range)) {
-            self.space.wait_for_long_reads();
+        // nothing to wait for; with uffd not even a region query (which, under the space's
+        // lock, would queue behind any writer waiting for the memory-map lock).
+        let todo = self.space.with_layout(range, |_| self.to_arm(&self.inner(), range));
+        match (todo, self.kind()) {
+            (true, _) => self.space.wait_for_long_reads(),
+            (false, BackendKind::Uffd) => return Ok(()),
+            // The region query keeps verify mode's record of write-only pages.
+            (false, BackendKind::Mprotect) => {}
         }
         self.space.with_layout(range, |_| {
             let regions = self.space.kernel_regions(range)?;

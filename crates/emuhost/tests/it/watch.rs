@@ -191,8 +191,9 @@ fn rearm(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
 }
 
-/// An arm over pages armed already makes no system call, so it waits for no long read in flight
-/// (a background pin): the game thread arms after every commit. One that arms pages waits.
+/// An arm over pages armed already makes no system call (with uffd not even a region query), so
+/// it waits for no long read in flight (a background pin): the game thread arms after every
+/// commit. One that arms pages waits.
 fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
     let Some((s, t)) = setup(kind) else { return };
     let r = pages(&s, 0, 8);
@@ -200,8 +201,13 @@ fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
     t.arm(r).unwrap();
     let read = s.try_long_read().expect("no change in flight");
     let waits = s.long_read_waits();
+    let before = calls();
     t.arm(r).unwrap();
     assert_eq!(s.long_read_waits(), waits, "armed already: nothing to wait for");
+    if kind == BackendKind::Uffd {
+        let used = calls().since(&before);
+        assert_eq!(used.total(), 0, "armed already: no system call, no region query: {used:?}");
+    }
     s.commit(pages(&s, 8, 8), Prot::READ_WRITE).unwrap();
     t.arm(pages(&s, 0, 16)).unwrap();
     drop(read);

@@ -260,6 +260,7 @@ pub unsafe extern "C" fn emuhost_space_change_begin(
     out: *mut *mut emuhost_change_t,
 ) -> *mut emuhost_error_t {
     entry(|| {
+        // Before the change is marked (which may wait), as `give` checks it again after.
         crate::ffi::check_ptr(out, "the out-pointer")?;
         let s = get(space, "emuhost_space_change_begin")?;
         // SAFETY: checked above; the caller vouches that it is writable.

@@ -14,6 +14,7 @@ use emuhost_prepare::{CacheStart, Corpus, GenConfig, JournalStart, Options, Repo
 use serde_json::json;
 
 use crate::Outcome;
+use crate::replay::ms;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -171,10 +172,6 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         print_summary(&report, &why, allocator_name, peak, a.cache.as_deref());
     }
     Ok(if report.failures.is_empty() { Outcome::Ok } else { Outcome::CheckFailed })
-}
-
-fn ms(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// What the warm cache did, in words ("says so").

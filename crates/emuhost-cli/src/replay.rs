@@ -146,7 +146,8 @@ fn progress(done: Arc<AtomicBool>, file: bool) -> Option<std::thread::JoinHandle
     }))
 }
 
-fn ms(d: Duration) -> f64 {
+/// A duration in milliseconds.
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 

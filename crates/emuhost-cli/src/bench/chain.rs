@@ -10,8 +10,9 @@
 //! - `pin as a long read`: it pins under [`Space::try_long_read`], so a change that comes during
 //!   the pin waits for it before it takes the space's lock, not in the kernel.
 //!
-//! Each round runs the three threads for `--chain-ms` (the pins of `--chain-pin-mib`) and reports the collects' latency (p50, p99,
-//! worst), the game thread's commit-and-arm latency, and the pins made per second.
+//! Each round runs the three threads for `--chain-ms` (the pins of `--chain-pin-mib`) and reports
+//! the collects' latency (p50, p99, worst), the game thread's commit-and-arm latency, and the pins
+//! made per second.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,7 @@ use emuhost::watch::Tracker;
 use serde_json::json;
 
 use super::median;
+use crate::replay::ms;
 
 const MIB: u64 = 1 << 20;
 /// Collected by the render thread: armed, a few pages written between collects.
@@ -34,7 +36,7 @@ const PIECE: u64 = 16 << 10;
 const ARMS: [&str; 2] = ["pin in the kernel's queue", "pin as a long read"];
 
 /// One round of one arm.
-#[derive(Default, Clone)]
+#[derive(Default)]
 struct Round {
     collect_p50: f64,
     collect_p99: f64,
@@ -61,11 +63,7 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     crate::replay::quantile(v, q)
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// The pinning thread's loop: pin `span`'s range, release, 1 ms apart, until `stop`.
+/// The pinning thread's loop: pin `lo..lo + len`, release, 1 ms apart, until `stop`.
 fn pin_loop(
     b: &AnyBackend,
     space: &Arc<Space>,
@@ -141,7 +139,7 @@ fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow:
     tracker.arm(collected)?;
     let stop = AtomicBool::new(false);
     let p = page_size();
-    let (pins, changes, mut collects) = std::thread::scope(|sc| -> anyhow::Result<_> {
+    let (pins, mut changes, mut collects) = std::thread::scope(|sc| -> anyhow::Result<_> {
         let pinner = sc.spawn(|| pin_loop(b, &space, (pin_lo, pinned), long_read, &stop));
         let gamer = sc.spawn(|| game_loop(&space, &tracker, game, &stop));
         let mut collects = Vec::new();
@@ -166,7 +164,6 @@ fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow:
         rendered?;
         Ok((pins, changes, collects))
     })?;
-    let mut changes = changes;
     Ok(Round {
         collect_p50: quantile(&mut collects, 0.5),
         collect_p99: quantile(&mut collects, 0.99),

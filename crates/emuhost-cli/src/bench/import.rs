@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::{Arm, median};
 use crate::Outcome;
+use crate::replay::ms;
 
 const MIB: u64 = 1 << 20;
 
@@ -304,10 +305,6 @@ struct SessionResult {
 fn med(runs: &[ArmRun], f: impl Fn(&ArmRun) -> f64) -> f64 {
     let mut v: Vec<f64> = runs.iter().map(f).collect();
     median(&mut v)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 impl SessionResult {

@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 pub use super::counts::{Call, Counts};
 
-const CALLS: usize = 7;
+const CALLS: usize = 8;
 
 thread_local! {
     static COUNTS: [Cell<u64>; CALLS] = const { [const { Cell::new(0) }; CALLS] };
@@ -29,6 +29,7 @@ pub fn snapshot() -> Option<Counts> {
             query: c[Call::Query as usize].get(),
             copy: c[Call::Copy as usize].get(),
             ioctl: c[Call::Ioctl as usize].get(),
+            register: c[Call::Register as usize].get(),
             munmap: c[Call::Munmap as usize].get(),
         })
     })

@@ -14,8 +14,11 @@ pub enum Call {
     Query,
     /// `process_vm_readv` / `process_vm_writev` (checked copies into and out of guest memory).
     Copy,
-    /// An `ioctl` on a tracker (userfaultfd, `PAGEMAP_SCAN`).
+    /// An `ioctl` on a tracker (userfaultfd, `PAGEMAP_SCAN`) other than a registration.
     Ioctl,
+    /// `UFFDIO_REGISTER` or `UFFDIO_UNREGISTER`: a tracker's calls that take the process's
+    /// memory-map lock for writing.
+    Register,
     /// `munmap`.
     Munmap,
 }
@@ -29,13 +32,14 @@ pub struct Counts {
     pub query: u64,
     pub copy: u64,
     pub ioctl: u64,
+    pub register: u64,
     pub munmap: u64,
 }
 
 impl Counts {
     /// All calls together.
     pub fn total(&self) -> u64 {
-        self.mmap + self.mprotect + self.madvise + self.query + self.copy + self.ioctl + self.munmap
+        self.mmap + self.mprotect + self.madvise + self.query + self.copy + self.ioctl + self.register + self.munmap
     }
 
     /// The calls made between `earlier` and `self`.
@@ -47,6 +51,7 @@ impl Counts {
             query: self.query - earlier.query,
             copy: self.copy - earlier.copy,
             ioctl: self.ioctl - earlier.ioctl,
+            register: self.register - earlier.register,
             munmap: self.munmap - earlier.munmap,
         }
     }

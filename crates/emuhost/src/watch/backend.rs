@@ -128,14 +128,26 @@ struct UffdBackend {
 }
 
 impl UffdBackend {
-    /// Arms pages new to userfaultfd: advised against huge pages where they could get them,
-    /// registered, write-protected.
-    fn arm_new(&self, start: usize, end: usize) -> io::Result<()> {
+    /// Arms pages: advised against huge pages where they could get them, registered unless they
+    /// are (`fresh`: mapped anew, so not), write-protected. A registration takes the process's
+    /// memory-map lock for writing, and waits there for every reader (a driver's pin, a populate,
+    /// another thread's collect); the question whether the pages are registered takes it for
+    /// reading. Pages stay registered when they are disarmed, so arming pages again, or changing
+    /// the protection of armed ones, registers nothing.
+    fn arm_pages(&self, start: usize, end: usize, fresh: bool) -> io::Result<()> {
         if self.no_huge {
             no_huge_pages(start, end - start)?;
         }
-        self.uffd.register(start, end - start)?;
+        self.register_unless_registered(start, end, fresh)?;
         self.uffd.protect(start, end - start)
+    }
+
+    /// Registers `start..end` if it is `fresh` or some of it is not registered.
+    fn register_unless_registered(&self, start: usize, end: usize, fresh: bool) -> io::Result<()> {
+        if fresh || !self.uffd.registered(start, end - start)? {
+            self.uffd.register(start, end - start)?;
+        }
+        Ok(())
     }
 }
 
@@ -145,11 +157,13 @@ impl Backend for UffdBackend {
     }
 
     fn arm(&self, start: usize, end: usize, _regions: &[Region], _base: usize) -> io::Result<()> {
-        self.arm_new(start, end)
+        self.arm_pages(start, end, false)
     }
 
+    // The pages stay registered (see `arm_pages`); dropping the tracker closes the userfaultfd,
+    // which unregisters them all.
     fn disarm(&self, start: usize, end: usize) -> io::Result<()> {
-        self.uffd.unregister(start, end - start)
+        self.uffd.unprotect(start, end - start)
     }
 
     fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
@@ -162,23 +176,23 @@ impl Backend for UffdBackend {
         self.uffd.peek_written(start, end, &mut vec, |s, e| out.push(s, e))
     }
 
-    // mprotect keeps the write-protect bits of the pages it changes. Registering again is a no-op
-    // for registered pages; pages mapped behind the tracker's back become registered without write
+    // mprotect keeps the registration and the write-protect bits of the pages it changes. Pages
+    // mapped behind the tracker's back are not registered: they become registered without write
     // protection, which the next scan reports as written and arms.
     fn protected(&self, start: usize, end: usize, _prot: Prot) -> io::Result<bool> {
-        self.uffd.register(start, end - start)?;
+        self.register_unless_registered(start, end, false)?;
         Ok(false)
     }
 
     fn remapped(&self, start: usize, end: usize, _prot: Prot) -> io::Result<bool> {
-        self.arm_new(start, end)?;
+        self.arm_pages(start, end, true)?;
         Ok(true)
     }
 
     // Released pages are reserved mappings, new to userfaultfd: arm them so a later commit is
     // tracked from its first write.
     fn released(&self, start: usize, end: usize) -> io::Result<bool> {
-        self.arm_new(start, end)?;
+        self.arm_pages(start, end, true)?;
         Ok(false)
     }
 

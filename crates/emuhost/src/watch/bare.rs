@@ -40,6 +40,7 @@ impl BareUffd {
 
     /// Lifts the protection and unregisters.
     pub fn disarm(&self, addr: usize, len: usize) -> io::Result<()> {
+        self.uffd.unprotect(addr, len)?;
         self.uffd.unregister(addr, len)
     }
 }

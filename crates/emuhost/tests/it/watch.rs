@@ -75,6 +75,7 @@ watch_conformance!(
     a_full_output_vector_resumes,
     writes_across_an_allocations_end,
     rearm,
+    a_rearm_and_a_commit_over_armed_pages_register_nothing,
     an_arm_waits_for_long_reads_only_where_it_arms_pages,
     many_allocations,
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
@@ -189,6 +190,55 @@ fn rearm(kind: BackendKind) {
     t.disarm(r).unwrap();
     poke(&s, 4);
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+}
+
+/// With uffd a registration takes the process's memory-map lock for writing (behind every pin and
+/// populate in flight): pages stay registered when disarmed, so an arm of them again, and a commit
+/// or a protection change over armed pages, register nothing. Only pages new to the tracker are
+/// registered. Tracking is the same either way.
+fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let uffd = kind == BackendKind::Uffd;
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    let before = calls();
+    t.arm(r).unwrap();
+    if uffd {
+        assert_eq!(calls().since(&before).register, 1, "new pages are registered");
+    }
+    poke(&s, 1);
+    let before = calls();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.protect(r, Prot::READ).unwrap();
+    s.protect(r, Prot::READ_WRITE).unwrap();
+    t.disarm(r).unwrap();
+    poke(&s, 2);
+    t.arm(r).unwrap();
+    let used = calls().since(&before);
+    if uffd {
+        assert_eq!(used.register, 0, "registered already: {used:?}");
+    }
+    poke(&s, 3);
+    let got = written(&t.collect(r).unwrap());
+    // mprotect reports the pages the protection changes made writable (conservatively).
+    assert!(got.contains(&3) && !got.contains(&2), "{got:?}");
+    if uffd {
+        assert_eq!(got, [3]);
+    }
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    poke(&s, 4);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![4]);
+    // The registrations go with the tracker: a disarmed range is the next tracker's to register.
+    t.disarm(r).unwrap();
+    drop(t);
+    let t = Tracker::with_backend(&s, kind).unwrap();
+    let before = calls();
+    t.arm(r).unwrap();
+    if uffd {
+        assert_eq!(calls().since(&before).register, 1, "new to this tracker");
+    }
+    poke(&s, 5);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![5]);
 }
 
 /// An arm over pages armed already makes no system call (with uffd not even a region query), so

@@ -53,7 +53,7 @@ pub struct Uffd {
 }
 
 fn ioctl<T>(fd: i32, req: libc::c_ulong, arg: &mut T) -> io::Result<libc::c_int> {
-    count(Call::Ioctl);
+    count(if req == UFFDIO_REGISTER || req == UFFDIO_UNREGISTER { Call::Register } else { Call::Ioctl });
     // SAFETY: every caller passes the `struct` that `req` is defined with (see the constants
     // above and in uapi.rs), live and writable for the duration of the call.
     let r = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
@@ -87,6 +87,31 @@ impl Uffd {
         ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg).map(|_| ())
     }
 
+    /// Whether every mapping over `addr..addr + len` is registered for asynchronous write-protect
+    /// (with this userfaultfd: a second one over the same pages could not register them), asked
+    /// without taking the process's memory-map lock for writing, as a registration would. One
+    /// `PAGEMAP_SCAN` that fails (`EPERM`) at the first mapping not so registered and skips every
+    /// other whole (`PAGE_IS_WPALLOWED` inverted is a category no registered mapping has), so it
+    /// walks the mappings, not their pages. Pages with nothing mapped are not asked about.
+    pub fn registered(&self, addr: usize, len: usize) -> io::Result<bool> {
+        let end = (addr + len) as u64;
+        let mut arg = PmScanArg {
+            size: size_of::<PmScanArg>() as u64,
+            flags: PM_SCAN_CHECK_WPASYNC,
+            start: addr as u64,
+            end,
+            category_inverted: PAGE_IS_WPALLOWED,
+            category_mask: PAGE_IS_WPALLOWED,
+            ..Default::default()
+        };
+        match ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) {
+            Ok(_) if arg.walk_end >= end => Ok(true),
+            Ok(_) => Err(io::Error::other("PAGEMAP_SCAN stopped short of the range's end")),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Write-protects (arms) `addr..addr + len`: the next write to each page is recorded.
     pub fn protect(&self, addr: usize, len: usize) -> io::Result<()> {
         let mut wp = UffdioWriteprotect {
@@ -96,10 +121,17 @@ impl Uffd {
         ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp).map(|_| ())
     }
 
-    /// Stops tracking `addr..addr + len`: the write protection is lifted and the range unregistered.
-    pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
+    /// Lifts the write protection of `addr..addr + len`: its writes are no longer recorded. The
+    /// range stays registered (an arm of it again needs no registration, which takes the
+    /// process's memory-map lock for writing); closing the userfaultfd unregisters it.
+    pub fn unprotect(&self, addr: usize, len: usize) -> io::Result<()> {
         let mut wp = UffdioWriteprotect { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: 0 };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp)?;
+        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp).map(|_| ())
+    }
+
+    /// Unregisters `addr..addr + len` ([`Uffd::unprotect`] it first: emuhost never relies on an
+    /// unregistration lifting the write protection).
+    pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
         let mut r = UffdioRange { start: addr as u64, len: len as u64 };
         ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut r).map(|_| ())
     }
@@ -172,4 +204,31 @@ pub fn no_huge_pages(addr: usize, len: usize) -> io::Result<()> {
     // reservation owns); no byte and no mapping changes.
     unsafe { rustix::mm::madvise(addr as *mut libc::c_void, len, rustix::mm::Advice::LinuxNoHugepage) }
         .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::mm::{RawProt, Reservation, page_size};
+
+    /// `registered` answers for the whole range: a part not registered, at either end or between
+    /// registered ones, makes it `false`.
+    #[test]
+    fn registered_is_true_only_where_every_mapping_is() {
+        let Ok(uffd) = Uffd::new() else { return }; // a kernel without asynchronous write-protect
+        let p = page_size();
+        let res = Reservation::new(16 * p, 0).unwrap();
+        res.protect(0, 16 * p, RawProt { read: true, write: true, exec: false }).unwrap();
+        let at = |page: usize| res.base() + page * p;
+        assert!(!uffd.registered(at(0), 16 * p).unwrap());
+        uffd.register(at(4), 8 * p).unwrap();
+        assert!(uffd.registered(at(4), 8 * p).unwrap());
+        assert!(uffd.registered(at(6), 2 * p).unwrap());
+        assert!(!uffd.registered(at(3), 2 * p).unwrap(), "an unregistered page before");
+        assert!(!uffd.registered(at(11), 2 * p).unwrap(), "an unregistered page after");
+        uffd.unprotect(at(7), p).unwrap();
+        uffd.unregister(at(7), p).unwrap();
+        assert!(!uffd.registered(at(4), 8 * p).unwrap(), "an unregistered page between");
+        assert!(uffd.registered(at(8), 4 * p).unwrap());
+    }
 }

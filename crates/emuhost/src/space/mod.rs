@@ -196,8 +196,10 @@ pub enum Change {
     /// `range` is about to be released (told before the system call, while its pages are still
     /// there: a tracker keeps the writes to them).
     Releasing { range: GuestRange },
-    /// `range` was released: new reserved mappings replace it.
-    Released { range: GuestRange },
+    /// `range` was released: new reserved mappings replace it or, `in_place`, its private
+    /// mappings stay, inaccessible and with their pages dropped (see
+    /// [`Observer::keeps_mappings`]).
+    Released { range: GuestRange, in_place: bool },
     /// A shared view was mapped over `range` with `prot` (a new mapping).
     Mapped { range: GuestRange, prot: Prot },
 }
@@ -208,6 +210,15 @@ pub enum Change {
 /// splits. An observer must not call back into the space.
 pub trait Observer: Send + Sync {
     fn changed(&self, space: &Space, change: Change);
+
+    /// Whether a release had better keep the space's private mappings (made inaccessible, their
+    /// pages dropped) than map the range anew: what the kernel keeps per mapping (a
+    /// userfaultfd's registration) then stays. The space does so where any live observer asks
+    /// it, the range holds private anonymous mappings only, and the kernel does not account
+    /// commits strictly ([`Change::Released`] says which it did).
+    fn keeps_mappings(&self) -> bool {
+        false
+    }
 }
 
 /// The private allocations and shared views over a range, read under the space's lock.
@@ -305,6 +316,11 @@ impl State {
             }
             None => false,
         });
+    }
+
+    /// Whether a live observer asks releases to keep the mappings ([`Observer::keeps_mappings`]).
+    fn keep_mappings(&self) -> bool {
+        self.observers.iter().any(|o| o.upgrade().is_some_and(|o| o.keeps_mappings()))
     }
 
     /// The first live hold overlapping `a..b`, as `(lo, hi)`.
@@ -874,7 +890,10 @@ impl Space {
     /// their pages. A range with a held page ([`Space::hold`]: a live GPU import) is refused
     /// ([`SpaceError::Held`], nothing done): [`Space::zero`] it instead. The check and the release
     /// are one step under the space's lock, which a hold takes too. A mapping in the range that
-    /// the space did not make is an error naming it, and nothing is changed.
+    /// the space did not make is an error naming it, and nothing is changed. The range is mapped
+    /// anew as reserved, or made inaccessible with its pages dropped where an observer asks
+    /// ([`Observer::keeps_mappings`]: a uffd tracker, whose registration then stays); either way
+    /// a later commit finds zeroes.
     pub fn decommit(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         let _changing = self.changing();
@@ -882,13 +901,28 @@ impl Space {
         st.refuse_held("decommit", range)?;
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "decommit", range)?;
+        let (a, b) = (self.res.base() + off, self.res.base() + off + len);
+        let in_place = st.keep_mappings()
+            && covers(&regions, a, b)
+            && regions.iter().all(|r| !r.shared && !r.file)
+            && !crate::sys::probe::strict_overcommit();
         st.tell(self, Change::Releasing { range });
-        self.reserve_holes(range, &regions)
-            .and_then(|()| self.res.reset(off, len))
-            .map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
+        let in_place = in_place
+            && self.res.drop_pages(off, len).map_or_else(
+                |e| {
+                    tracing::debug!("decommit of {range} in place failed ({e}); mapping it anew");
+                    false
+                },
+                |()| true,
+            );
+        if !in_place {
+            self.reserve_holes(range, &regions)
+                .and_then(|()| self.res.reset(off, len))
+                .map_err(|e| SpaceError::os("decommit", range.start().0, range.len(), e))?;
+        }
         st.forget(range.start().0, range.end().0);
         rec.forget(range.start().0, range.end().0);
-        st.tell(self, Change::Released { range });
+        st.tell(self, Change::Released { range, in_place });
         Ok(())
     }
 

@@ -33,8 +33,9 @@ pub(super) trait Backend: Send + Sync {
     fn protected(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool>;
     /// The space mapped armed pages anew (a view, a refilled hole) with `prot`.
     fn remapped(&self, start: usize, end: usize, prot: Prot) -> io::Result<bool>;
-    /// The space released armed pages.
-    fn released(&self, start: usize, end: usize) -> io::Result<bool>;
+    /// The space released armed pages (`in_place`: their mappings stay, see
+    /// [`crate::space::Observer::keeps_mappings`]).
+    fn released(&self, start: usize, end: usize, in_place: bool) -> io::Result<bool>;
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
     /// Whether [`Backend::prepare_host_write`] does anything (the kernel's writes would fail
@@ -132,8 +133,8 @@ impl UffdBackend {
     /// are (`fresh`: mapped anew, so not), write-protected. A registration takes the process's
     /// memory-map lock for writing, and waits there for every reader (a driver's pin, a populate,
     /// another thread's collect); the question whether the pages are registered takes it for
-    /// reading. Pages stay registered when they are disarmed, so arming pages again, or changing
-    /// the protection of armed ones, registers nothing.
+    /// reading. Pages stay registered when they are disarmed or released in place, so arming
+    /// pages again, or changing the protection of armed ones, registers nothing.
     fn arm_pages(&self, start: usize, end: usize, fresh: bool) -> io::Result<()> {
         if self.no_huge {
             no_huge_pages(start, end - start)?;
@@ -189,10 +190,16 @@ impl Backend for UffdBackend {
         Ok(true)
     }
 
-    // Released pages are reserved mappings, new to userfaultfd: arm them so a later commit is
-    // tracked from its first write.
-    fn released(&self, start: usize, end: usize) -> io::Result<bool> {
-        self.arm_pages(start, end, true)?;
+    // Released pages mapped anew are reserved mappings, new to userfaultfd: arm them so a later
+    // commit is tracked from its first write. Released in place, they stay registered, and their
+    // dropped pages lose their write protection (an anonymous page keeps no marker): a write
+    // after the next commit makes a page the next scan reports, and that collect reports every
+    // released page anyway (its content is new) and write-protects them all (the scan's
+    // `PAGE_IS_WRITTEN` path takes an empty entry for written). So nothing is done here.
+    fn released(&self, start: usize, end: usize, in_place: bool) -> io::Result<bool> {
+        if !in_place {
+            self.arm_pages(start, end, true)?;
+        }
         Ok(false)
     }
 
@@ -405,7 +412,7 @@ impl Backend for MprotectBackend {
         Ok(false)
     }
 
-    fn released(&self, start: usize, end: usize) -> io::Result<bool> {
+    fn released(&self, start: usize, end: usize, _in_place: bool) -> io::Result<bool> {
         use std::sync::atomic::Ordering::SeqCst;
         self.each(start, end, |_, s| {
             let _ = s.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old & !(PROT_MASK | DIRTY)));

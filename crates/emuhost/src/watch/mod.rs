@@ -1017,6 +1017,12 @@ impl Core {
 }
 
 impl Observer for Core {
+    // With uffd a release that keeps the mappings keeps their registration: the re-arm of the
+    // released pages and a later arm of them register nothing.
+    fn keeps_mappings(&self) -> bool {
+        self.backend.kind() == BackendKind::Uffd
+    }
+
     fn changed(&self, space: &Space, change: Change) {
         let mut inner = self.inner();
         let (range, prot) = match change {
@@ -1024,7 +1030,7 @@ impl Observer for Core {
             Change::Committed { range, prot, .. }
             | Change::Protected { range, prot }
             | Change::Mapped { range, prot } => (range, prot),
-            Change::Released { range } => (range, Prot::NONE),
+            Change::Released { range, .. } => (range, Prot::NONE),
         };
         let (a, b) = (range.start().0, range.end().0);
         // With mprotect, armed write-only pages look inaccessible (`---`): the guest's doing too.
@@ -1045,7 +1051,7 @@ impl Observer for Core {
             let fresh =
                 matches!(change, Change::Mapped { .. } | Change::Committed { path: CommitPath::RegionWalk { .. }, .. });
             let result = match change {
-                Change::Released { .. } => self.backend.released(hs, he),
+                Change::Released { in_place, .. } => self.backend.released(hs, he, in_place),
                 _ if fresh => self.backend.remapped(hs, he, prot),
                 _ => self.backend.protected(hs, he, prot),
             };

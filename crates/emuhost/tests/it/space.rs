@@ -915,3 +915,101 @@ fn a_long_read_kept_for_ever_delays_a_change_for_a_bounded_time() {
     });
     assert!(matches!(done, Ok(Ok(()))), "{done:?}");
 }
+
+/// An observer that asks releases to keep the mappings, and records what each release did.
+#[derive(Default)]
+struct KeepMappings {
+    in_place: std::sync::Mutex<Vec<bool>>,
+}
+
+impl emuhost::space::Observer for KeepMappings {
+    fn changed(&self, _space: &Space, change: emuhost::space::Change) {
+        if let emuhost::space::Change::Released { in_place, .. } = change {
+            self.in_place.lock().unwrap().push(in_place);
+        }
+    }
+
+    fn keeps_mappings(&self) -> bool {
+        true
+    }
+}
+
+fn keeping(space: &Space) -> std::sync::Arc<KeepMappings> {
+    let obs = std::sync::Arc::new(KeepMappings::default());
+    let weak: std::sync::Weak<dyn emuhost::space::Observer> = std::sync::Arc::downgrade(&obs) as _;
+    space.observe(weak);
+    obs
+}
+
+/// Where the kernel accounts commits strictly, releases map the range anew (only a new mapping
+/// gives the charge back).
+fn strict_overcommit() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() == "2")
+}
+
+/// A release that keeps the mappings (a uffd tracker asks for it: its registration stays) drops
+/// the pages as one that maps the range anew does: none resident, inaccessible, zeroes when
+/// committed again, and the kernel's regions reserved. Without an observer that asks, the range
+/// is mapped anew.
+#[test]
+fn a_release_that_keeps_the_mappings_drops_the_pages() {
+    let s = space();
+    let obs = keeping(&s);
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    fill(&s, r, |_| 0xa5);
+    assert!(pagemap(&s, GuestAddr(3 * page())).0);
+    let before = calls();
+    s.decommit(pages(&s, 2, 8)).unwrap();
+    let used = calls().since(&before);
+    let in_place = !strict_overcommit();
+    assert_eq!(*obs.in_place.lock().unwrap(), [in_place]);
+    if in_place {
+        assert_eq!((used.mprotect, used.madvise, used.mmap), (1, 1, 0), "{used:?}");
+    }
+    for pg in 2..10 {
+        assert!(!pagemap(&s, GuestAddr(pg * page())).0, "page {pg} dropped");
+        assert!(first_byte(&s, pg * page()).is_err(), "page {pg} inaccessible");
+    }
+    assert_eq!(first_byte(&s, page()).unwrap(), 0xa5, "the rest keeps its bytes");
+    assert_eq!(first_byte(&s, 10 * page()).unwrap(), 0xa5);
+    let regions = s.kernel_regions(pages(&s, 2, 8)).unwrap();
+    assert!(regions.iter().all(|g| !g.read && !g.write), "{regions:?}");
+    assert_eq!(s.allocations().len(), 2, "split in two");
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    assert_eq!(first_byte(&s, 5 * page()).unwrap(), 0, "zeroes when committed again");
+    assert_eq!(first_byte(&s, 11 * page()).unwrap(), 0xa5);
+    // Once the observer is gone, a release maps the range anew.
+    drop(obs);
+    let before = calls();
+    s.decommit(r).unwrap();
+    assert_eq!(calls().since(&before).mmap, 1);
+}
+
+/// A release that cannot keep the mappings maps the range anew: a shared view in it, or pages
+/// the kernel will not drop (locked behind the space's back).
+#[test]
+fn a_release_maps_anew_where_it_cannot_keep_the_mappings() {
+    if strict_overcommit() {
+        return;
+    }
+    let s = space();
+    let obs = keeping(&s);
+    let sec = s.create_section(4 * page()).unwrap();
+    s.commit(pages(&s, 0, 8), Prot::READ_WRITE).unwrap();
+    s.map_pages(GuestAddr(8 * page()), sec, &[0, 1, 2, 3], Prot::READ_WRITE).unwrap();
+    s.decommit(pages(&s, 4, 8)).unwrap();
+    assert_eq!(*obs.in_place.lock().unwrap(), [false], "a view in the range");
+    assert!(s.views().is_empty(), "{:?}", s.views());
+    let r = pages(&s, 16, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    fill(&s, r, |_| 7);
+    let host = s.host_addr(GuestAddr(18 * page())).unwrap();
+    // SAFETY: one committed page of the space's reservation, locked in place; nothing else.
+    assert_eq!(unsafe { libc::mlock(host as *const libc::c_void, page() as usize) }, 0);
+    s.decommit(r).unwrap();
+    assert_eq!(*obs.in_place.lock().unwrap(), [false, false], "a locked page in the range");
+    assert!(!pagemap(&s, GuestAddr(18 * page())).0);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    assert_eq!(first_byte(&s, 18 * page()).unwrap(), 0);
+}

@@ -76,6 +76,7 @@ watch_conformance!(
     writes_across_an_allocations_end,
     rearm,
     a_rearm_and_a_commit_over_armed_pages_register_nothing,
+    a_release_of_armed_pages_and_their_next_arm_register_nothing,
     an_arm_waits_for_long_reads_only_where_it_arms_pages,
     many_allocations,
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
@@ -239,6 +240,46 @@ fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     }
     poke(&s, 5);
     assert_eq!(written(&t.collect(r).unwrap()), vec![5]);
+}
+
+/// With uffd a release of armed pages keeps their mappings, and so their registration (unless
+/// the kernel accounts commits strictly): the release, and the arm after the next commit there,
+/// register nothing and protect nothing. The released pages' write protection went with their
+/// pages; the collect that reports them (their content is new) protects them again, so a read
+/// after it is no write, and a write is reported.
+fn a_release_of_armed_pages_and_their_next_arm_register_nothing(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let strict = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() == "2");
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 1);
+    t.collect(r).unwrap();
+    poke(&s, 2);
+    let before = calls();
+    s.decommit(pages(&s, 4, 4)).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let used = calls().since(&before);
+    if kind == BackendKind::Uffd && !strict {
+        // Two calls: the read of the released pages' writes before the release, and the
+        // commit's question whether the armed pages are registered.
+        assert_eq!((used.register, used.ioctl), (0, 2), "{used:?}");
+    }
+    // The write before the release, and each released page once (its content is new); mprotect
+    // reports every page of a writable commit over armed pages (conservatively).
+    let got = written(&t.collect(r).unwrap());
+    assert!(got == [2, 4, 5, 6, 7] || (kind == BackendKind::Mprotect && got == (0..8).collect::<Vec<_>>()), "{got:?}");
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    // A read is no write: the released pages are write-protected again, unpopulated ones too.
+    let mut b = [0u8; 1];
+    s.read(GuestAddr(6 * p()), &mut b).unwrap();
+    let host = s.host_addr(GuestAddr(7 * p())).unwrap();
+    // SAFETY: a committed readable page of the space; a CPU read, as the guest's.
+    let _ = unsafe { std::ptr::read_volatile(host as *const u8) };
+    poke(&s, 5);
+    poke(&s, 0);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![0, 5]);
 }
 
 /// An arm over pages armed already makes no system call (with uffd not even a region query), so

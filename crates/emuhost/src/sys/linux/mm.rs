@@ -213,6 +213,21 @@ impl Reservation {
         Ok(())
     }
 
+    /// Returns `off..off + len` to reserved in place: `PROT_NONE` (`mprotect`), then its pages
+    /// dropped (`MADV_DONTNEED`; private anonymous pages read as zeroes when committed again). The
+    /// mappings stay, with what the kernel keeps per mapping (a userfaultfd registration), but
+    /// only private anonymous mappings drop their bytes so: the caller checks that the range holds
+    /// nothing else. Fails where a mapping cannot drop its pages (`EINVAL`: locked pages); what
+    /// was done by then is left, and [`Reservation::reset`] still returns the range to reserved.
+    pub fn drop_pages(&self, off: usize, len: usize) -> io::Result<()> {
+        self.protect(off, len, RawProt { read: false, write: false, exec: false })?;
+        let p = self.span(off, len)?;
+        count(Call::Madvise);
+        // SAFETY: MADV_DONTNEED drops the pages of the `span`-checked range, which this reservation
+        // owns and which are now inaccessible; no Rust reference into the reservation exists.
+        unsafe { rustix::mm::madvise(p, len, Advice::LinuxDontNeed) }.map_err(Into::into)
+    }
+
     /// Maps fresh anonymous pages with `prot` where nothing is mapped (a hole left by memory
     /// released behind the reservation's back). `MAP_FIXED_NOREPLACE` (Linux 4.17, the oldest
     /// kernel emuhost runs on) refuses to touch any page that is mapped: `EEXIST` where something

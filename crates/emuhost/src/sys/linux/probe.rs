@@ -17,6 +17,15 @@ pub fn affinity_cpus() -> io::Result<usize> {
     Ok(rustix::thread::sched_getaffinity(None)?.count() as usize)
 }
 
+/// Whether the kernel accounts every private writable page against a commit limit
+/// (`vm.overcommit_memory` = 2, or unreadable: assumed so). There `mprotect` charges pages it makes
+/// writable and does not give the charge back when it takes write access away from touched ones,
+/// so only a new mapping returns it. Read once.
+pub fn strict_overcommit() -> bool {
+    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STRICT.get_or_init(|| std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() == "2"))
+}
+
 /// Opens a userfaultfd that handles user-mode faults only (no privilege needed for that).
 pub fn userfaultfd() -> io::Result<OwnedFd> {
     if let Some(errno) = crate::faults::uffd_errno() {

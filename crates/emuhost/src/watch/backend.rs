@@ -89,11 +89,20 @@ pub(super) const SCAN_VEC: usize = 512;
 /// installed only if `install_handler` (else the embedder's own handler forwards faults).
 pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<Box<dyn Backend>> {
     Ok(match kind {
-        BackendKind::Uffd => Box::new(UffdBackend {
-            uffd: Uffd::new()?,
-            vec: Mutex::new(vec![PageRegion::default(); SCAN_VEC]),
-            no_huge: huge_pages_may_back(crate::sys::probe::thp_modes().as_ref(), space.adopted()),
-        }),
+        BackendKind::Uffd => {
+            let uffd = Uffd::new()?;
+            // The whole window at once, so that an arm finds its pages registered (see
+            // `UffdBackend::arm_pages`). Where that fails (a mapping in the window registered with
+            // another userfaultfd, or one that may never be written) each arm registers its own.
+            if let Err(e) = uffd.register(space.host_base(), space.window() as usize) {
+                tracing::debug!("write tracking: registering the window failed ({e}); arms register their pages");
+            }
+            Box::new(UffdBackend {
+                uffd,
+                vec: Mutex::new(vec![PageRegion::default(); SCAN_VEC]),
+                no_huge: huge_pages_may_back(crate::sys::probe::thp_modes().as_ref(), space.adopted()),
+            })
+        }
         BackendKind::Mprotect => {
             let pages = space.window() as usize / page_size();
             Box::new(MprotectBackend {
@@ -133,8 +142,10 @@ impl UffdBackend {
     /// are (`fresh`: mapped anew, so not), write-protected. A registration takes the process's
     /// memory-map lock for writing, and waits there for every reader (a driver's pin, a populate,
     /// another thread's collect); the question whether the pages are registered takes it for
-    /// reading. Pages stay registered when they are disarmed or released in place, so arming
-    /// pages again, or changing the protection of armed ones, registers nothing.
+    /// reading. The window is registered when the backend is made, pages stay registered when
+    /// they are disarmed or released in place, so most arms, and the commits and protection
+    /// changes over armed pages, register nothing: what is left is pages mapped anew (a view, a
+    /// release mapped anew, a refilled hole).
     fn arm_pages(&self, start: usize, end: usize, fresh: bool) -> io::Result<()> {
         if self.no_huge {
             no_huge_pages(start, end - start)?;

@@ -194,9 +194,10 @@ fn rearm(kind: BackendKind) {
 }
 
 /// With uffd a registration takes the process's memory-map lock for writing (behind every pin and
-/// populate in flight): pages stay registered when disarmed, so an arm of them again, and a commit
-/// or a protection change over armed pages, register nothing. Only pages new to the tracker are
-/// registered. Tracking is the same either way.
+/// populate in flight): the tracker registers its window when it is made, and pages stay
+/// registered when disarmed, so an arm, an arm again, and a commit or a protection change over
+/// armed pages register nothing. Pages mapped anew (a view) are registered. Tracking is the same
+/// either way.
 fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     let Some((s, t)) = setup(kind) else { return };
     let uffd = kind == BackendKind::Uffd;
@@ -205,8 +206,18 @@ fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     let before = calls();
     t.arm(r).unwrap();
     if uffd {
-        assert_eq!(calls().since(&before).register, 1, "new pages are registered");
+        assert_eq!(calls().since(&before).register, 0, "registered with the window");
     }
+    let sec = s.create_section(4 * p()).unwrap();
+    let view = pages(&s, 16, 4);
+    s.map_section(view, sec, 0, Prot::READ_WRITE).unwrap();
+    let before = calls();
+    t.arm(view).unwrap();
+    if uffd {
+        assert_eq!(calls().since(&before).register, 1, "a view is a new mapping");
+    }
+    poke(&s, 17);
+    assert_eq!(written(&t.collect(view).unwrap()), vec![17]);
     poke(&s, 1);
     let before = calls();
     s.commit(r, Prot::READ_WRITE).unwrap();
@@ -229,14 +240,14 @@ fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
     poke(&s, 4);
     assert_eq!(written(&t.collect(r).unwrap()), vec![4]);
-    // The registrations go with the tracker: a disarmed range is the next tracker's to register.
+    // The registrations go with the tracker: the window is the next tracker's to register.
     t.disarm(r).unwrap();
     drop(t);
-    let t = Tracker::with_backend(&s, kind).unwrap();
     let before = calls();
+    let t = Tracker::with_backend(&s, kind).unwrap();
     t.arm(r).unwrap();
     if uffd {
-        assert_eq!(calls().since(&before).register, 1, "new to this tracker");
+        assert_eq!(calls().since(&before).register, 1, "the window, once");
     }
     poke(&s, 5);
     assert_eq!(written(&t.collect(r).unwrap()), vec![5]);
@@ -1084,4 +1095,62 @@ fn verify_accepts_write_only_pages(kind: BackendKind) {
     poke(&s, 7);
     assert_eq!(written(&t.collect(r).unwrap()), vec![1, 7]);
     t.collect(r).unwrap();
+}
+
+/// An embedder's own userfaultfd over part of the window: the tracker cannot register the whole
+/// window when it is made (`EBUSY`), so each arm registers its pages. Those pages cannot be armed
+/// (an error), every other page is tracked.
+#[test]
+fn a_window_registered_in_part_elsewhere_is_registered_arm_by_arm() {
+    if !usable(BackendKind::Uffd) {
+        return;
+    }
+    #[repr(C)]
+    struct Api {
+        api: u64,
+        features: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct Register {
+        start: u64,
+        len: u64,
+        mode: u64,
+        ioctls: u64,
+    }
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+    let s = Arc::new(Space::with_window(1 << 30).unwrap());
+    s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
+    for pg in 0..16 {
+        poke(&s, pg);
+    }
+    // SAFETY: the userfaultfd system call takes flags and returns a new descriptor (or -1).
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just returned to this test and is owned by nothing else.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let mut api = Api { api: 0xAA, features: 0, ioctls: 0 };
+    // SAFETY: a live `struct uffdio_api` for UFFDIO_API on an open userfaultfd.
+    assert_eq!(unsafe { libc::ioctl(raw, UFFDIO_API as _, &mut api as *mut Api) }, 0);
+    let theirs = pages(&s, 12, 4);
+    let host = s.host_addr(theirs.start()).unwrap() as u64;
+    // Write-protect mode, nothing write-protected: their writes go on as before.
+    let mut reg = Register { start: host, len: theirs.len(), mode: 2, ioctls: 0 };
+    // SAFETY: a live `struct uffdio_register` over committed pages of the space.
+    assert_eq!(unsafe { libc::ioctl(raw, UFFDIO_REGISTER as _, &mut reg as *mut Register) }, 0);
+    let t = Tracker::with_backend(&s, BackendKind::Uffd).unwrap();
+    let ours = pages(&s, 0, 8);
+    let before = calls();
+    t.arm(ours).unwrap();
+    assert_eq!(calls().since(&before).register, 1, "the window is not registered: the arm registers its pages");
+    poke(&s, 3);
+    assert_eq!(written(&t.collect(ours).unwrap()), vec![3]);
+    assert!(t.arm(theirs).is_err(), "another userfaultfd's pages");
+    poke(&s, 5);
+    assert_eq!(written(&t.collect(ours).unwrap()), vec![5]);
+    drop(t);
+    drop(fd);
 }

@@ -163,6 +163,10 @@ typedef struct emuhost_fault_handle_t emuhost_fault_handle_t;
 // registration go), so no GPU work may still use them then.
 typedef struct emuhost_importer_t emuhost_importer_t;
 
+// A long read of the memory map that the caller makes itself, in flight (opaque): from
+// `emuhost_space_long_read_begin` to `emuhost_long_read_end`.
+typedef struct emuhost_long_read_t emuhost_long_read_t;
+
 // Settings (opaque): one value per `EMUHOST_*` switch (the README's table).
 //
 // Thread safety: may be used from several threads at once (a set is atomic; a constructor reads
@@ -568,6 +572,23 @@ struct emuhost_error_t *emuhost_space_change_begin(const struct emuhost_space_t 
 // Ends a change marked by `emuhost_space_change_begin` (NULL does nothing; an ended one is
 // `EMUHOST_ERROR_BAD_HANDLE`).
 struct emuhost_error_t *emuhost_change_end(struct emuhost_change_t *change);
+
+// Marks work of the caller's that can wait and holds the process's memory-map lock for reading
+// for long (its own driver's pin of guest memory, an import on its own device, a populate) as
+// a long read, until `emuhost_long_read_end`. `*out` is NULL when a change of the window's
+// mappings is in flight: step aside and try again later. While one is marked, a change that
+// comes (a commit, a decommit, a tracker's arm) waits for it (100 ms at most) before it takes
+// the space's lock, rather than in the kernel, where every later reader of the memory map (the
+// render thread's collects) would queue behind it. Mark only the read, on a thread that can
+// wait; make no change of the space's mappings while it is marked (the change would wait 100 ms).
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_space_long_read_begin(const struct emuhost_space_t *space, struct emuhost_long_read_t **out);
+
+// Ends a long read marked by `emuhost_space_long_read_begin` (NULL does nothing; an ended one
+// is `EMUHOST_ERROR_BAD_HANDLE`).
+struct emuhost_error_t *emuhost_long_read_end(struct emuhost_long_read_t *read);
 
 // Faults the range's pages in ahead of use (they must be committed writable), so a later GPU
 // import pays for pinning only.

@@ -155,6 +155,15 @@ public:
     explicit Change(emuhost_change_t *raw) : Handle(raw) {}
 };
 
+// A long read of the memory map that the caller makes itself (its own driver's pin of guest
+// memory), marked in flight while this lives (see emuhost_space_long_read_begin): Space::long_read().
+// Empty (false) when a change of the mappings was in flight: step aside and try again.
+class LongRead : public detail::Handle<emuhost_long_read_t, emuhost_long_read_end> {
+public:
+    LongRead() noexcept = default;
+    explicit LongRead(emuhost_long_read_t *raw) : Handle(raw) {}
+};
+
 // The guest address space.
 class Space : public detail::Handle<emuhost_space_t, emuhost_space_delete> {
 public:
@@ -203,6 +212,13 @@ public:
         emuhost_change_t *raw = nullptr;
         detail::check(emuhost_space_change_begin(get(), &raw));
         return Change(raw);
+    }
+    // Marks the caller's own long read of the memory map (a pin on its own device) while the
+    // guard lives; empty when a change is in flight (see emuhost_space_long_read_begin).
+    LongRead long_read() const {
+        emuhost_long_read_t *raw = nullptr;
+        detail::check(emuhost_space_long_read_begin(get(), &raw));
+        return LongRead(raw);
     }
     void write(std::uint64_t addr, span<const std::byte> data) const {
         detail::check(emuhost_space_write(get(), addr, data.data(), data.size()));

@@ -111,6 +111,13 @@ int run() {
         // Where the program would make its own mprotect in the window: marked while it runs.
         auto change = space.change();
         if (!change) return 1;
+        // No long read while the change is marked ...
+        if (space.long_read()) return 1;
+    }
+    {
+        // ... and one once it ended: where the program would pin guest memory on its own device.
+        auto read = space.long_read();
+        if (!read) return 1;
     }
 
     emuhost::Tracker tracker(space, EMUHOST_WATCH_AUTO, &settings);

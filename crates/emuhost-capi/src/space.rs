@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use emuhost::space::{GuestAddr, OwnedChanging, Space, SpaceConfig, page_size};
+use emuhost::space::{GuestAddr, OwnedChanging, OwnedLongRead, Space, SpaceConfig, page_size};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -273,6 +273,55 @@ pub unsafe extern "C" fn emuhost_space_change_begin(
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_change_end(change: *mut emuhost_change_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<OwnedChanging>(change))
+}
+
+/// A long read of the memory map that the caller makes itself, in flight (opaque): from
+/// `emuhost_space_long_read_begin` to `emuhost_long_read_end`.
+pub struct emuhost_long_read_t {
+    _private: [u8; 0],
+}
+
+impl Kind for OwnedLongRead {
+    type C = emuhost_long_read_t;
+    const NAME: &'static str = "long read";
+}
+
+/// Marks work of the caller's that can wait and holds the process's memory-map lock for reading
+/// for long (its own driver's pin of guest memory, an import on its own device, a populate) as
+/// a long read, until `emuhost_long_read_end`. `*out` is NULL when a change of the window's
+/// mappings is in flight: step aside and try again later. While one is marked, a change that
+/// comes (a commit, a decommit, a tracker's arm) waits for it (100 ms at most) before it takes
+/// the space's lock, rather than in the kernel, where every later reader of the memory map (the
+/// render thread's collects) would queue behind it. Mark only the read, on a thread that can
+/// wait; make no change of the space's mappings while it is marked (the change would wait 100 ms).
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_space_long_read_begin(
+    space: *const emuhost_space_t,
+    out: *mut *mut emuhost_long_read_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        let s = get(space, "emuhost_space_long_read_begin")?;
+        match s.try_long_read_owned() {
+            // SAFETY: checked above; the caller vouches that it is writable.
+            Some(read) => unsafe { handle::give(out, Arc::new(read)) },
+            None => {
+                // SAFETY: checked above; the caller vouches that it is writable.
+                unsafe { out.write(std::ptr::null_mut()) };
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Ends a long read marked by `emuhost_space_long_read_begin` (NULL does nothing; an ended one
+/// is `EMUHOST_ERROR_BAD_HANDLE`).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_long_read_end(read: *mut emuhost_long_read_t) -> *mut emuhost_error_t {
+    entry(|| handle::delete::<OwnedLongRead>(read))
 }
 
 /// Faults the range's pages in ahead of use (they must be committed writable), so a later GPU

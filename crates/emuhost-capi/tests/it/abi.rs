@@ -360,6 +360,49 @@ fn an_importer_binds_pools_and_counts() {
     }
 }
 
+/// A long read the caller marks (its own driver's pin of guest memory) holds a commit back until
+/// it ends; none is given while a change is marked (`*out` is NULL); one ended twice is a stale
+/// handle.
+#[test]
+fn a_long_read_the_caller_marks_holds_a_commit_back() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let p = page();
+    let s = space(64);
+    // SAFETY: out-pointers are locals; `s` lives until the end, and the thread is joined before.
+    unsafe {
+        let mut read = null_mut();
+        ok(emuhost_space_long_read_begin(s, &mut read));
+        assert!(!read.is_null());
+        let ended = Arc::new(AtomicBool::new(false));
+        let (addr, seen) = (s as usize, ended.clone());
+        let committer = std::thread::spawn(move || {
+            // The space lives until the thread is joined.
+            let s = addr as *mut emuhost_space_t;
+            ok(emuhost_space_commit(s, 0, p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+            seen.load(Ordering::SeqCst)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        ended.store(true, Ordering::SeqCst);
+        ok(emuhost_long_read_end(read));
+        assert!(committer.join().unwrap(), "the commit returned before the long read ended");
+        fails(emuhost_long_read_end(read), EMUHOST_ERROR_BAD_HANDLE, "");
+        let mut change = null_mut();
+        ok(emuhost_space_change_begin(s, &mut change));
+        let mut refused = std::ptr::NonNull::<emuhost_long_read_t>::dangling().as_ptr();
+        ok(emuhost_space_long_read_begin(s, &mut refused));
+        assert!(refused.is_null(), "no long read while a change is marked");
+        ok(emuhost_change_end(change));
+        let mut again = null_mut();
+        ok(emuhost_space_long_read_begin(s, &mut again));
+        assert!(!again.is_null());
+        ok(emuhost_long_read_end(again));
+        fails(emuhost_space_long_read_begin(s, null_mut()), EMUHOST_ERROR_NULL, "out-pointer");
+        ok(emuhost_long_read_end(null_mut()));
+        ok(emuhost_space_delete(s));
+    }
+}
+
 /// While the caller marks a change of its own in flight, the importer's background threads
 /// import nothing ahead; once it ends, they do. A change ended twice is a stale handle.
 #[test]

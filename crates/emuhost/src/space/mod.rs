@@ -397,11 +397,19 @@ pub struct LongRead<'a>(&'a Space);
 
 impl Drop for LongRead<'_> {
     fn drop(&mut self) {
-        if self.0.long_reads.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // Under the lock a waiting change checks the count under, so it never misses this.
-            let _g = self.0.reads_done.0.lock().unwrap_or_else(|p| p.into_inner());
-            self.0.reads_done.1.notify_all();
-        }
+        self.0.end_long_read();
+    }
+}
+
+/// A long read of the memory map in flight while it lives, keeping the space alive
+/// ([`Space::try_long_read_owned`]).
+#[must_use = "the read is counted only while the guard lives"]
+#[derive(Debug)]
+pub struct OwnedLongRead(Arc<Space>);
+
+impl Drop for OwnedLongRead {
+    fn drop(&mut self) {
+        self.0.end_long_read();
     }
 }
 
@@ -580,6 +588,23 @@ impl Space {
         self.long_reads.fetch_add(1, Ordering::SeqCst);
         let read = LongRead(self);
         (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+    }
+
+    /// [`Space::try_long_read`] with a guard that keeps the space alive rather than borrow it
+    /// (the C API's `emuhost_space_long_read_begin`).
+    pub fn try_long_read_owned(self: &Arc<Self>) -> Option<OwnedLongRead> {
+        self.long_reads.fetch_add(1, Ordering::SeqCst);
+        let read = OwnedLongRead(self.clone());
+        (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+    }
+
+    /// Ends a long read: the last one wakes the changes waiting for them.
+    fn end_long_read(&self) {
+        if self.long_reads.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Under the lock a waiting change checks the count under, so it never misses this.
+            let _g = self.reads_done.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.reads_done.1.notify_all();
+        }
     }
 
     /// The changes so far that found a long read in flight and waited for it.

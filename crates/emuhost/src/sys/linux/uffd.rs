@@ -88,8 +88,9 @@ impl Uffd {
     }
 
     /// Whether every mapping over `addr..addr + len` is registered for asynchronous write-protect
-    /// (with this userfaultfd: a second one over the same pages could not register them), asked
-    /// without taking the process's memory-map lock for writing, as a registration would. One
+    /// (by this userfaultfd or by another in that mode: the kernel's check does not tell them
+    /// apart, and the scans that read the pages do not need to), asked without taking the
+    /// process's memory-map lock for writing, as a registration would. One
     /// `PAGEMAP_SCAN` that fails (`EPERM`) at the first mapping not so registered and skips every
     /// other whole (`PAGE_IS_WPALLOWED` inverted is a category no registered mapping has), so it
     /// walks the mappings, not their pages. Pages with nothing mapped are not asked about.

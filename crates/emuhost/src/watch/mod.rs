@@ -591,7 +591,7 @@ impl Tracker {
         // Pages armed already (an arm after every commit, most often) need no system call, so
         // nothing to wait for; with uffd not even a region query (which, under the space's
         // lock, would queue behind any writer waiting for the memory-map lock).
-        let todo = self.space.with_layout(range, |_| self.to_arm(&self.inner(), range));
+        let todo = self.space.with_layout(range, |_| !self.to_arm(&self.inner(), range).is_empty());
         match (todo, self.kind()) {
             (true, _) => self.space.wait_for_long_reads(),
             (false, BackendKind::Uffd) => return Ok(()),
@@ -604,20 +604,21 @@ impl Tracker {
         })
     }
 
-    /// Whether an arm of `range` has pages to arm ([`Tracker::arm_locked`]).
-    fn to_arm(&self, inner: &Inner, range: GuestRange) -> bool {
-        let (a, b) = (range.start().0, range.end().0);
-        !inner.armed.gaps(a, b).is_empty() || inner.failed.iter().any(|(s, (e, _))| clip(a, b, *s, *e).is_some())
-    }
-
-    /// Arms the pages of `range` not armed yet (and those of allocations whose read failed, to
-    /// track them again), but not under a host write in flight: those wait for its end.
-    fn arm_locked(&self, inner: &mut Inner, range: GuestRange, regions: &[Region]) -> Result<(), WatchError> {
+    /// The pages an arm of `range` arms: those not armed yet, and those of allocations whose read
+    /// failed (to track them again).
+    fn to_arm(&self, inner: &Inner, range: GuestRange) -> Vec<(u64, u64)> {
         let (a, b) = (range.start().0, range.end().0);
         let mut todo = inner.armed.gaps(a, b);
         todo.extend(inner.failed.iter().filter_map(|(s, (e, _))| clip(a, b, *s, *e)));
+        todo
+    }
+
+    /// Arms the pages [`Tracker::to_arm`] names, but not under a host write in flight: those wait
+    /// for its end.
+    fn arm_locked(&self, inner: &mut Inner, range: GuestRange, regions: &[Region]) -> Result<(), WatchError> {
+        let (a, b) = (range.start().0, range.end().0);
         let base = self.space.host_base();
-        for (s, e) in todo {
+        for (s, e) in self.to_arm(inner, range) {
             let (outside, inside) = split(s, e, &inner.hosting);
             for (x, y) in inside {
                 add(&mut inner.deferred, x, y);

@@ -585,17 +585,24 @@ impl Space {
     /// that those collects need meanwhile. Keep it only for the read, and make no change of the
     /// space's mappings while it lives (the change would wait for it: 100 ms).
     pub fn try_long_read(&self) -> Option<LongRead<'_>> {
-        self.long_reads.fetch_add(1, Ordering::SeqCst);
-        let read = LongRead(self);
-        (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+        self.begin_long_read().then(|| LongRead(self))
     }
 
     /// [`Space::try_long_read`] with a guard that keeps the space alive rather than borrow it
     /// (the C API's `emuhost_space_long_read_begin`).
     pub fn try_long_read_owned(self: &Arc<Self>) -> Option<OwnedLongRead> {
+        self.begin_long_read().then(|| OwnedLongRead(self.clone()))
+    }
+
+    /// Counts a long read, then refuses it (and ends it) while a change is in flight: counted
+    /// first, so a change that comes meanwhile either is seen here or sees the read and waits.
+    fn begin_long_read(&self) -> bool {
         self.long_reads.fetch_add(1, Ordering::SeqCst);
-        let read = OwnedLongRead(self.clone());
-        (self.changing.load(Ordering::SeqCst) == 0).then_some(read)
+        if self.changing.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        self.end_long_read();
+        false
     }
 
     /// Ends a long read: the last one wakes the changes waiting for them.
@@ -933,13 +940,13 @@ impl Space {
             && !crate::sys::probe::strict_overcommit();
         st.tell(self, Change::Releasing { range });
         let in_place = in_place
-            && self.res.drop_pages(off, len).map_or_else(
-                |e| {
+            && match self.res.drop_pages(off, len) {
+                Ok(()) => true,
+                Err(e) => {
                     tracing::debug!("decommit of {range} in place failed ({e}); mapping it anew");
                     false
-                },
-                |()| true,
-            );
+                }
+            };
         if !in_place {
             self.reserve_holes(range, &regions)
                 .and_then(|()| self.res.reset(off, len))

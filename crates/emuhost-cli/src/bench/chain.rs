@@ -24,7 +24,7 @@ use emuhost::watch::Tracker;
 use serde_json::json;
 
 use super::median;
-use crate::replay::ms;
+use crate::replay::{ms, quantile};
 
 const MIB: u64 = 1 << 20;
 /// Collected by the render thread: armed, a few pages written between collects.
@@ -55,12 +55,6 @@ pub struct ChainResult {
     pinned: u64,
     tracker: &'static str,
     backend: String,
-}
-
-/// The value at quantile `q` of `v` (sorted here).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    crate::replay::quantile(v, q)
 }
 
 /// The pinning thread's loop: pin `lo..lo + len`, release, 1 ms apart, until `stop`.
@@ -164,12 +158,14 @@ fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow:
         rendered?;
         Ok((pins, changes, collects))
     })?;
+    collects.sort_by(f64::total_cmp);
+    changes.sort_by(f64::total_cmp);
     Ok(Round {
-        collect_p50: quantile(&mut collects, 0.5),
-        collect_p99: quantile(&mut collects, 0.99),
-        collect_worst: quantile(&mut collects, 1.0),
-        change_p99: quantile(&mut changes, 0.99),
-        change_worst: quantile(&mut changes, 1.0),
+        collect_p50: quantile(&collects, 0.5),
+        collect_p99: quantile(&collects, 0.99),
+        collect_worst: quantile(&collects, 1.0),
+        change_p99: quantile(&changes, 0.99),
+        change_worst: quantile(&changes, 1.0),
         pins_per_s: pins as f64 / dur.as_secs_f64(),
         tracker: tracker.kind().name(),
     })

@@ -319,19 +319,30 @@ fn sections_map_views_that_alias() {
     }
 }
 
+/// An importer on `s` with the pin backend and `more` switches.
+fn pin_importer(s: *mut emuhost_space_t, more: &[(&CStr, &CStr)]) -> *mut emuhost_importer_t {
+    let mut st = null_mut();
+    let mut imp = null_mut();
+    // SAFETY: out-pointers are locals; NUL-terminated strings.
+    unsafe {
+        ok(emuhost_settings_new(&mut st));
+        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_BACKEND".as_ptr(), c"pin".as_ptr()));
+        for (k, v) in more {
+            ok(emuhost_settings_set(st, k.as_ptr(), v.as_ptr()));
+        }
+        ok(emuhost_importer_new(s, st, &mut imp));
+        ok(emuhost_settings_delete(st));
+    }
+    imp
+}
+
 #[test]
 fn an_importer_binds_pools_and_counts() {
     let p = page();
     let s = space(4096);
     // SAFETY: out-pointers are locals; NUL-terminated literals.
     unsafe {
-        let mut st = null_mut();
-        ok(emuhost_settings_new(&mut st));
-        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_BACKEND".as_ptr(), c"pin".as_ptr()));
-        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_CHUNK_MB".as_ptr(), c"1".as_ptr()));
-        let mut imp = null_mut();
-        ok(emuhost_importer_new(s, st, &mut imp));
-        ok(emuhost_settings_delete(st));
+        let imp = pin_importer(s, &[(c"EMUHOST_IMPORT_CHUNK_MB", c"1")]);
         let mut gpu = 9;
         let mut len = 0;
         ok(emuhost_importer_backend(imp, &mut gpu, null_mut(), 0, &mut len));
@@ -417,12 +428,7 @@ fn a_change_the_caller_marks_holds_the_background_imports_back() {
     };
     // SAFETY: out-pointers are locals; NUL-terminated literals.
     unsafe {
-        let mut st = null_mut();
-        ok(emuhost_settings_new(&mut st));
-        ok(emuhost_settings_set(st, c"EMUHOST_IMPORT_BACKEND".as_ptr(), c"pin".as_ptr()));
-        let mut imp = null_mut();
-        ok(emuhost_importer_new(s, st, &mut imp));
-        ok(emuhost_settings_delete(st));
+        let imp = pin_importer(s, &[]);
         ok(emuhost_space_commit(s, 0, 512 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
         let mut pool = 0;
         ok(emuhost_importer_add_pool(imp, 0, 16 * p, &mut pool));

@@ -21,6 +21,10 @@ pub const DEFAULT_WAIT: Duration = Duration::from_micros(400);
 const POPULATE_SLICE: u64 = 256 << 10;
 /// The default budget of bytes imported ahead and not yet bound: 256 MiB.
 pub const DEFAULT_AHEAD: u64 = 256 << 20;
+/// The pools policy's default piece of a background import (`EMUHOST_IMPORT_AHEAD_PIECE_KB`).
+pub const DEFAULT_AHEAD_PIECE: u64 = 1 << 20;
+/// The least overlap of two pieces of a background import, before any binding was seen.
+const LEAST_OVERLAP: u64 = 64 << 10;
 
 /// Which ranges bindings import.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -71,6 +75,14 @@ pub struct ImportConfig {
     /// Pools policy: background import threads (`EMUHOST_IMPORT_AHEAD_THREADS`); 0: a quarter
     /// of the processors, one to four.
     pub ahead_threads: u32,
+    /// Pools policy: the longest range a background thread imports at once
+    /// (`EMUHOST_IMPORT_AHEAD_PIECE_KB`, in bytes here; 0: a pool whole). A larger pool is
+    /// imported in pieces of this size, each reaching on over the next by the largest binding
+    /// seen (at least 64 KiB, at most a piece), so that a binding there fits in one of them: a
+    /// binding's import, and a change of the space's mappings, then wait for one piece's pin at
+    /// most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
+    /// are imported whole.
+    pub ahead_piece: u64,
 }
 
 impl Default for ImportConfig {
@@ -85,6 +97,7 @@ impl Default for ImportConfig {
             wait: DEFAULT_WAIT,
             cost: None,
             ahead_threads: 0,
+            ahead_piece: DEFAULT_AHEAD_PIECE,
         }
     }
 }
@@ -138,6 +151,12 @@ impl ImportConfig {
         self
     }
 
+    /// Sets [`ImportConfig::ahead_piece`].
+    pub fn ahead_piece(mut self, piece: u64) -> Self {
+        self.ahead_piece = piece;
+        self
+    }
+
     /// Sets [`ImportConfig::cost`].
     pub fn cost(mut self, cost: Option<ImportCost>) -> Self {
         self.cost = cost;
@@ -145,7 +164,7 @@ impl ImportConfig {
     }
 
     /// The switches this config takes.
-    pub const SWITCHES: [&str; 8] = [
+    pub const SWITCHES: [&str; 9] = [
         "EMUHOST_IMPORT_POLICY",
         "EMUHOST_IMPORT_CHUNK_MB",
         "EMUHOST_IMPORT_SPAN_MB",
@@ -154,6 +173,7 @@ impl ImportConfig {
         "EMUHOST_IMPORT_AHEAD_MB",
         "EMUHOST_IMPORT_WAIT_US",
         "EMUHOST_IMPORT_AHEAD_THREADS",
+        "EMUHOST_IMPORT_AHEAD_PIECE_KB",
     ];
 
     /// The config [`Settings`](crate::settings::Settings) gives.
@@ -208,6 +228,16 @@ impl ImportConfig {
                         name,
                         value: n.to_string(),
                         why: "at most 64",
+                    })?,
+                };
+            }
+            "EMUHOST_IMPORT_AHEAD_PIECE_KB" => {
+                self.ahead_piece = match switch_u64(name, get())? {
+                    None => d.ahead_piece,
+                    Some(kb) => kb.checked_mul(1 << 10).ok_or_else(|| ImportError::BadSwitch {
+                        name,
+                        value: kb.to_string(),
+                        why: "too large",
                     })?,
                 };
             }
@@ -383,6 +413,8 @@ struct Live<I> {
     import: I,
     /// Made ahead for this pool and not used by a binding yet.
     ahead: Option<PoolId>,
+    /// Made ahead for this pool (used or not): a piece of it.
+    made_for: Option<PoolId>,
 }
 
 /// An import being made off the lock by the background thread.
@@ -416,9 +448,30 @@ struct State<I> {
     learned: Option<f64>,
     /// Counts [`Importer::release_all`] calls: a job asked for before one is not run.
     epoch: u64,
+    /// The largest binding so far: pieces of a background import overlap by as much.
+    largest_binding: u64,
 }
 
 impl<I> State<I> {
+    fn new(cost: ImportCost, granule: u64) -> Self {
+        State {
+            pools: Pools::new(),
+            imports: BTreeMap::new(),
+            longest: 0,
+            seq: 0,
+            cooling: HashMap::new(),
+            stats: Stats::default(),
+            in_flight: Vec::new(),
+            ahead_failed: HashSet::new(),
+            hot: HashSet::new(),
+            cost,
+            granule,
+            learned: None,
+            epoch: 0,
+            largest_binding: 0,
+        }
+    }
+
     /// The live imports that overlap `lo..hi`, by key: those starting below `hi` (no further back
     /// than the longest import) and ending above `lo`.
     fn overlapping(&self, lo: u64, hi: u64) -> impl Iterator<Item = (&(u64, u64), &Live<I>)> {
@@ -430,6 +483,18 @@ impl<I> State<I> {
     fn covering(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
         let from = lo.saturating_sub(self.longest);
         self.imports.range((from, 0)..(hi, 0)).find(|(k, v)| k.0 <= lo && hi <= v.hi).map(|(k, _)| *k)
+    }
+
+    /// Whether every page of `lo..hi` is in a live import (one or several).
+    fn covered(&self, lo: u64, hi: u64) -> bool {
+        let mut at = lo;
+        for (k, v) in self.overlapping(lo, hi) {
+            if k.0 > at {
+                return false;
+            }
+            at = at.max(v.hi);
+        }
+        at >= hi
     }
 
     /// Whether `r` overlaps a range in flight.
@@ -449,9 +514,10 @@ impl<I> State<I> {
     }
 
     /// Whether `lo..hi` overlaps a live import that a binding made or used (not one made ahead
-    /// and unused: importing over that is not a re-import).
-    fn overlaps_used(&self, lo: u64, hi: u64) -> bool {
-        self.overlapping(lo, hi).any(|(_, v)| v.ahead.is_none())
+    /// and unused: importing over that is not a re-import), other than a piece made ahead for
+    /// `pool`.
+    fn overlaps_used(&self, lo: u64, hi: u64, pool: Option<PoolId>) -> bool {
+        self.overlapping(lo, hi).any(|(_, v)| v.ahead.is_none() && (pool.is_none() || v.made_for != pool))
     }
 
     /// The keys of the live imports made ahead, unused, and inside `lo..hi`.
@@ -589,6 +655,9 @@ struct Core<B: Backend> {
     binding_imports: AtomicU64,
     /// Held by a background thread while it is in the driver.
     driver_turn: Mutex<()>,
+    /// When the background import in the driver now entered it, and its length: a binding's
+    /// slow import says whether it met one (debug log).
+    in_driver: Mutex<Option<(Instant, u64)>>,
     /// The background threads' work; `queued` wakes a thread for it, `idle` tells
     /// [`Importer::settle`] that none is left.
     queue: Mutex<AheadQueue>,
@@ -656,21 +725,7 @@ impl<B: Backend + 'static> Importer<B> {
         } else {
             None
         };
-        let state = State {
-            pools: Pools::new(),
-            imports: BTreeMap::new(),
-            longest: 0,
-            seq: 0,
-            cooling: HashMap::new(),
-            stats: Stats::default(),
-            in_flight: Vec::new(),
-            ahead_failed: HashSet::new(),
-            hot: HashSet::new(),
-            cost,
-            granule,
-            learned: None,
-            epoch: 0,
-        };
+        let state = State::new(cost, granule);
         let core = Arc::new(Core {
             space,
             backend,
@@ -682,6 +737,7 @@ impl<B: Backend + 'static> Importer<B> {
             stopping: AtomicBool::new(false),
             binding_imports: AtomicU64::new(0),
             driver_turn: Mutex::new(()),
+            in_driver: Mutex::new(None),
             queue: Mutex::new(AheadQueue::default()),
             queued: Condvar::new(),
             idle: Condvar::new(),
@@ -850,6 +906,7 @@ impl<B: Backend + 'static> Importer<B> {
         let t0 = Instant::now();
         let core = &*self.core;
         let mut st = self.state();
+        st.largest_binding = st.largest_binding.max(size);
         if let Some(bound) = core.reuse(&mut st, addr, size) {
             return Ok(bound);
         }
@@ -867,7 +924,16 @@ impl<B: Backend + 'static> Importer<B> {
                 bound
             }
         };
-        st.stats.waited(t0.elapsed());
+        let waited = t0.elapsed();
+        st.stats.waited(waited);
+        if waited > Duration::from_micros(500) {
+            let how = match &bound {
+                Ok(b) if b.made => format!("imported {} ({} KiB) itself", b.range, b.range.len() >> 10),
+                Ok(b) => format!("was served by {}, in flight when it came", b.range),
+                Err(_) => "failed".to_owned(),
+            };
+            tracing::debug!("binding {addr:#x}+{size:#x} waited {:.2} ms: {how}", waited.as_secs_f64() * 1e3);
+        }
         bound
     }
 
@@ -1111,7 +1177,7 @@ impl<B: Backend> Core<B> {
         }
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
         // Pages an unused import ahead holds were never imported for a binding: not a re-import.
-        let reimport = st.overlaps_used(r.lo, r.hi);
+        let reimport = st.overlaps_used(r.lo, r.hi, None);
         for k in superseded {
             if let Some(old) = st.imports.remove(&k) {
                 st.stats.live -= 1;
@@ -1172,12 +1238,26 @@ impl<B: Backend> Core<B> {
             (turn, self.step_aside())
         });
         let before = t.elapsed();
-        let import = self.backend.import(span).map_err(|e| self.wrap(r, e))?;
+        let met = if background {
+            *self.in_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.len()));
+            None
+        } else {
+            self.in_driver.lock().unwrap_or_else(|p| p.into_inner()).map(|(since, len)| (since.elapsed(), len))
+        };
+        let import = self.backend.import(span);
+        if background {
+            *self.in_driver.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        let import = import.map_err(|e| self.wrap(r, e))?;
         let took = t.elapsed();
-        if took > Duration::from_millis(1) {
+        if took > Duration::from_micros(500) {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let who = if background { "ahead" } else { "binding's" };
+            let beside = met.map_or(String::new(), |(been, len)| {
+                format!("; a background import of {} KiB had been in the driver {:.2} ms", len >> 10, ms(been))
+            });
             tracing::debug!(
-                "import of {r}: {:.2} ms to commit and populate, {:.2} ms in the backend",
+                "{who} import of {r}: {:.2} ms to commit and populate, {:.2} ms in the backend{beside}",
                 ms(before),
                 ms(took - before)
             );
@@ -1223,7 +1303,7 @@ impl<B: Backend> Core<B> {
             Made::Ahead(id) => Some(id),
             _ => None,
         };
-        st.imports.insert((r.lo, seq), Live { hi: r.hi, import, ahead });
+        st.imports.insert((r.lo, seq), Live { hi: r.hi, import, ahead, made_for: ahead });
         st.longest = st.longest.max(r.len());
         let s = &mut st.stats;
         s.imports += 1;
@@ -1308,7 +1388,11 @@ impl<B: Backend> Core<B> {
             if let Some(r) = range
                 && !self.stopping.load(Ordering::Relaxed)
             {
-                self.ahead(pool, r, epoch);
+                for piece in self.pieces(r) {
+                    if !self.ahead(pool, piece, epoch) || self.stopping.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
             }
             q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.running -= 1;
@@ -1316,6 +1400,19 @@ impl<B: Backend> Core<B> {
                 self.idle.notify_all();
             }
         }
+    }
+
+    /// `r` in the pieces a background thread imports it in ([`ImportConfig::ahead_piece`]):
+    /// each overlaps the next by the largest binding seen so far (at least [`LEAST_OVERLAP`]),
+    /// in the backend's alignment. Whole where the backend refuses overlaps.
+    fn pieces(&self, r: Planned) -> Vec<Planned> {
+        let piece = self.cfg.ahead_piece.checked_next_multiple_of(self.align).unwrap_or(0);
+        if piece == 0 || !self.backend.overlapping_imports() {
+            return vec![r];
+        }
+        let largest = self.state().largest_binding.max(LEAST_OVERLAP);
+        let overlap = largest.checked_next_multiple_of(self.align).unwrap_or(piece).min(piece);
+        pieces(r, piece, overlap)
     }
 
     /// Closes the background threads' queue and joins `threads`.
@@ -1328,26 +1425,24 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// Imports `r` on the background thread, populating it first: pool `pool` ahead of its
-    /// bindings, or (`None`) a pool a binding imported only part of. Left out where a live import
-    /// covers it, where it overlaps one in flight, where it is cooling or failed ahead before,
-    /// and where the device refuses overlaps and it overlaps an import it cannot take in. A pool
-    /// ahead is also left out over pages a binding imported (that is for bindings to do, counted
-    /// as a re-import) and past the budget of bytes ahead. Unused imports ahead inside `r` are
-    /// taken in. (Long: the checks, the budget and the flight off the lock read best in one place.)
-    fn ahead(&self, pool: Option<PoolId>, r: Planned, epoch: u64) {
+    /// Imports `r` (a pool or a piece of one) on the background thread, populating it first:
+    /// ahead of pool `pool`'s bindings, or (`None`) a pool a binding imported only part of. Left
+    /// out where live imports cover it, where it overlaps one in flight, where it is cooling or
+    /// failed ahead before, and where the device refuses overlaps and it overlaps an import it
+    /// cannot take in. A pool ahead is also left out over pages a binding imported (that is for
+    /// bindings to do, counted as a re-import; pieces made ahead for the same pool do not count)
+    /// and past the budget of bytes ahead. Unused imports ahead inside `r` are taken in. Whether
+    /// the pool's next piece is still wanted: not past the budget, after a failure, once the pool
+    /// is released or after [`Importer::release_all`]. (Long: the checks, the budget and the
+    /// flight off the lock read best in one place.)
+    fn ahead(&self, pool: Option<PoolId>, r: Planned, epoch: u64) -> bool {
         let mut st = self.state();
         if st.epoch != epoch || pool.is_some_and(|id| st.pools.get(id).is_none()) {
-            return;
+            return false;
         }
         let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
-        if r.is_empty()
-            || st.covering(r.lo, r.hi).is_some()
-            || st.in_flight_over(r)
-            || cooling
-            || st.ahead_failed.contains(&r)
-        {
-            return;
+        if r.is_empty() || st.covered(r.lo, r.hi) || st.in_flight_over(r) || cooling || st.ahead_failed.contains(&r) {
+            return true;
         }
         // (key, end, unused and inside `r`)
         let over: Vec<((u64, u64), u64, bool)> = st
@@ -1356,16 +1451,16 @@ impl<B: Backend> Core<B> {
             .collect();
         let overlaps_ok = self.backend.overlapping_imports();
         if !overlaps_ok && !over.iter().all(|o| o.2) {
-            return;
+            return true;
         }
         if pool.is_some() {
-            if st.overlaps_used(r.lo, r.hi) {
-                return;
+            if st.overlaps_used(r.lo, r.hi, pool) {
+                return true;
             }
             let freed: u64 = over.iter().filter(|o| o.2).map(|o| o.1 - o.0.0).sum();
             if st.stats.ahead_bytes - freed + r.len() > self.cfg.ahead {
                 st.stats.ahead_over_budget += 1;
-                return;
+                return false;
             }
             st.stats.ahead_bytes += r.len();
             st.stats.ahead_peak_bytes = st.stats.ahead_peak_bytes.max(st.stats.ahead_bytes);
@@ -1385,6 +1480,7 @@ impl<B: Backend> Core<B> {
             .map_err(|e| self.wrap(r, e))
             .and_then(|span| self.make(span, r, true));
         let mut st = self.state();
+        let ok = made.is_ok();
         match made {
             Ok((import, took)) => {
                 for k in st.unused_inside(r.lo, r.hi) {
@@ -1422,6 +1518,7 @@ impl<B: Backend> Core<B> {
         }
         st.in_flight.retain(|f| f.r != r);
         self.landed.notify_all();
+        ok && st.epoch == epoch && pool.is_none_or(|id| st.pools.get(id).is_some())
     }
 }
 
@@ -1436,6 +1533,24 @@ enum Made {
     Widen,
 }
 
+/// `r` cut into pieces that start `piece` apart and reach `overlap` past the next one's start
+/// (the last ends at `r`'s end): a range of at most `overlap` bytes inside `r` lies whole in one
+/// of them.
+fn pieces(r: Planned, piece: u64, overlap: u64) -> Vec<Planned> {
+    let mut out = Vec::new();
+    let mut lo = r.lo;
+    loop {
+        match piece.checked_add(overlap).and_then(|n| lo.checked_add(n)).filter(|&hi| hi < r.hi) {
+            Some(hi) => out.push(Planned { lo, hi }),
+            None => {
+                out.push(Planned { lo, hi: r.hi });
+                return out;
+            }
+        }
+        lo += piece;
+    }
+}
+
 /// The indices of the `chunk`-sized regions that `lo..hi` (not empty) touches.
 fn regions(lo: u64, hi: u64, chunk: u64) -> std::ops::RangeInclusive<u64> {
     lo / chunk..=(hi - 1) / chunk
@@ -1443,4 +1558,43 @@ fn regions(lo: u64, hi: u64, chunk: u64) -> std::ops::RangeInclusive<u64> {
 
 fn chain(e: &ImportError) -> String {
     super::backend::error_chain(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_overlap_by_the_overlap_and_end_at_the_range_end() {
+        let r = |lo, hi| Planned { lo, hi };
+        assert_eq!(pieces(r(0, 100), 40, 10), vec![r(0, 50), r(40, 90), r(80, 100)]);
+        assert_eq!(pieces(r(0, 90), 40, 10), vec![r(0, 50), r(40, 90)]);
+        assert_eq!(pieces(r(0, 30), 40, 10), vec![r(0, 30)]);
+        // Past the top of the address space: one piece, no overflow.
+        assert_eq!(pieces(r(u64::MAX - 100, u64::MAX), u64::MAX - 10, 40), vec![r(u64::MAX - 100, u64::MAX)]);
+        let top = pieces(r(u64::MAX - 100, u64::MAX), 40, 40);
+        assert_eq!(top, vec![r(u64::MAX - 100, u64::MAX - 20), r(u64::MAX - 60, u64::MAX)]);
+    }
+
+    /// A binding may use a pool's piece before the next piece (which overlaps it) is checked:
+    /// that piece is still made, while an import a binding made, or one made ahead for another
+    /// pool and used, keeps a pool's import ahead off those pages.
+    #[test]
+    fn a_used_piece_of_the_same_pool_does_not_stop_its_next_piece() {
+        let mut st: State<()> = State::new(ImportCost::default(), 4096);
+        let (p, q) = (Some(PoolId(1)), Some(PoolId(2)));
+        let mut live = |lo: u64, hi: u64, made_for| {
+            st.seq += 1;
+            st.imports.insert((lo, st.seq), Live { hi, import: (), ahead: None, made_for });
+            st.longest = st.longest.max(hi - lo);
+        };
+        live(0, 100, p);
+        live(200, 300, q);
+        live(400, 500, None);
+        assert!(!st.overlaps_used(50, 150, p), "a used piece of the same pool");
+        assert!(st.overlaps_used(50, 150, q) && st.overlaps_used(50, 150, None));
+        assert!(st.overlaps_used(250, 350, p), "a used import ahead of another pool");
+        assert!(st.overlaps_used(450, 550, p), "a binding's own import");
+        assert!(!st.overlaps_used(150, 200, p) && st.covered(0, 100) && !st.covered(50, 250));
+    }
 }

@@ -788,16 +788,19 @@ fn cost(fixed_us: u64, per_mib_us: u64) -> Option<ImportCost> {
 }
 
 /// An importer under the pools policy around [`Faulty`]: 1 MiB regions, the cost above, at most
-/// `ahead` bytes imported ahead, one background thread (the order of its imports is checked).
+/// `ahead` bytes imported ahead, one background thread (the order of its imports is checked),
+/// pools imported whole on it (pieces have a test of their own).
 fn pools(ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    faulty_with(
-        ImportConfig::default()
-            .plan(PlanConfig::new(MIB, 0))
-            .cooling(Duration::ZERO)
-            .ahead(ahead)
-            .cost(cost(100, 1000))
-            .ahead_threads(1),
-    )
+    faulty_with(pools_config(ahead).ahead_piece(0))
+}
+
+fn pools_config(ahead: u64) -> ImportConfig {
+    ImportConfig::default()
+        .plan(PlanConfig::new(MIB, 0))
+        .cooling(Duration::ZERO)
+        .ahead(ahead)
+        .cost(cost(100, 1000))
+        .ahead_threads(1)
 }
 
 fn k(lo_kib: u64, hi_kib: u64) -> Planned {
@@ -945,6 +948,48 @@ fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_beh
     // A binding across two granules imports both.
     imp.add_pool(8 * MIB, 2 * MIB).unwrap();
     assert_eq!(imp.bind(9 * MIB - 0x10, 0x20).unwrap().range, k(9 * 1024 - 256, 9 * 1024 + 256));
+}
+
+/// A pool larger than a piece is imported ahead in pieces that overlap by the largest binding
+/// so far (at least 64 KiB): a binding no larger than that finds one piece that holds it, and
+/// a larger one across a piece's end imports its own part. Where the device refuses overlaps
+/// the pool is imported whole.
+#[test]
+fn pools_a_large_pool_is_imported_ahead_in_overlapping_pieces_that_each_binding_fits() {
+    let (imp, f) = faulty_with(pools_config(64 * MIB).ahead_piece(256 * KIB));
+    imp.bind(5 * MIB, 0x10).unwrap();
+    imp.add_pool(5 * MIB + 64 * KIB, 768 * KIB).unwrap();
+    imp.settle();
+    let at = |lo: u64, hi: u64| k(5 * 1024 + lo, 5 * 1024 + hi);
+    let ahead = [at(64, 384), at(320, 640), at(576, 832)];
+    assert_eq!(f.calls.lock().unwrap()[1..], ahead[..]);
+    assert_eq!(imp.stats().ahead_bytes, 3 * 320 * KIB - 64 * KIB);
+    // Across the second piece's start, within the overlap: the first piece.
+    let b = imp.bind(5 * MIB + 300 * KIB, 40 * KIB).unwrap();
+    assert_eq!((b.range, b.made), (at(64, 384), false));
+    let b = imp.bind(5 * MIB + 600 * KIB, 64 * KIB).unwrap();
+    assert_eq!((b.range, b.made), (at(576, 832), false));
+    // Larger than the overlap and across a piece's end: its own import, over pages bound before.
+    let b = imp.bind(5 * MIB + 300 * KIB, 100 * KIB).unwrap();
+    assert!(b.made, "{b:?}");
+    let s = imp.stats();
+    assert_eq!((s.ahead_imports, s.ahead_hits, s.reimports, s.ahead_bytes), (3, 2, 1, 320 * KIB));
+    // The next pool's pieces overlap by that binding (100 KiB).
+    imp.add_pool(5 * MIB + 832 * KIB, 192 * KIB).unwrap();
+    imp.add_pool(6 * MIB + 64 * KIB, 512 * KIB).unwrap();
+    imp.bind(6 * MIB, 0x10).unwrap();
+    imp.settle();
+    let calls = f.calls.lock().unwrap().clone();
+    let next = &calls[calls.len() - 3..];
+    let at6 = |lo: u64, hi: u64| k(6 * 1024 + lo, 6 * 1024 + hi);
+    assert_eq!(next, [k(5 * 1024 + 832, 6 * 1024), at6(64, 420), at6(320, 576)]);
+    // Where the device refuses overlaps: whole.
+    let (imp, f) = faulty_with(pools_config(64 * MIB).ahead_piece(256 * KIB));
+    f.no_overlap.store(true, Ordering::Relaxed);
+    imp.bind(5 * MIB, 0x10).unwrap();
+    imp.add_pool(5 * MIB + 64 * KIB, 768 * KIB).unwrap();
+    imp.settle();
+    assert_eq!(f.calls.lock().unwrap()[1..], [at(64, 832)]);
 }
 
 /// An importer under the pools policy at `cost`, one background thread, with a binding made at

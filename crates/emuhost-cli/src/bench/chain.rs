@@ -3,12 +3,15 @@
 //! on the H200. A pin holds the process's memory-map lock for reading for milliseconds; a commit
 //! (or its arm) that comes meanwhile waits in the kernel for the lock in write mode, holding the
 //! space's lock; a collect then waits for the space's lock, and its scan for the memory-map lock
-//! behind the waiting writer. Two arms, alternated round by round:
+//! behind the waiting writer. Three arms, alternated round by round:
 //!
 //! - `pin in the kernel's queue`: the pinning thread steps aside while a change is in flight, then
 //!   pins (the importer before the space's long reads);
 //! - `pin as a long read`: it pins under [`Space::try_long_read`], so a change that comes during
-//!   the pin waits for it before it takes the space's lock, not in the kernel.
+//!   the pin waits for it before it takes the space's lock, not in the kernel;
+//! - `pieces as long reads`: it pins the range in pieces of `--chain-piece-kib`, each under a long
+//!   read of its own (the importer's background threads since `EMUHOST_IMPORT_AHEAD_PIECE_KB`),
+//!   so a change waits for one piece's pin at most.
 //!
 //! Each round runs the three threads for `--chain-ms` (the pins of `--chain-pin-mib`) and reports
 //! the collects' latency (p50, p99, worst), the game thread's commit-and-arm latency, and the pins
@@ -33,7 +36,16 @@ const COLLECTED: u64 = 16 * MIB;
 const GAME: u64 = 256 * MIB;
 const PIECE: u64 = 16 << 10;
 
-const ARMS: [&str; 2] = ["pin in the kernel's queue", "pin as a long read"];
+const ARMS: [&str; 3] = ["pin in the kernel's queue", "pin as a long read", "pieces as long reads"];
+
+/// How the pinning thread pins.
+#[derive(Clone, Copy)]
+enum Pins {
+    Queue,
+    LongRead,
+    /// In pieces of this many bytes, each a long read.
+    Pieces(u64),
+}
 
 /// One round of one arm.
 #[derive(Default)]
@@ -51,42 +63,71 @@ struct Round {
 type Figure = (&'static str, fn(&Round) -> f64);
 
 pub struct ChainResult {
-    rounds: Vec<[Round; 2]>,
+    rounds: Vec<[Round; 3]>,
     pinned: u64,
+    piece: u64,
     tracker: &'static str,
     backend: String,
 }
 
-/// The pinning thread's loop: pin `lo..lo + len`, release, 1 ms apart, until `stop`.
+/// A long read of `space`, once one is given (`None` once `stop` is set).
+fn long_read<'a>(space: &'a Space, stop: &AtomicBool) -> Option<emuhost::space::LongRead<'a>> {
+    loop {
+        if let Some(r) = space.try_long_read() {
+            return Some(r);
+        }
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The pinning thread's loop: pin `lo..lo + len` (whole, or piece by piece), release, 1 ms
+/// apart, until `stop`. The pins of the whole range made.
 fn pin_loop(
     b: &AnyBackend,
     space: &Arc<Space>,
     (lo, len): (u64, u64),
-    long_read: bool,
+    how: Pins,
     stop: &AtomicBool,
 ) -> anyhow::Result<u64> {
     let mut pins = 0;
     while !stop.load(Ordering::Relaxed) {
-        let read = if long_read {
-            loop {
-                if let Some(r) = space.try_long_read() {
-                    break Some(r);
+        match how {
+            Pins::Queue | Pins::LongRead => {
+                let read = if let Pins::LongRead = how {
+                    let Some(r) = long_read(space, stop) else { return Ok(pins) };
+                    Some(r)
+                } else {
+                    while space.changes_in_flight() > 0 && !stop.load(Ordering::Relaxed) {
+                        std::thread::yield_now();
+                    }
+                    None
+                };
+                // The release too: `munlock` holds the lock for writing as long as a pin holds it.
+                let import = b.import(HostSpan::of(space, lo, len)?)?;
+                b.release(import);
+                drop(read);
+            }
+            Pins::Pieces(piece) => {
+                let mut held = Vec::new();
+                let mut at = lo;
+                while at < lo + len {
+                    let n = piece.min(lo + len - at);
+                    let Some(_read) = long_read(space, stop) else { break };
+                    held.push(b.import(HostSpan::of(space, at, n)?)?);
+                    at += n;
                 }
-                if stop.load(Ordering::Relaxed) {
+                for import in held {
+                    let _read = long_read(space, stop);
+                    b.release(import);
+                }
+                if at < lo + len {
                     return Ok(pins);
                 }
-                std::thread::yield_now();
             }
-        } else {
-            while space.changes_in_flight() > 0 && !stop.load(Ordering::Relaxed) {
-                std::thread::yield_now();
-            }
-            None
-        };
-        // The release too: `munlock` holds the lock for writing as long as a pin holds it.
-        let import = b.import(HostSpan::of(space, lo, len)?)?;
-        b.release(import);
-        drop(read);
+        }
         pins += 1;
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -117,7 +158,7 @@ fn game_loop(space: &Space, tracker: &Tracker, at: u64, stop: &AtomicBool) -> an
 
 /// One round of one arm: the three threads for `dur`, the background thread pinning `pinned`
 /// bytes (populated: the pin of a pool imported ahead).
-fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow::Result<Round> {
+fn round(b: &AnyBackend, how: Pins, dur: Duration, pinned: u64) -> anyhow::Result<Round> {
     let align = b.alignment().max(page_size());
     // The pinned range (aligned for the device), then the collected one and the game's area.
     let space = Arc::new(Space::with_window((align + pinned + (1 << 30)).next_multiple_of(1 << 30))?);
@@ -134,7 +175,7 @@ fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow:
     let stop = AtomicBool::new(false);
     let p = page_size();
     let (pins, mut changes, mut collects) = std::thread::scope(|sc| -> anyhow::Result<_> {
-        let pinner = sc.spawn(|| pin_loop(b, &space, (pin_lo, pinned), long_read, &stop));
+        let pinner = sc.spawn(|| pin_loop(b, &space, (pin_lo, pinned), how, &stop));
         let gamer = sc.spawn(|| game_loop(&space, &tracker, game, &stop));
         let mut collects = Vec::new();
         let end = Instant::now() + dur;
@@ -171,18 +212,22 @@ fn round(b: &AnyBackend, long_read: bool, dur: Duration, pinned: u64) -> anyhow:
     })
 }
 
-pub fn arms(b: &Arc<AnyBackend>, rounds: u32, dur: Duration, pinned: u64) -> anyhow::Result<ChainResult> {
+/// The three arms, `rounds` times, in an order that turns each round. `piece` is rounded up to
+/// the backend's alignment.
+pub fn arms(b: &Arc<AnyBackend>, rounds: u32, dur: Duration, pinned: u64, piece: u64) -> anyhow::Result<ChainResult> {
+    let piece = piece.next_multiple_of(b.alignment().max(page_size()));
     let mut out = Vec::new();
     for r in 0..rounds {
-        let mut pair: [Round; 2] = Default::default();
-        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
-            pair[i] = round(b, i == 1, dur, pinned)?;
+        let mut all: [Round; 3] = Default::default();
+        for k in 0..3 {
+            let i = (r as usize + k) % 3;
+            let how = [Pins::Queue, Pins::LongRead, Pins::Pieces(piece)][i];
+            all[i] = round(b, how, dur, pinned)?;
         }
-        out.push(pair);
+        out.push(all);
     }
     let tracker = out.first().map_or("", |r| r[0].tracker);
-    Ok(ChainResult { rounds: out, pinned, tracker, backend: b.kind().name().to_string() })
+    Ok(ChainResult { rounds: out, pinned, piece, tracker, backend: b.kind().name().to_string() })
 }
 
 impl ChainResult {
@@ -203,16 +248,17 @@ impl ChainResult {
 
     pub fn print(&self) {
         outln!(
-            "collects beside commits and pins of {} MiB ({} tracker, {} pins, {} rounds, medians)",
+            "collects beside commits and pins of {} MiB ({} tracker, {} pins, pieces of {} KiB, {} rounds, medians)",
             self.pinned / MIB,
             self.tracker,
             self.backend,
+            self.piece >> 10,
             self.rounds.len()
         );
-        outln!("  {:<20} {:>26} {:>26} {:>8}", "", ARMS[0], ARMS[1], "ratio");
+        outln!("  {:<20} {:>26} {:>26} {:>26} {:>8} {:>8}", "", ARMS[0], ARMS[1], ARMS[2], "1st/2nd", "2nd/3rd");
         for (name, f) in Self::FIGURES {
-            let (a, b) = (self.med(0, f), self.med(1, f));
-            outln!("  {name:<20} {a:>26.3} {b:>26.3} {:>7.2}x", a / b);
+            let (a, b, c) = (self.med(0, f), self.med(1, f), self.med(2, f));
+            outln!("  {name:<20} {a:>26.3} {b:>26.3} {c:>26.3} {:>7.2}x {:>7.2}x", a / b, b / c);
         }
     }
 
@@ -227,9 +273,11 @@ impl ChainResult {
         };
         json!({
             "tracker": self.tracker, "backend": self.backend, "rounds": self.rounds.len(), "pinned_mib": self.pinned / MIB,
-            "old": arm(0), "new": arm(1),
+            "piece_kib": self.piece >> 10,
+            "old": arm(0), "new": arm(1), "pieces": arm(2),
             "collect_worst_ratio": self.med(0, |r| r.collect_worst) / self.med(1, |r| r.collect_worst),
             "collect_p99_ratio": self.med(0, |r| r.collect_p99) / self.med(1, |r| r.collect_p99),
+            "change_p99_ratio_pieces": self.med(1, |r| r.change_p99) / self.med(2, |r| r.change_p99),
         })
     }
 }

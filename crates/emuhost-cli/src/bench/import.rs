@@ -42,6 +42,9 @@ pub struct Args {
     /// What the background thread pins in the collects beside commits and pins, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     chain_pin_mib: u64,
+    /// The piece the third arm of the collects beside commits and pins pins at a time, in KiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..=4_194_304))]
+    chain_piece_kib: u64,
     /// Seed of the synthetic session.
     #[arg(long, default_value_t = 1267)]
     seed: u64,
@@ -83,7 +86,8 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     let chain = if a.chain_rounds == 0 {
         serde_json::Value::Null
     } else {
-        let c = super::chain::arms(&backend, a.chain_rounds, Duration::from_millis(a.chain_ms), a.chain_pin_mib * MIB)?;
+        let dur = Duration::from_millis(a.chain_ms);
+        let c = super::chain::arms(&backend, a.chain_rounds, dur, a.chain_pin_mib * MIB, a.chain_piece_kib << 10)?;
         if !a.json {
             c.print();
         }

@@ -658,6 +658,8 @@ struct Core<B: Backend> {
     /// When the background import in the driver now entered it, and its length: a binding's
     /// slow import says whether it met one (debug log).
     in_driver: Mutex<Option<(Instant, u64)>>,
+    /// Releases under way (any thread): a binding's slow import says whether it met one.
+    releasing: AtomicU64,
     /// The background threads' work; `queued` wakes a thread for it, `idle` tells
     /// [`Importer::settle`] that none is left.
     queue: Mutex<AheadQueue>,
@@ -738,6 +740,7 @@ impl<B: Backend + 'static> Importer<B> {
             binding_imports: AtomicU64::new(0),
             driver_turn: Mutex::new(()),
             in_driver: Mutex::new(None),
+            releasing: AtomicU64::new(0),
             queue: Mutex::new(AheadQueue::default()),
             queued: Condvar::new(),
             idle: Condvar::new(),
@@ -860,7 +863,7 @@ impl<B: Backend + 'static> Importer<B> {
         let dead: Vec<B::Import> = dead.into_iter().filter_map(|k| self.core.take_out(&mut st, k)).collect();
         drop(st);
         for import in dead {
-            self.core.backend.release(import);
+            self.core.release(import);
         }
         true
     }
@@ -1046,7 +1049,7 @@ impl<B: Backend + 'static> Importer<B> {
             if live.ahead.is_some() {
                 st.stats.ahead_bytes -= live.hi - lo;
             }
-            self.core.backend.release(live.import);
+            self.core.release(live.import);
         }
         st.hot.clear();
         st.longest = 0;
@@ -1185,7 +1188,7 @@ impl<B: Backend> Core<B> {
                 if old.ahead.is_some() {
                     st.stats.ahead_bytes -= old.hi - k.0;
                 }
-                self.backend.release(old.import);
+                self.release(old.import);
             }
         }
         let (import, took) = self.make(span, r, false)?;
@@ -1196,6 +1199,13 @@ impl<B: Backend> Core<B> {
         }
         self.record(st, r, import, took, Made::Binding { reimport });
         Ok((r.lo, handle))
+    }
+
+    /// Releases `import` (counted while under way, for the debug log of slow imports).
+    fn release(&self, import: B::Import) {
+        self.releasing.fetch_add(1, Ordering::Relaxed);
+        self.backend.release(import);
+        self.releasing.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn wrap(&self, r: Planned, source: ImportError) -> ImportError {
@@ -1238,6 +1248,7 @@ impl<B: Backend> Core<B> {
             (turn, self.step_aside())
         });
         let before = t.elapsed();
+        let releasing = self.releasing.load(Ordering::Relaxed);
         let met = if background {
             *self.in_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.len()));
             None
@@ -1257,7 +1268,8 @@ impl<B: Backend> Core<B> {
                 format!("; a background import of {} KiB had been in the driver {:.2} ms", len >> 10, ms(been))
             });
             tracing::debug!(
-                "{who} import of {r}: {:.2} ms to commit and populate, {:.2} ms in the backend{beside}",
+                "{who} import of {r}: {:.2} ms to commit and populate, {:.2} ms in the backend{beside}; \
+                 {releasing} releases under way at its start",
                 ms(before),
                 ms(took - before)
             );
@@ -1354,7 +1366,7 @@ impl<B: Backend> Core<B> {
     /// Releases the live import `k`, made ahead and never used, under the lock.
     fn release_unused(&self, st: &mut State<B::Import>, k: (u64, u64)) {
         if let Some(import) = self.take_out(st, k) {
-            self.backend.release(import);
+            self.release(import);
         }
     }
 
@@ -1388,7 +1400,10 @@ impl<B: Backend> Core<B> {
             if let Some(r) = range
                 && !self.stopping.load(Ordering::Relaxed)
             {
-                for piece in self.pieces(r) {
+                // A pool ahead is left out over pages a binding imported (that is for bindings
+                // to do, counted as a re-import); once its first piece is made, the rest follow.
+                let used = pool.is_some() && self.state().overlaps_used(r.lo, r.hi, pool);
+                for piece in if used { Vec::new() } else { self.pieces(r) } {
                     if !self.ahead(pool, piece, epoch) || self.stopping.load(Ordering::Relaxed) {
                         break;
                     }
@@ -1429,9 +1444,8 @@ impl<B: Backend> Core<B> {
     /// ahead of pool `pool`'s bindings, or (`None`) a pool a binding imported only part of. Left
     /// out where live imports cover it, where it overlaps one in flight, where it is cooling or
     /// failed ahead before, and where the device refuses overlaps and it overlaps an import it
-    /// cannot take in. A pool ahead is also left out over pages a binding imported (that is for
-    /// bindings to do, counted as a re-import; pieces made ahead for the same pool do not count)
-    /// and past the budget of bytes ahead. Unused imports ahead inside `r` are taken in. Whether
+    /// cannot take in, and past the budget of bytes ahead (a pool over pages a binding imported
+    /// is left out before its first piece: [`Core::run_ahead`]). Unused imports ahead inside `r` are taken in. Whether
     /// the pool's next piece is still wanted: not past the budget, after a failure, once the pool
     /// is released or after [`Importer::release_all`]. (Long: the checks, the budget and the
     /// flight off the lock read best in one place.)
@@ -1454,9 +1468,6 @@ impl<B: Backend> Core<B> {
             return true;
         }
         if pool.is_some() {
-            if st.overlaps_used(r.lo, r.hi, pool) {
-                return true;
-            }
             let freed: u64 = over.iter().filter(|o| o.2).map(|o| o.1 - o.0.0).sum();
             if st.stats.ahead_bytes - freed + r.len() > self.cfg.ahead {
                 st.stats.ahead_over_budget += 1;
@@ -1474,7 +1485,7 @@ impl<B: Backend> Core<B> {
         // Off the lock, so that bindings go on; one that this range covers may wait for it.
         drop(st);
         for import in later.drain(..) {
-            self.backend.release(import);
+            self.release(import);
         }
         let made = HostSpan::of(&self.space, r.lo, r.len())
             .map_err(|e| self.wrap(r, e))
@@ -1512,7 +1523,7 @@ impl<B: Backend> Core<B> {
             self.landed.notify_all();
             drop(st);
             for import in later {
-                self.backend.release(import);
+                self.release(import);
             }
             st = self.state();
         }

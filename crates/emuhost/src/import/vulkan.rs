@@ -450,6 +450,7 @@ impl Device {
     fn import_into(self: &Arc<Self>, span: HostSpan, buffer: vk::Buffer) -> Result<VulkanImport, ImportError> {
         let len = span.len() as u64;
         let ptr = span.addr() as *mut c_void;
+        let t0 = std::time::Instant::now();
         let mut props = vk::MemoryHostPointerPropertiesEXT::default();
         // SAFETY: the function was found on this device (checked at open); `ptr` is aligned to
         // minImportedHostPointerAlignment (checked by the caller); `props` lives across the call.
@@ -469,6 +470,7 @@ impl Device {
             ))
         })?;
         let heap = self.memory.memory_types[t as usize].heap_index as usize;
+        let t1 = std::time::Instant::now();
         self.budget.take(len)?;
         if let Err(e) = self.take_heap(heap, len) {
             self.budget.give(len);
@@ -488,6 +490,7 @@ impl Device {
             // keeps the span, which holds the pages).
             unsafe { self.device.allocate_memory(&alloc, None) }
         };
+        let t2 = std::time::Instant::now();
         let memory = match allocated {
             Ok(m) => m,
             Err(code) => {
@@ -501,6 +504,17 @@ impl Device {
             unsafe { self.device.free_memory(memory, None) };
             give();
             return Err(ImportError::Vulkan { op: "vkBindBufferMemory", code });
+        }
+        let t3 = std::time::Instant::now();
+        if t3 - t0 > std::time::Duration::from_micros(500) {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            tracing::debug!(
+                "vulkan import of {} KiB: {:.2} ms to allocate (the pin), {:.2} ms before it, {:.2} ms to bind",
+                len >> 10,
+                ms(t2 - t1),
+                ms(t1 - t0),
+                ms(t3 - t2)
+            );
         }
         Ok(VulkanImport {
             dev: self.clone(),

@@ -863,6 +863,20 @@ fn pools_ready_where_bindings_come_pools_are_imported_ahead_and_their_bindings_w
     assert_eq!(f.calls.lock().unwrap().len(), 1);
 }
 
+/// A pool over pages a binding imported is left to its bindings (their imports count as
+/// re-imports), not imported ahead.
+#[test]
+fn pools_a_pool_over_pages_a_binding_imported_is_not_imported_ahead() {
+    let (imp, f) = pools(64 * MIB);
+    imp.add_pool(5 * MIB, 256 * KIB).unwrap();
+    imp.add_pool(5 * MIB + 128 * KIB, 256 * KIB).unwrap();
+    imp.add_pool(5 * MIB + 512 * KIB, 64 * KIB).unwrap();
+    let b = imp.bind(5 * MIB + 0x10, 0x10).unwrap();
+    assert_eq!((b.range, b.made), (k(5 * 1024, 5 * 1024 + 256), true));
+    imp.settle();
+    assert_eq!(*f.calls.lock().unwrap(), [k(5 * 1024, 5 * 1024 + 256), k(5 * 1024 + 512, 5 * 1024 + 576)]);
+}
+
 /// While a change of the space's mappings is under way (it waits for the memory-map lock behind
 /// every pin and populate), the background threads start no populate and no import; they go on
 /// once it is done.

@@ -198,7 +198,7 @@ pub const SETTINGS: &[Switch] = &[
     },
     Switch {
         name: "EMUHOST_IMPORT_AHEAD_PIECE_KB",
-        default: "`1024`",
+        default: "`0`",
         doc: "`pools` policy: the most KiB a background thread imports at once; a larger pool is imported in overlapping pieces; `0` imports pools whole",
         apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_PIECE_KB", v),
     },
@@ -324,7 +324,12 @@ mod tests {
             ("EMUHOST_IMPORT_POLICY", "chunks", "spans", "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks"),
             ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
             ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
-            ("EMUHOST_IMPORT_AHEAD_PIECE_KB", "0", "1M", "EMUHOST_IMPORT_AHEAD_PIECE_KB=\"1M\": an unsigned integer"),
+            (
+                "EMUHOST_IMPORT_AHEAD_PIECE_KB",
+                "1024",
+                "1M",
+                "EMUHOST_IMPORT_AHEAD_PIECE_KB=\"1M\": an unsigned integer",
+            ),
         ];
         if crate::faults::ENABLED {
             bad.push(("EMUHOST_FAULT_UFFD", "eperm", "often", "EMUHOST_FAULT_UFFD=\"often\": expected eperm"));

@@ -116,7 +116,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
         untouched_per_mib: Duration::from_millis(1),
         populated_per_mib: Duration::from_millis(1),
     };
-    c.import = Some(ImportConfig::default().cost(Some(cost)).ahead_piece(0));
+    c.import = Some(ImportConfig::default().cost(Some(cost)));
     let r = run(SMALL, &c).unwrap();
     // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then
     // runs across the part the binding before it imported (one re-import).
@@ -125,9 +125,9 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
     assert!((2..=6).contains(&r.imports), "{r:?}");
     assert!(r.ahead_imports >= 1, "at least the 8 MiB pool whole: {r:?}");
     assert_eq!((r.live_imports_after_teardown, r.live_import_bytes_after_teardown), (0, 0));
-    // In pieces of 1 MiB (the default): the 8 MiB pool in eight of them, and still no binding
-    // fails or finds a write lost.
-    c.import = Some(ImportConfig::default().cost(Some(cost)));
+    // In pieces of 1 MiB: the 8 MiB pool in eight of them, and still no binding fails or finds
+    // a write lost.
+    c.import = Some(ImportConfig::default().cost(Some(cost)).ahead_piece(1 << 20));
     let r = run(SMALL, &c).unwrap();
     assert_eq!((r.bind_failures, r.lost_writes), (0, 0), "{r:?}");
     assert!(r.reimports <= 1, "{r:?}");

@@ -70,9 +70,8 @@ fn given_settings_the_environment_is_not_read() {
     // The backend the self-tests choose here (mprotect on a kernel without uffd's, e.g. 6.1).
     let auto = emuhost::watch::choose(&settings).unwrap().kind;
     assert!(!r.verify_collect && r.watch_backend == auto.name(), "{r:?}");
-    // One import, or the pool's part and then the pool (2 MiB) in its two pieces of 1 MiB, as
-    // the cost measured here says.
-    assert!((1..=3).contains(&r.imports) && r.bind_failures == 0 && r.lost_writes == 0, "{r:?}");
+    // One import or two (the pool's part, then the pool whole, as the cost measured here says).
+    assert!((1..=2).contains(&r.imports) && r.bind_failures == 0 && r.lost_writes == 0, "{r:?}");
 
     // And the settings given are the ones in force.
     let mut cfg = cfg.clone();

@@ -21,8 +21,10 @@ pub const DEFAULT_WAIT: Duration = Duration::from_micros(400);
 const POPULATE_SLICE: u64 = 256 << 10;
 /// The default budget of bytes imported ahead and not yet bound: 256 MiB.
 pub const DEFAULT_AHEAD: u64 = 256 << 20;
-/// The pools policy's default piece of a background import (`EMUHOST_IMPORT_AHEAD_PIECE_KB`).
-pub const DEFAULT_AHEAD_PIECE: u64 = 1 << 20;
+/// The pools policy's default piece of a background import (`EMUHOST_IMPORT_AHEAD_PIECE_KB`):
+/// none, pools whole. On the H200, 1 MiB pieces doubled the bindings' time waiting for imports
+/// (docs/import.md, "Background imports in pieces").
+pub const DEFAULT_AHEAD_PIECE: u64 = 0;
 /// The least overlap of two pieces of a background import, before any binding was seen.
 const LEAST_OVERLAP: u64 = 64 << 10;
 

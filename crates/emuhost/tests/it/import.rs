@@ -789,9 +789,9 @@ fn cost(fixed_us: u64, per_mib_us: u64) -> Option<ImportCost> {
 
 /// An importer under the pools policy around [`Faulty`]: 1 MiB regions, the cost above, at most
 /// `ahead` bytes imported ahead, one background thread (the order of its imports is checked),
-/// pools imported whole on it (pieces have a test of their own).
+/// pools imported whole on it (the default; pieces have a test of their own).
 fn pools(ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    faulty_with(pools_config(ahead).ahead_piece(0))
+    faulty_with(pools_config(ahead))
 }
 
 fn pools_config(ahead: u64) -> ImportConfig {

@@ -203,12 +203,6 @@ pub const SETTINGS: &[Switch] = &[
         apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_PIECE_KB", v),
     },
     Switch {
-        name: "EMUHOST_IMPORT_AHEAD_QUIET_US",
-        default: "`0`",
-        doc: "`pools` policy: how long after a binding's own import the background threads keep out of the driver",
-        apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_QUIET_US", v),
-    },
-    Switch {
         name: "EMUHOST_IMPORT_WAIT_US",
         default: "`400`",
         doc: "`pools` policy: the longest a binding should wait for an import; past it a binding imports only its part of a pool",
@@ -329,7 +323,6 @@ mod tests {
             ("EMUHOST_IMPORT_AHEAD_MB", "64", "lots", "EMUHOST_IMPORT_AHEAD_MB=\"lots\": an unsigned integer"),
             ("EMUHOST_IMPORT_POLICY", "chunks", "spans", "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks"),
             ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
-            ("EMUHOST_IMPORT_AHEAD_QUIET_US", "2000", "2ms", "EMUHOST_IMPORT_AHEAD_QUIET_US=\"2ms\": an unsigned"),
             ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
             (
                 "EMUHOST_IMPORT_AHEAD_PIECE_KB",

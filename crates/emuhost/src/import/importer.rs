@@ -85,11 +85,6 @@ pub struct ImportConfig {
     /// most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
     /// are imported whole.
     pub ahead_piece: u64,
-    /// Pools policy: how long after a binding's own import the background threads keep out of
-    /// the driver (`EMUHOST_IMPORT_AHEAD_QUIET_US`; 0: only while one is under way). Bindings
-    /// that import come in bursts; a background import that enters the driver between two of
-    /// them makes the second wait for it.
-    pub ahead_quiet: Duration,
 }
 
 impl Default for ImportConfig {
@@ -105,7 +100,6 @@ impl Default for ImportConfig {
             cost: None,
             ahead_threads: 0,
             ahead_piece: DEFAULT_AHEAD_PIECE,
-            ahead_quiet: Duration::ZERO,
         }
     }
 }
@@ -165,12 +159,6 @@ impl ImportConfig {
         self
     }
 
-    /// Sets [`ImportConfig::ahead_quiet`].
-    pub fn ahead_quiet(mut self, quiet: Duration) -> Self {
-        self.ahead_quiet = quiet;
-        self
-    }
-
     /// Sets [`ImportConfig::cost`].
     pub fn cost(mut self, cost: Option<ImportCost>) -> Self {
         self.cost = cost;
@@ -178,7 +166,7 @@ impl ImportConfig {
     }
 
     /// The switches this config takes.
-    pub const SWITCHES: [&str; 10] = [
+    pub const SWITCHES: [&str; 9] = [
         "EMUHOST_IMPORT_POLICY",
         "EMUHOST_IMPORT_CHUNK_MB",
         "EMUHOST_IMPORT_SPAN_MB",
@@ -188,7 +176,6 @@ impl ImportConfig {
         "EMUHOST_IMPORT_WAIT_US",
         "EMUHOST_IMPORT_AHEAD_THREADS",
         "EMUHOST_IMPORT_AHEAD_PIECE_KB",
-        "EMUHOST_IMPORT_AHEAD_QUIET_US",
     ];
 
     /// The config [`Settings`](crate::settings::Settings) gives.
@@ -255,9 +242,6 @@ impl ImportConfig {
                         why: "too large",
                     })?,
                 };
-            }
-            "EMUHOST_IMPORT_AHEAD_QUIET_US" => {
-                self.ahead_quiet = switch_u64(name, get())?.map_or(d.ahead_quiet, Duration::from_micros);
             }
             "EMUHOST_IMPORT_WAIT_US" => {
                 self.wait = switch_u64(name, get())?.map_or(d.wait, Duration::from_micros);
@@ -671,8 +655,6 @@ struct Core<B: Backend> {
     stopping: AtomicBool,
     /// Bindings importing now: the background threads' populates and imports step aside for them.
     binding_imports: AtomicU64,
-    /// When the last binding's own import ended (`ImportConfig::ahead_quiet`).
-    last_binding_import: Mutex<Option<Instant>>,
     /// Held by a background thread while it is in the driver.
     driver_turn: Mutex<()>,
     /// When the background import in the driver now entered it, and its length: a binding's
@@ -758,7 +740,6 @@ impl<B: Backend + 'static> Importer<B> {
             landed: Condvar::new(),
             stopping: AtomicBool::new(false),
             binding_imports: AtomicU64::new(0),
-            last_binding_import: Mutex::new(None),
             driver_turn: Mutex::new(()),
             in_driver: Mutex::new(None),
             releasing: AtomicU64::new(0),
@@ -1160,7 +1141,6 @@ impl<B: Backend> Core<B> {
             }
             self.binding_imports.fetch_add(1, Ordering::AcqRel);
             let made = self.import(st, range);
-            *self.last_binding_import.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             self.binding_imports.fetch_sub(1, Ordering::AcqRel);
             match made {
                 Ok((lo, handle)) => {
@@ -1267,16 +1247,7 @@ impl<B: Backend> Core<B> {
         // another thread's), and a binding should wait for one of theirs at most.
         let _turn = background.then(|| {
             let turn = self.driver_turn.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                let read = self.step_aside();
-                let last = *self.last_binding_import.lock().unwrap_or_else(|p| p.into_inner());
-                let quiet = last.map_or(Duration::MAX, |t| t.elapsed());
-                if quiet >= self.cfg.ahead_quiet || read.is_none() {
-                    break (turn, read);
-                }
-                drop(read);
-                std::thread::sleep((self.cfg.ahead_quiet - quiet).min(Duration::from_micros(200)));
-            }
+            (turn, self.step_aside())
         });
         let before = t.elapsed();
         let releasing = self.releasing.load(Ordering::Relaxed);

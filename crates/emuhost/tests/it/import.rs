@@ -877,29 +877,6 @@ fn pools_a_pool_over_pages_a_binding_imported_is_not_imported_ahead() {
     assert_eq!(*f.calls.lock().unwrap(), [k(5 * 1024, 5 * 1024 + 256), k(5 * 1024 + 512, 5 * 1024 + 576)]);
 }
 
-/// With a quiet time, the background threads keep out of the driver for that long after a
-/// binding's own import.
-#[test]
-fn pools_background_imports_keep_out_of_the_driver_for_the_quiet_time_after_a_binding_imports() {
-    let quiet = Duration::from_millis(300);
-    let (imp, f) = faulty_with(pools_config(64 * MIB).ahead_quiet(quiet));
-    imp.bind(5 * MIB + 0x100, 0x100).unwrap();
-    let bound = Instant::now();
-    imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let meanwhile = f.entered.load(Ordering::SeqCst);
-    imp.settle();
-    let settled = bound.elapsed();
-    assert_eq!((meanwhile, f.entered.load(Ordering::SeqCst)), (1, 2), "the import ahead waited, then was made");
-    assert!(settled >= quiet, "{settled:?}");
-    // Without one, the import ahead is made at once.
-    let (imp, f) = pools(64 * MIB);
-    imp.bind(5 * MIB + 0x100, 0x100).unwrap();
-    imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(f.entered.load(Ordering::SeqCst), 2);
-}
-
 /// While a change of the space's mappings is under way (it waits for the memory-map lock behind
 /// every pin and populate), the background threads start no populate and no import; they go on
 /// once it is done.

@@ -10,7 +10,7 @@ use super::backend::{Backend, GpuHandle, HostSpan};
 use super::cost::ImportCost;
 use super::plan::{PlanConfig, Planned, binding_cover, cover, piece, plan, pool_range};
 use super::pools::{PoolId, Pools};
-use super::{ImportError, switch_u64};
+use super::{ImportError, switch_bytes, switch_u64};
 use crate::space::{LongRead, Prot, Space, page_size};
 
 /// The default time a range that failed to import is held before it is tried again.
@@ -211,14 +211,7 @@ impl ImportConfig {
                 }
             }
             "EMUHOST_IMPORT_SPAN_MB" => {
-                self.plan.span_cap = d.plan.span_cap;
-                if let Some(mb) = switch_u64(name, get())? {
-                    self.plan.span_cap = mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
-                        name,
-                        value: mb.to_string(),
-                        why: "too large",
-                    })?;
-                }
+                self.plan.span_cap = switch_bytes(name, get(), 1 << 20)?.unwrap_or(d.plan.span_cap);
             }
             "EMUHOST_IMPORT_COOLING_MS" => {
                 self.cooling = switch_u64(name, get())?.map_or(d.cooling, Duration::from_millis);
@@ -234,14 +227,7 @@ impl ImportConfig {
                 };
             }
             "EMUHOST_IMPORT_AHEAD_PIECE_KB" => {
-                self.ahead_piece = match switch_u64(name, get())? {
-                    None => d.ahead_piece,
-                    Some(kb) => kb.checked_mul(1 << 10).ok_or_else(|| ImportError::BadSwitch {
-                        name,
-                        value: kb.to_string(),
-                        why: "too large",
-                    })?,
-                };
+                self.ahead_piece = switch_bytes(name, get(), 1 << 10)?.unwrap_or(d.ahead_piece);
             }
             "EMUHOST_IMPORT_WAIT_US" => {
                 self.wait = switch_u64(name, get())?.map_or(d.wait, Duration::from_micros);
@@ -261,14 +247,7 @@ impl ImportConfig {
                 };
             }
             "EMUHOST_IMPORT_AHEAD_MB" => {
-                self.ahead = match switch_u64(name, get())? {
-                    None => d.ahead,
-                    Some(mb) => mb.checked_mul(1 << 20).ok_or_else(|| ImportError::BadSwitch {
-                        name,
-                        value: mb.to_string(),
-                        why: "too large",
-                    })?,
-                };
+                self.ahead = switch_bytes(name, get(), 1 << 20)?.unwrap_or(d.ahead);
             }
             "EMUHOST_IMPORT_POPULATE_AHEAD" => {
                 self.populate_ahead = match crate::settings::on_off(value) {

@@ -84,3 +84,9 @@ fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, 
         None => Ok(None),
     }
 }
+
+/// A switch in units of `unit` bytes (KiB, MiB), as bytes; one past 2^64 bytes is an error.
+fn switch_bytes(name: &'static str, value: Option<String>, unit: u64) -> Result<Option<u64>, ImportError> {
+    let too_large = |n: u64| ImportError::BadSwitch { name, value: n.to_string(), why: "too large" };
+    switch_u64(name, value)?.map(|n| n.checked_mul(unit).ok_or_else(|| too_large(n))).transpose()
+}

@@ -684,6 +684,18 @@ fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
     // 2^44 MiB does not fit in 64 bits of bytes.
     let e = chunk("17592186044416").unwrap_err().to_string();
     assert!(e.contains("EMUHOST_IMPORT_CHUNK_MB=\"17592186044416\"") && e.contains("too large"), "{e}");
+    // So for every switch counted in KiB or MiB, and one unit less fits.
+    for (name, past, fits, bytes) in [
+        ("EMUHOST_IMPORT_SPAN_MB", "17592186044416", "17592186044415", u64::MAX - (1 << 20) + 1),
+        ("EMUHOST_IMPORT_AHEAD_MB", "17592186044416", "17592186044415", u64::MAX - (1 << 20) + 1),
+        ("EMUHOST_IMPORT_AHEAD_PIECE_KB", "18014398509481984", "18014398509481983", u64::MAX - (1 << 10) + 1),
+    ] {
+        let e = ImportConfig::default().set(name, past).unwrap_err().to_string();
+        assert!(e.contains(&format!("{name}=\"{past}\"")) && e.contains("too large"), "{e}");
+        let mut c = ImportConfig::default();
+        c.set(name, fits).unwrap();
+        assert!([c.plan.span_cap, c.ahead, c.ahead_piece].contains(&bytes), "{name}: {c:?}");
+    }
 }
 
 #[derive(Clone, Default)]

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Budget, Cuda, HostSpan, ImportConfig, ImportCost, ImportError, ImportPolicy, Importer, Pin,
-    PlanConfig, Planned, PopulateAhead, Vulkan, error_chain, verify,
+    Backend, BackendKind, Budget, Cuda, DEFAULT_AHEAD, HostSpan, ImportConfig, ImportCost, ImportError, ImportPolicy,
+    Importer, Pin, PlanConfig, Planned, PopulateAhead, Vulkan, error_chain, verify,
 };
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
 
@@ -1022,8 +1022,7 @@ fn pools_a_large_pool_is_imported_ahead_in_overlapping_pieces_that_each_binding_
 /// 4 MiB and a pool of `size` bytes at 4 MiB + 64 KiB whose import ahead has entered the backend
 /// and is held there (`Faulty::set_hold`).
 fn one_held_ahead(cost: Option<ImportCost>, size: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).cost(cost).ahead_threads(1);
-    let (imp, f) = faulty_with(cfg);
+    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD).cost(cost));
     imp.bind(4 * MIB, 0x10).unwrap();
     f.set_hold(true);
     imp.add_pool(4 * MIB + 0x1_0000, size).unwrap();

@@ -2,7 +2,8 @@
 //! per size; (2) a session of pools and bindings shaped like the reference's game (thousands of
 //! pools, ~2 % across a chunk's end, a few dozen chunks bound) through the importer with naive
 //! chunks, with spans, and with spans + populate ahead; (3) collects beside commits and pins
-//! ([`super::chain`]).
+//! ([`super::chain`]); (4) a binding's small import beside background imports of several sizes,
+//! and beside many live imports ([`super::beside`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +46,19 @@ pub struct Args {
     /// The piece the third arm of the collects beside commits and pins pins at a time, in KiB.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..=4_194_304))]
     chain_piece_kib: u64,
+    /// Rounds of a binding's small import beside background imports (0 leaves them out).
+    #[arg(long, default_value_t = 3)]
+    beside_rounds: u32,
+    /// How long each arm runs in a round of the small imports beside background imports, in ms.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    beside_ms: u64,
+    /// The background imports' sizes beside the small imports, in KiB, comma-separated (0: none).
+    #[arg(long, value_delimiter = ',', default_values_t = [0u64, 256, 1024, 4096, 16384],
+          value_parser = clap::value_parser!(u64).range(0..=4_194_304))]
+    beside_kib: Vec<u64>,
+    /// One-page imports held live in the last arm of the small imports (0 leaves it out).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    beside_live: u64,
     /// Seed of the synthetic session.
     #[arg(long, default_value_t = 1267)]
     seed: u64,
@@ -93,8 +107,20 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
         }
         c.json()
     };
+    let beside = if a.beside_rounds == 0 {
+        serde_json::Value::Null
+    } else {
+        let dur = Duration::from_millis(a.beside_ms);
+        let sizes: Vec<u64> = a.beside_kib.iter().map(|k| k << 10).collect();
+        let r = super::beside::arms(&backend, a.beside_rounds, dur, &sizes, a.beside_live)?;
+        if !a.json {
+            r.print();
+        }
+        r.json()
+    };
     if a.json {
-        outln!("{}", json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session, "chain": chain }));
+        let all = json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session, "chain": chain, "beside": beside });
+        outln!("{all}");
     }
     Ok(Outcome::Ok)
 }

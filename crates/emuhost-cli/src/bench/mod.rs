@@ -1,6 +1,7 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
 //! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
 
+mod beside;
 mod chain;
 mod import;
 mod prepare;

@@ -176,11 +176,16 @@ impl std::fmt::Debug for VulkanImport {
 
 impl Drop for VulkanImport {
     fn drop(&mut self) {
+        let t = std::time::Instant::now();
         self.dev.destroy_buffer(self.buffer);
         // SAFETY: the memory was made by this device, which `self.dev` keeps alive; its buffer is
         // gone and no command of emuhost's is pending (copies wait for their fence; on the
         // caller's device, the caller's commands are the caller's to have finished).
         unsafe { self.dev.device.free_memory(self.memory, None) };
+        let took = t.elapsed();
+        if took > std::time::Duration::from_micros(300) {
+            tracing::debug!("vulkan release of {} KiB: {:.2} ms", self.len >> 10, took.as_secs_f64() * 1e3);
+        }
         self.dev.give_heap(self.heap, self.len);
         self.dev.budget.give(self.len);
     }

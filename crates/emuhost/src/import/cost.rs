@@ -32,6 +32,13 @@ impl ImportCost {
         self.fixed + Duration::from_nanos((per_byte * len as f64) as u64)
     }
 
+    /// The cost of pinning `len` bytes whose pages are all populated (what is left of a
+    /// background import once it is in the driver: it populated its pages first).
+    pub fn pin(&self, len: u64) -> Duration {
+        let per_byte = self.populated_per_mib.as_nanos() as f64 / (1u64 << 20) as f64;
+        self.fixed + Duration::from_nanos((per_byte * len as f64) as u64)
+    }
+
     /// The largest power of two of bytes, at least `align` (a power of two) and at most 1 GiB,
     /// whose import is estimated to take at most `target`.
     pub fn granule(&self, target: Duration, align: u64) -> u64 {

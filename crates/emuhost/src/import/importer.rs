@@ -398,6 +398,14 @@ struct Live<I> {
     made_for: Option<PoolId>,
 }
 
+/// How long a binding waited for an import in flight, and whether it gave up (debug log).
+#[derive(Default)]
+struct FlightWait {
+    phase: String,
+    waited: Option<Duration>,
+    timed_out: bool,
+}
+
 /// An import being made off the lock by the background thread.
 #[derive(Clone, Copy)]
 struct Flight {
@@ -484,10 +492,21 @@ impl<I> State<I> {
     }
 
     /// How long the import in flight that covers `lo..hi` and should land first is still
-    /// expected to take (zero when overdue); `None` when none covers it.
-    fn in_flight_left(&self, lo: u64, hi: u64) -> Option<Duration> {
+    /// expected to take; `None` when none covers it, or when none has an estimate left to go
+    /// by. One in the driver now (`in_driver`: since when, and its range) has its pages
+    /// populated, so what is left of it is its pin at the populated cost; one overdue in the
+    /// driver is taken to land at once. One not in the driver yet (populating, or waiting for
+    /// its turn) is expected by the estimate it was started with; once overdue it has no
+    /// estimate left (a populate slowed by the bindings it steps aside for, say), and a binding
+    /// is better off importing its own part than waiting for it.
+    fn in_flight_left(&self, lo: u64, hi: u64, in_driver: Option<(Instant, Planned)>) -> Option<Duration> {
         let covering = self.in_flight.iter().filter(|f| f.r.covers(lo, hi));
-        covering.map(|f| f.est.saturating_sub(f.since.elapsed())).min()
+        covering
+            .filter_map(|f| match in_driver {
+                Some((since, r)) if r == f.r => Some(self.cost.pin(f.r.len()).saturating_sub(since.elapsed())),
+                _ => Some(f.est.saturating_sub(f.since.elapsed())).filter(|left| !left.is_zero()),
+            })
+            .min()
     }
 
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
@@ -636,9 +655,10 @@ struct Core<B: Backend> {
     binding_imports: AtomicU64,
     /// Held by a background thread while it is in the driver.
     driver_turn: Mutex<()>,
-    /// When the background import in the driver now entered it, and its length: a binding's
-    /// slow import says whether it met one (debug log).
-    in_driver: Mutex<Option<(Instant, u64)>>,
+    /// When the background import in the driver now entered it, and its range: a binding it
+    /// covers waits for it by what is left of its pin, and a binding's slow import says whether
+    /// it met one (debug log).
+    in_driver: Mutex<Option<(Instant, Planned)>>,
     /// Releases under way (any thread): a binding's slow import says whether it met one.
     releasing: AtomicU64,
     /// The background threads' work; `queued` wakes a thread for it, `idle` tells
@@ -890,6 +910,8 @@ impl<B: Backend + 'static> Importer<B> {
         let t0 = Instant::now();
         let core = &*self.core;
         let mut st = self.state();
+        let locked = t0.elapsed();
+        let mut flight = FlightWait::default();
         st.largest_binding = st.largest_binding.max(size);
         if let Some(bound) = core.reuse(&mut st, addr, size) {
             return Ok(bound);
@@ -903,7 +925,7 @@ impl<B: Backend + 'static> Importer<B> {
                 core.bind_importing(&mut st, addr, tries, now)
             }
             ImportPolicy::Pools => {
-                let (g, bound) = self.bind_pools(st, addr, size, now)?;
+                let (g, bound) = self.bind_pools(st, addr, size, now, &mut flight)?;
                 st = g;
                 bound
             }
@@ -916,7 +938,21 @@ impl<B: Backend + 'static> Importer<B> {
                 Ok(b) => format!("was served by {}, in flight when it came", b.range),
                 Err(_) => "failed".to_owned(),
             };
-            tracing::debug!("binding {addr:#x}+{size:#x} waited {:.2} ms: {how}", waited.as_secs_f64() * 1e3);
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let flew = match flight.waited {
+                Some(d) => format!(
+                    ", {:.2} ms for an import in flight{}{}",
+                    ms(d),
+                    flight.phase,
+                    if flight.timed_out { " (gave up)" } else { "" }
+                ),
+                None => String::new(),
+            };
+            tracing::debug!(
+                "binding {addr:#x}+{size:#x} waited {:.2} ms: {how} ({:.2} ms for the lock{flew})",
+                ms(waited),
+                ms(locked)
+            );
         }
         bound
     }
@@ -933,6 +969,7 @@ impl<B: Backend + 'static> Importer<B> {
         addr: u64,
         size: u64,
         now: Instant,
+        flight: &mut FlightWait,
     ) -> Result<(MutexGuard<'a, State<B::Import>>, Result<Bound, ImportError>), ImportError> {
         let core = &*self.core;
         let end = addr.checked_add(size).ok_or(ImportError::BindingWraps { addr, size })?;
@@ -940,29 +977,42 @@ impl<B: Backend + 'static> Importer<B> {
         let part = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
         let own = if overlaps_ok { part } else { whole };
-        let mut waited = false;
+        // The wait for an import in flight is bounded once, when it begins: by what is left of
+        // that import and the binding's own part's time. Each landing wakes the binding to look
+        // again, and must not push the bound further.
+        let part_cost = st.cost.estimate(part.len());
+        let mut deadline: Option<(Instant, Instant)> = None;
         loop {
-            let left = st.in_flight_left(addr, end);
+            let in_driver = *core.in_driver.lock().unwrap_or_else(|p| p.into_inner());
+            let left = st.in_flight_left(addr, end, in_driver);
             // A device that refuses overlaps cannot import beside an import in flight: it waits.
             let must = !overlaps_ok && st.in_flight_over(own);
-            let worth = left.is_some_and(|l| l <= st.cost.estimate(part.len()));
+            let worth = left.is_some_and(|l| l <= part_cost);
             if !must && !worth {
                 break;
             }
-            if !waited {
-                waited = true;
+            let (began, until) = *deadline.get_or_insert_with(|| {
                 st.stats.in_flight_waits += 1;
-            }
+                flight.phase = match in_driver {
+                    Some((since, r)) if r.covers(addr, end) => {
+                        format!(", in the driver {:.2} ms", since.elapsed().as_secs_f64() * 1e3)
+                    }
+                    _ => String::new(),
+                };
+                let now = Instant::now();
+                (now, now + left.unwrap_or_default() + part_cost)
+            });
             let mut timed_out = false;
             st = if must {
                 core.landed.wait(st).unwrap_or_else(|p| p.into_inner())
             } else {
-                // Bounded: past the estimate plus the part's own time, the binding imports.
-                let limit = left.unwrap_or_default() + st.cost.estimate(part.len());
-                let (g, t) = core.landed.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
+                let rest = until.saturating_duration_since(Instant::now());
+                let (g, t) = core.landed.wait_timeout(st, rest).unwrap_or_else(|p| p.into_inner());
                 timed_out = t.timed_out();
                 g
             };
+            flight.waited = Some(began.elapsed());
+            flight.timed_out = timed_out;
             if let Some(bound) = core.reuse(&mut st, addr, size) {
                 return Ok((st, Ok(bound)));
             }
@@ -1015,6 +1065,12 @@ impl<B: Backend + 'static> Importer<B> {
     /// The live imports' ranges, by address.
     pub fn imports(&self) -> Vec<Planned> {
         self.state().imports.iter().map(|(&(lo, _), v)| Planned { lo, hi: v.hi }).collect()
+    }
+
+    /// The ranges the background threads are importing now (populating, waiting for their turn
+    /// in the driver, or in it), in the order they began.
+    pub fn in_flight(&self) -> Vec<Planned> {
+        self.state().in_flight.iter().map(|f| f.r).collect()
     }
 
     /// Releases every import and forgets where bindings were made. Imports ahead asked for
@@ -1231,10 +1287,10 @@ impl<B: Backend> Core<B> {
         let before = t.elapsed();
         let releasing = self.releasing.load(Ordering::Relaxed);
         let met = if background {
-            *self.in_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.len()));
+            *self.in_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r));
             None
         } else {
-            self.in_driver.lock().unwrap_or_else(|p| p.into_inner()).map(|(since, len)| (since.elapsed(), len))
+            self.in_driver.lock().unwrap_or_else(|p| p.into_inner()).map(|(since, r)| (since.elapsed(), r.len()))
         };
         let import = self.backend.import(span);
         if background {

@@ -1063,6 +1063,63 @@ fn pools_a_binding_waits_for_an_import_in_flight_only_if_it_lands_sooner_than_it
     assert!(s.wait_worst >= held, "{:?} < {held:?}", s.wait_worst);
 }
 
+/// What is left of an import in the driver is its pin, at the populated cost (the background
+/// thread populated its pages first), not what the whole import was estimated at when it
+/// began: here the pool (64 KiB) was estimated at 63.5 ms untouched, and is left at 1 ms in the
+/// driver, less than the binding's own page (4.9 ms): the binding waits for it.
+#[test]
+fn pools_a_binding_waits_for_an_import_in_the_driver_by_what_is_left_of_its_pin() {
+    let per_mib = |untouched_ms: u64| ImportCost {
+        fixed: Duration::from_millis(1),
+        untouched_per_mib: Duration::from_millis(untouched_ms),
+        populated_per_mib: Duration::ZERO,
+    };
+    let (imp, f) = one_held_ahead(Some(per_mib(1000)), 0x1_0000);
+    let b = std::thread::scope(|sc| {
+        let t = sc.spawn(|| {
+            // Its own import, if it made one, would not be held.
+            *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+            imp.bind(4 * MIB + 0x1_0010, 0x10)
+        });
+        while imp.stats().in_flight_waits == 0 && !t.is_finished() {
+            std::thread::yield_now();
+        }
+        f.set_hold(false);
+        t.join().unwrap()
+    });
+    assert_eq!((b.unwrap().range, imp.stats().in_flight_waits), (k(4 * 1024 + 64, 4 * 1024 + 128), 1));
+}
+
+/// An import in flight that is not in the driver yet (populating, or waiting for its turn
+/// there) and has overrun its estimate has no estimate left to wait by: a binding it covers
+/// imports itself rather than waiting for it (on the H200 such waits gave up every time,
+/// after the part's own time).
+#[test]
+fn pools_a_binding_does_not_wait_for_an_overdue_import_that_is_not_in_the_driver() {
+    // Every import estimated at 1 µs: the one in flight is overdue at once.
+    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD).cost(cost(1, 0)).ahead_threads(2));
+    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+    imp.bind(4 * MIB, 0x10).unwrap();
+    f.set_hold(true);
+    // The first pool's import is held in the driver; the second waits for its turn there.
+    imp.add_pool(4 * MIB + 0x1_0000, 0x1_0000).unwrap();
+    f.wait_entered(2);
+    imp.add_pool(4 * MIB + 0x4_0000, 0x1_0000).unwrap();
+    let second = k(4 * 1024 + 256, 4 * 1024 + 320);
+    let t = Instant::now();
+    while !imp.in_flight().contains(&second) {
+        assert!(t.elapsed() < Duration::from_secs(20), "the second import never began");
+        std::thread::yield_now();
+    }
+    let b = imp.bind(4 * MIB + 0x4_0010, 0x10);
+    let s = imp.stats();
+    f.set_hold(false);
+    imp.settle();
+    let b = b.unwrap();
+    // Its pool whole: at 1 µs an import, that fits the binding's wait.
+    assert_eq!((b.range, b.made, s.in_flight_waits), (second, true, 0));
+}
+
 #[test]
 fn pools_a_full_budget_leaves_pools_to_their_bindings() {
     let (imp, f) = pools(32 * KIB);

@@ -228,6 +228,7 @@ pub fn summary(r: &ReplayReport) -> Value {
     o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
     o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
     o.insert("import_cost".into(), json!(r.import_cost));
+    o.insert("import_cost_us".into(), json!(r.import_cost_us));
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
@@ -325,7 +326,8 @@ fn print_table(r: &ReplayReport, s: &Value) {
         f("committed_mib_peak")
     );
     if !r.import_cost.is_empty() {
-        outln!("  import cost measured: {}", r.import_cost);
+        let how = if r.import_cost_given { "given" } else { "measured" };
+        outln!("  import cost {how}: {} (EMUHOST_IMPORT_COST_US={})", r.import_cost, r.import_cost_us);
     }
     outln!("write tracking");
     outln!(

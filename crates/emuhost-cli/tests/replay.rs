@@ -113,6 +113,17 @@ fn replay_reports_json_csv_and_a_plot() {
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
     // How many changes waited for a background populate or pin depends on the interleaving.
     assert!(v["long_read_waits"].as_u64().is_some(), "{v}");
+    // The cost measured is printed as the switch takes it, and given back it is used as given.
+    let measured = v["import_cost_us"].as_str().unwrap().to_string();
+    assert_eq!(measured.split(',').filter(|p| p.parse::<u64>().is_ok()).count(), 3, "{v}");
+    let given = format!("EMUHOST_IMPORT_COST_US={measured}");
+    let v = json(&emuhost().args(pools).args(["--set", &given]).arg(&t).output().unwrap());
+    assert_eq!(v["import_cost_us"].as_str(), Some(measured.as_str()), "{v}");
+    let v = json(&emuhost().args(pools).args(["--set", "EMUHOST_IMPORT_COST_US=30,370,50"]).arg(&t).output().unwrap());
+    assert_eq!(v["import_cost"], "0.030 ms an import, 0.370 ms/MiB untouched, 0.050 ms/MiB populated", "{v}");
+    let out = emuhost().args(["replay", "--set", "EMUHOST_IMPORT_COST_US=30,370"]).arg(&t).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EMUHOST_IMPORT_COST_US=\"30,370\""), "{out:?}");
 }
 
 #[test]

@@ -120,8 +120,12 @@ pub struct ReplayReport {
     pub ahead_bytes_peak: u64,
     /// The most bytes the trace had committed at once (its commits less its decommits).
     pub committed_bytes_peak: u64,
-    /// The import cost the pools policy measured (empty under the chunks policy).
+    /// The import cost the pools policy measured, or was given (empty under the chunks policy).
     pub import_cost: String,
+    /// The same as `EMUHOST_IMPORT_COST_US` takes it (empty under the chunks policy).
+    pub import_cost_us: String,
+    /// Whether the import cost was given rather than measured.
+    pub import_cost_given: bool,
     pub import_failures: u64,
     pub live_import_bytes_end: u64,
     pub live_import_bytes_peak: u64,
@@ -808,6 +812,8 @@ pub fn replay(
     report.committed_bytes_peak = sh.committed_peak.load(SeqCst);
     if importer.config().policy == emuhost::import::ImportPolicy::Pools {
         report.import_cost = importer.cost().to_string();
+        report.import_cost_us = importer.cost().switch_value();
+        report.import_cost_given = importer.config().cost.is_some();
     }
     report.import_failures = st.failures;
     report.long_read_waits = importer.space().long_read_waits();

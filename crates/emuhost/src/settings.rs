@@ -209,6 +209,12 @@ pub const SETTINGS: &[Switch] = &[
         apply: |s, v| import(s, "EMUHOST_IMPORT_WAIT_US", v),
     },
     Switch {
+        name: "EMUHOST_IMPORT_COST_US",
+        default: "unset",
+        doc: "`pools` policy: the import cost as `FIXED,UNTOUCHED,POPULATED` µs (an import, a MiB untouched, a MiB populated), used as given instead of measured at start",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_COST_US", v),
+    },
+    Switch {
         name: crate::faults::IMPORT_SWITCH,
         default: "unset",
         doc: "faults: which imports fail (a schedule)",
@@ -330,6 +336,14 @@ mod tests {
                 "1M",
                 "EMUHOST_IMPORT_AHEAD_PIECE_KB=\"1M\": an unsigned integer",
             ),
+            ("EMUHOST_IMPORT_COST_US", "30,370,50", "30,370", "EMUHOST_IMPORT_COST_US=\"30,370\": three numbers"),
+            ("EMUHOST_IMPORT_COST_US", "0,0,0", "1,2,x", "EMUHOST_IMPORT_COST_US=\"1,2,x\": each part an unsigned"),
+            (
+                "EMUHOST_IMPORT_COST_US",
+                "60000000,0,0",
+                "60000001,0,0",
+                "EMUHOST_IMPORT_COST_US=\"60000001,0,0\": each part at most 60000000",
+            ),
         ];
         if crate::faults::ENABLED {
             bad.push(("EMUHOST_FAULT_UFFD", "eperm", "often", "EMUHOST_FAULT_UFFD=\"often\": expected eperm"));
@@ -365,6 +379,7 @@ mod tests {
                     "EMUHOST_IMPORT_AHEAD_MB" => "48",
                     "EMUHOST_IMPORT_POLICY" => " Chunks ",
                     "EMUHOST_IMPORT_WAIT_US" => "250",
+                    "EMUHOST_IMPORT_COST_US" => " 30, 370 ,50",
                     _ => return None,
                 }
                 .to_string(),
@@ -382,6 +397,9 @@ mod tests {
         assert_eq!(s.import.ahead, 48 << 20);
         assert_eq!(s.import.policy, crate::import::ImportPolicy::Chunks);
         assert_eq!(s.import.wait, std::time::Duration::from_micros(250));
+        let us = std::time::Duration::from_micros;
+        let cost = crate::import::ImportCost { fixed: us(30), untouched_per_mib: us(370), populated_per_mib: us(50) };
+        assert_eq!((s.import.cost, cost.switch_value()), (Some(cost), "30,370,50".to_string()));
         for (v, want) in [("", false), (" Off ", false), ("no", false), ("0", false), ("1", true), ("x", true)] {
             assert_eq!(check(SHORT_SLEEP_TIMER_SWITCH, v).unwrap().short_sleep_timer, Some(want), "{v:?}");
         }

@@ -88,6 +88,35 @@ impl ImportCost {
     }
 }
 
+/// The most a part of [`ImportCost`] may be given as, in µs (a minute): an estimate for the
+/// whole of a 128 TiB window stays within a `Duration` of nanoseconds in 64 bits.
+const MOST_US: u64 = 60_000_000;
+
+impl ImportCost {
+    /// The cost `EMUHOST_IMPORT_COST_US` gives: three whole numbers of µs, `FIXED,UNTOUCHED,
+    /// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
+    /// [`ImportCost::switch_value`] writes them. A bad value is an error naming the switch.
+    pub fn from_switch(name: &'static str, value: &str) -> Result<ImportCost, ImportError> {
+        let bad = |why| ImportError::BadSwitch { name, value: value.to_string(), why };
+        let parts: Vec<&str> = value.split(',').map(str::trim).collect();
+        let [fixed, untouched, populated] = parts[..] else {
+            return Err(bad("three numbers of µs are needed: FIXED,UNTOUCHED_PER_MIB,POPULATED_PER_MIB"));
+        };
+        let us = |v: &str| match v.parse::<u64>() {
+            Ok(n) if n <= MOST_US => Ok(Duration::from_micros(n)),
+            Ok(_) => Err(bad("each part at most 60000000 µs (a minute)")),
+            Err(_) => Err(bad("each part an unsigned integer of µs")),
+        };
+        Ok(ImportCost { fixed: us(fixed)?, untouched_per_mib: us(untouched)?, populated_per_mib: us(populated)? })
+    }
+
+    /// This cost as `EMUHOST_IMPORT_COST_US` takes it (whole µs, rounded to the nearest).
+    pub fn switch_value(&self) -> String {
+        let us = |d: Duration| (d.as_nanos() + 500) / 1000;
+        format!("{},{},{}", us(self.fixed), us(self.untouched_per_mib), us(self.populated_per_mib))
+    }
+}
+
 impl std::fmt::Display for ImportCost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -166,7 +166,7 @@ impl ImportConfig {
     }
 
     /// The switches this config takes.
-    pub const SWITCHES: [&str; 9] = [
+    pub const SWITCHES: [&str; 10] = [
         "EMUHOST_IMPORT_POLICY",
         "EMUHOST_IMPORT_CHUNK_MB",
         "EMUHOST_IMPORT_SPAN_MB",
@@ -176,6 +176,7 @@ impl ImportConfig {
         "EMUHOST_IMPORT_WAIT_US",
         "EMUHOST_IMPORT_AHEAD_THREADS",
         "EMUHOST_IMPORT_AHEAD_PIECE_KB",
+        "EMUHOST_IMPORT_COST_US",
     ];
 
     /// The config [`Settings`](crate::settings::Settings) gives.
@@ -231,6 +232,9 @@ impl ImportConfig {
             }
             "EMUHOST_IMPORT_WAIT_US" => {
                 self.wait = switch_u64(name, get())?.map_or(d.wait, Duration::from_micros);
+            }
+            "EMUHOST_IMPORT_COST_US" => {
+                self.cost = if value.trim().is_empty() { d.cost } else { Some(ImportCost::from_switch(name, value)?) };
             }
             "EMUHOST_IMPORT_POLICY" => {
                 self.policy = match value.trim().to_ascii_lowercase().as_str() {

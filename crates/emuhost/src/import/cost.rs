@@ -24,19 +24,50 @@ pub struct ImportCost {
 /// The bytes imported to measure the part per MiB (then rounded up to the backend's alignment).
 const PROBE: u64 = 2 << 20;
 
+/// The most a part of [`ImportCost`] may be given as, in µs (a minute): an estimate for the
+/// whole of a 128 TiB window stays within a `Duration` of nanoseconds in 64 bits.
+const MOST_US: u64 = 60_000_000;
+
 impl ImportCost {
     /// The cost of importing `len` bytes none of which were touched before (the worst case: a
     /// binding cannot tell cheaply which pages the guest touched).
     pub fn estimate(&self, len: u64) -> Duration {
-        let per_byte = self.untouched_per_mib.as_nanos() as f64 / (1u64 << 20) as f64;
-        self.fixed + Duration::from_nanos((per_byte * len as f64) as u64)
+        self.at(self.untouched_per_mib, len)
     }
 
     /// The cost of pinning `len` bytes whose pages are all populated (what is left of a
     /// background import once it is in the driver: it populated its pages first).
     pub fn pin(&self, len: u64) -> Duration {
-        let per_byte = self.populated_per_mib.as_nanos() as f64 / (1u64 << 20) as f64;
-        self.fixed + Duration::from_nanos((per_byte * len as f64) as u64)
+        self.at(self.populated_per_mib, len)
+    }
+
+    /// The fixed part and `len` bytes at `per_mib`, saturating (a cost given may be anything).
+    fn at(&self, per_mib: Duration, len: u64) -> Duration {
+        let per_byte = per_mib.as_nanos() as f64 / (1u64 << 20) as f64;
+        self.fixed.saturating_add(Duration::from_nanos((per_byte * len as f64) as u64))
+    }
+
+    /// The cost `EMUHOST_IMPORT_COST_US` gives: three whole numbers of µs, `FIXED,UNTOUCHED,
+    /// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
+    /// [`ImportCost::switch_value`] writes them. A bad value is an error naming the switch.
+    pub fn from_switch(name: &'static str, value: &str) -> Result<ImportCost, ImportError> {
+        let bad = |why| ImportError::BadSwitch { name, value: value.to_string(), why };
+        let parts: Vec<&str> = value.split(',').map(str::trim).collect();
+        let [fixed, untouched, populated] = parts[..] else {
+            return Err(bad("three numbers of µs are needed: FIXED,UNTOUCHED_PER_MIB,POPULATED_PER_MIB"));
+        };
+        let us = |v: &str| match v.parse::<u64>() {
+            Ok(n) if n <= MOST_US => Ok(Duration::from_micros(n)),
+            Ok(_) => Err(bad("each part at most 60000000 µs (a minute)")),
+            Err(_) => Err(bad("each part an unsigned integer of µs")),
+        };
+        Ok(ImportCost { fixed: us(fixed)?, untouched_per_mib: us(untouched)?, populated_per_mib: us(populated)? })
+    }
+
+    /// This cost as `EMUHOST_IMPORT_COST_US` takes it (whole µs, rounded to the nearest).
+    pub fn switch_value(&self) -> String {
+        let us = |d: Duration| (d.as_nanos() + 500) / 1000;
+        format!("{},{},{}", us(self.fixed), us(self.untouched_per_mib), us(self.populated_per_mib))
     }
 
     /// The largest power of two of bytes, at least `align` (a power of two) and at most 1 GiB,
@@ -88,35 +119,6 @@ impl ImportCost {
     }
 }
 
-/// The most a part of [`ImportCost`] may be given as, in µs (a minute): an estimate for the
-/// whole of a 128 TiB window stays within a `Duration` of nanoseconds in 64 bits.
-const MOST_US: u64 = 60_000_000;
-
-impl ImportCost {
-    /// The cost `EMUHOST_IMPORT_COST_US` gives: three whole numbers of µs, `FIXED,UNTOUCHED,
-    /// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
-    /// [`ImportCost::switch_value`] writes them. A bad value is an error naming the switch.
-    pub fn from_switch(name: &'static str, value: &str) -> Result<ImportCost, ImportError> {
-        let bad = |why| ImportError::BadSwitch { name, value: value.to_string(), why };
-        let parts: Vec<&str> = value.split(',').map(str::trim).collect();
-        let [fixed, untouched, populated] = parts[..] else {
-            return Err(bad("three numbers of µs are needed: FIXED,UNTOUCHED_PER_MIB,POPULATED_PER_MIB"));
-        };
-        let us = |v: &str| match v.parse::<u64>() {
-            Ok(n) if n <= MOST_US => Ok(Duration::from_micros(n)),
-            Ok(_) => Err(bad("each part at most 60000000 µs (a minute)")),
-            Err(_) => Err(bad("each part an unsigned integer of µs")),
-        };
-        Ok(ImportCost { fixed: us(fixed)?, untouched_per_mib: us(untouched)?, populated_per_mib: us(populated)? })
-    }
-
-    /// This cost as `EMUHOST_IMPORT_COST_US` takes it (whole µs, rounded to the nearest).
-    pub fn switch_value(&self) -> String {
-        let us = |d: Duration| (d.as_nanos() + 500) / 1000;
-        format!("{},{},{}", us(self.fixed), us(self.untouched_per_mib), us(self.populated_per_mib))
-    }
-}
-
 impl std::fmt::Display for ImportCost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -147,6 +149,29 @@ mod tests {
         assert_eq!(c.granule(Duration::from_micros(50), 4096), 4096);
         // Free imports: capped at 1 GiB.
         assert_eq!(ImportCost::default().granule(Duration::from_micros(1), 4096), 1 << 30);
+    }
+
+    /// A cost given may be anything: its estimates saturate rather than overflow (they were a
+    /// panic for a given cost of `Duration::MAX`).
+    #[test]
+    fn estimates_of_a_huge_cost_saturate() {
+        let c = ImportCost { fixed: Duration::MAX, untouched_per_mib: Duration::MAX, populated_per_mib: Duration::MAX };
+        assert_eq!(
+            (c.estimate(u64::MAX), c.pin(1 << 20), c.granule(Duration::from_secs(1), 4096)),
+            (Duration::MAX, Duration::MAX, 4096)
+        );
+        let c = ImportCost { fixed: Duration::ZERO, ..c };
+        assert_eq!(c.estimate(0), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_switch_form_round_trips_and_refuses_what_it_cannot_hold() {
+        let c = ImportCost::from_switch("S", " 30,370 , 50").unwrap();
+        assert_eq!(c.switch_value(), "30,370,50");
+        assert_eq!(ImportCost::from_switch("S", &c.switch_value()).unwrap(), c);
+        for bad in ["", "1,2", "1,2,3,4", "1,-2,3", "1,2,60000001", "a,b,c"] {
+            assert!(ImportCost::from_switch("S", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

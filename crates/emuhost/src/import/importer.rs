@@ -1004,7 +1004,10 @@ impl<B: Backend + 'static> Importer<B> {
                     _ => String::new(),
                 };
                 let now = Instant::now();
-                (now, now + left.unwrap_or_default() + part_cost)
+                // At most an hour: a cost given may be anything, and an `Instant` past it
+                // would not be.
+                let bound = left.unwrap_or_default().saturating_add(part_cost).min(Duration::from_secs(3600));
+                (now, now + bound)
             });
             let mut timed_out = false;
             st = if must {

@@ -1090,6 +1090,25 @@ fn pools_a_binding_waits_for_an_import_in_the_driver_by_what_is_left_of_its_pin(
     assert_eq!((b.unwrap().range, imp.stats().in_flight_waits), (k(4 * 1024 + 64, 4 * 1024 + 128), 1));
 }
 
+/// A cost given may be anything: with every import estimated at `Duration::MAX`, a binding
+/// imports, and waits for an import in the driver that covers it, without an overflow (the
+/// wait's bound was `now + left + part`, a panic past what an `Instant` holds).
+#[test]
+fn pools_a_given_cost_of_duration_max_overflows_nothing() {
+    let max = ImportCost { fixed: Duration::MAX, untouched_per_mib: Duration::MAX, populated_per_mib: Duration::MAX };
+    let (imp, f) = one_held_ahead(Some(max), 0x1_0000);
+    let b = std::thread::scope(|sc| {
+        let t = sc.spawn(|| imp.bind(4 * MIB + 0x1_0010, 0x10));
+        while imp.stats().in_flight_waits == 0 && !t.is_finished() {
+            std::thread::yield_now();
+        }
+        f.set_hold(false);
+        t.join().unwrap()
+    });
+    assert_eq!((b.unwrap().range, imp.stats().in_flight_waits), (k(4 * 1024 + 64, 4 * 1024 + 128), 1));
+    assert!(imp.bind(20 * MIB, 0x10).unwrap().made);
+}
+
 /// An import in flight that is not in the driver yet (populating, or waiting for its turn
 /// there) and has overrun its estimate has no estimate left to wait by: a binding it covers
 /// imports itself rather than waiting for it (on the H200 such waits gave up every time,

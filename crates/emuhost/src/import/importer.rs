@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -552,83 +552,15 @@ struct PopulateCounts {
     bytes: AtomicU64,
 }
 
-enum Job {
-    /// Populate `lo..hi` (committed).
-    Range(u64, u64),
-    /// Commit and populate the chunks of `lo..hi` (chunk-aligned) not done before.
-    Chunks(u64, u64, u64),
-    Flush(mpsc::Sender<()>),
-}
-
-struct Populator {
-    tx: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
-    counts: Arc<PopulateCounts>,
-}
-
-impl Populator {
-    fn start(space: Arc<Space>) -> std::io::Result<Populator> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let counts = Arc::new(PopulateCounts::default());
-        let c = counts.clone();
-        let populate = move |space: &Space, lo: u64, hi: u64, commit: bool| {
-            let r = space.range(lo, hi - lo).and_then(|r| {
-                if commit {
-                    // Only what is reserved: the guest's pages keep their protection.
-                    space.commit_reserved(r, Prot::READ_WRITE)?;
-                }
-                space.populate(r)
-            });
-            match r {
-                Ok(()) => {
-                    c.done.fetch_add(1, Ordering::Relaxed);
-                    c.bytes.fetch_add(hi - lo, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    c.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("populate ahead {lo:#x}..{hi:#x}: {e}");
-                }
-            }
-        };
-        let thread = std::thread::Builder::new().name("emuhost-populate".into()).spawn(move || {
-            let mut done_chunks = std::collections::HashSet::new();
-            for job in rx {
-                match job {
-                    Job::Range(lo, hi) => populate(&space, lo, hi, false),
-                    Job::Chunks(lo, hi, chunk) => {
-                        let mut at = lo;
-                        while at < hi {
-                            if done_chunks.insert(at) {
-                                populate(&space, at, at + chunk, true);
-                            }
-                            at += chunk;
-                        }
-                    }
-                    Job::Flush(done) => {
-                        let _ = done.send(());
-                    }
-                }
-            }
-        })?;
-        Ok(Populator { tx: Some(tx), thread: Some(thread), counts })
-    }
-}
-
-impl Drop for Populator {
-    fn drop(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// What the background import thread is asked, each in the epoch it was asked in.
 enum AheadJob {
     /// Import this pool whole, ahead of its bindings (if it is still registered).
     Pool(PoolId, u64),
     /// Import this range whole: a pool a binding imported only part of.
     Widen(Planned, u64),
+    /// Populate `lo..hi` (`EMUHOST_IMPORT_POPULATE_AHEAD`), its reserved pages committed
+    /// read-write first where `commit` (the chunks of a pool, gaps included).
+    Populate { lo: u64, hi: u64, commit: bool },
 }
 
 /// The background import threads' work: asked for and not started, running, and whether the
@@ -637,8 +569,25 @@ enum AheadJob {
 struct AheadQueue {
     widen: VecDeque<(Planned, u64)>,
     pools: VecDeque<(PoolId, u64)>,
+    /// Populates asked for, after every import; and the chunks asked for once already.
+    populate: VecDeque<(u64, u64, bool)>,
+    populate_chunks: HashSet<u64>,
     running: usize,
     closed: bool,
+}
+
+impl AheadQueue {
+    fn is_empty(&self) -> bool {
+        self.widen.is_empty() && self.pools.is_empty() && self.populate.is_empty()
+    }
+
+    /// A job has run: tells [`Importer::settle`] when none is left.
+    fn done_one(&mut self, idle: &Condvar) {
+        self.running -= 1;
+        if self.running == 0 && self.is_empty() {
+            idle.notify_all();
+        }
+    }
 }
 
 /// What the importer and its background import thread share.
@@ -665,6 +614,8 @@ struct Core<B: Backend> {
     in_driver: Mutex<Option<(Instant, Planned)>>,
     /// Releases under way (any thread): a binding's slow import says whether it met one.
     releasing: AtomicU64,
+    /// Populates ahead made (`EMUHOST_IMPORT_POPULATE_AHEAD`), failed, and their bytes.
+    populate_counts: PopulateCounts,
     /// The background threads' work; `queued` wakes a thread for it, `idle` tells
     /// [`Importer::settle`] that none is left.
     queue: Mutex<AheadQueue>,
@@ -677,8 +628,7 @@ struct Core<B: Backend> {
 /// ([`ImportPolicy::Chunks`]).
 pub struct Importer<B: Backend + 'static> {
     core: Arc<Core<B>>,
-    populator: Option<Populator>,
-    /// The background import threads (pools policy).
+    /// The background threads: imports ahead (pools policy) and populates ahead (either).
     ahead: Vec<JoinHandle<()>>,
 }
 
@@ -727,11 +677,6 @@ impl<B: Backend + 'static> Importer<B> {
             );
         }
         let os = |op| move |source| ImportError::Os { op, addr: 0, len: 0, source };
-        let populator = if cfg.populate_ahead != PopulateAhead::Off {
-            Some(Populator::start(space.clone()).map_err(os("start the populate thread"))?)
-        } else {
-            None
-        };
         let state = State::new(cost, granule);
         let core = Arc::new(Core {
             space,
@@ -746,17 +691,18 @@ impl<B: Backend + 'static> Importer<B> {
             driver_turn: Mutex::new(()),
             in_driver: Mutex::new(None),
             releasing: AtomicU64::new(0),
+            populate_counts: PopulateCounts::default(),
             queue: Mutex::new(AheadQueue::default()),
             queued: Condvar::new(),
             idle: Condvar::new(),
         });
         // A quarter of the processors, one to four: enough to keep ahead of a burst of pools
         // where bindings start (they are independent ranges), not so many that their populates
-        // crowd out the game's threads.
+        // crowd out the game's threads. Under the chunks policy, one for populates ahead.
         let threads = match cfg.policy {
             ImportPolicy::Pools if cfg.ahead_threads > 0 => cfg.ahead_threads as usize,
             ImportPolicy::Pools => std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4)),
-            ImportPolicy::Chunks => 0,
+            ImportPolicy::Chunks => usize::from(cfg.populate_ahead != PopulateAhead::Off),
         };
         let mut ahead = Vec::new();
         for i in 0..threads {
@@ -771,7 +717,7 @@ impl<B: Backend + 'static> Importer<B> {
                 }
             }
         }
-        Ok(Self { core, populator, ahead })
+        Ok(Self { core, ahead })
     }
 
     pub fn backend(&self) -> &B {
@@ -809,6 +755,12 @@ impl<B: Backend + 'static> Importer<B> {
         match job {
             AheadJob::Pool(id, epoch) => q.pools.push_back((id, epoch)),
             AheadJob::Widen(r, epoch) => q.widen.push_back((r, epoch)),
+            AheadJob::Populate { lo, hi, commit } => {
+                if commit && !q.populate_chunks.insert(lo) {
+                    return;
+                }
+                q.populate.push_back((lo, hi, commit));
+            }
         }
         self.core.queued.notify_one();
     }
@@ -824,7 +776,7 @@ impl<B: Backend + 'static> Importer<B> {
             let hot = regions(lo, lo + size, chunk).any(|c| st.hot.contains(&c));
             (id, st.epoch, hot)
         };
-        if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
+        if self.core.cfg.populate_ahead != PopulateAhead::Off {
             let cfg = self.core.cfg;
             let window = self.core.space.window();
             let grain = match cfg.populate_ahead {
@@ -833,13 +785,12 @@ impl<B: Backend + 'static> Importer<B> {
             };
             let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BadPool { lo, size })?;
             let b = b.min(window / grain * grain);
-            if a < b {
-                let job = if cfg.populate_ahead == PopulateAhead::Chunks {
-                    Job::Chunks(a, b, grain)
-                } else {
-                    Job::Range(a, b)
-                };
-                let _ = tx.send(job);
+            if cfg.populate_ahead == PopulateAhead::Chunks {
+                for c in (a..b).step_by(grain as usize) {
+                    self.send(AheadJob::Populate { lo: c, hi: c + grain, commit: true });
+                }
+            } else if a < b {
+                self.send(AheadJob::Populate { lo: a, hi: b, commit: false });
             }
         }
         if hot && self.core.cfg.ahead > 0 {
@@ -875,14 +826,8 @@ impl<B: Backend + 'static> Importer<B> {
 
     /// Waits until every populate and every import ahead asked for so far has run.
     pub fn settle(&self) {
-        if let Some(tx) = self.populator.as_ref().and_then(|p| p.tx.as_ref()) {
-            let (done, wait) = mpsc::channel();
-            if tx.send(Job::Flush(done)).is_ok() {
-                let _ = wait.recv();
-            }
-        }
         let mut q = self.core.queue.lock().unwrap_or_else(|p| p.into_inner());
-        while !self.ahead.is_empty() && !q.closed && (q.running > 0 || !q.widen.is_empty() || !q.pools.is_empty()) {
+        while !self.ahead.is_empty() && !q.closed && (q.running > 0 || !q.is_empty()) {
             q = self.core.idle.wait(q).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -1061,11 +1006,10 @@ impl<B: Backend + 'static> Importer<B> {
     /// The figures so far.
     pub fn stats(&self) -> Stats {
         let mut s = self.state().stats.clone();
-        if let Some(p) = &self.populator {
-            s.populated = p.counts.done.load(Ordering::Relaxed);
-            s.populate_failures = p.counts.failed.load(Ordering::Relaxed);
-            s.populated_bytes = p.counts.bytes.load(Ordering::Relaxed);
-        }
+        let c = &self.core.populate_counts;
+        s.populated = c.done.load(Ordering::Relaxed);
+        s.populate_failures = c.failed.load(Ordering::Relaxed);
+        s.populated_bytes = c.bytes.load(Ordering::Relaxed);
         s
     }
 
@@ -1106,7 +1050,6 @@ impl<B: Backend + 'static> Drop for Importer<B> {
     fn drop(&mut self) {
         self.core.stopping.store(true, Ordering::Relaxed);
         self.core.close_queue(&mut self.ahead);
-        self.populator.take();
         self.release_all();
     }
 }
@@ -1428,6 +1371,14 @@ impl<B: Backend> Core<B> {
                 .map(|(r, e)| (None, Some(r), e))
                 .or_else(|| q.pools.pop_front().map(|(id, e)| (Some(id), None, e)));
             let Some((pool, widen, epoch)) = job else {
+                if let Some((lo, hi, commit)) = q.populate.pop_front() {
+                    q.running += 1;
+                    drop(q);
+                    self.populate_ahead(lo, hi, commit);
+                    q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    q.done_one(&self.idle);
+                    continue;
+                }
                 q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
                 continue;
             };
@@ -1454,9 +1405,30 @@ impl<B: Backend> Core<B> {
                 }
             }
             q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-            q.running -= 1;
-            if q.running == 0 && q.widen.is_empty() && q.pools.is_empty() {
-                self.idle.notify_all();
+            q.done_one(&self.idle);
+        }
+    }
+
+    /// A populate ahead (`EMUHOST_IMPORT_POPULATE_AHEAD`): `lo..hi`'s pages faulted in, its
+    /// reserved pages committed read-write first where `commit` (the guest's keep their
+    /// protection); counted, a failure too.
+    fn populate_ahead(&self, lo: u64, hi: u64, commit: bool) {
+        let space = &self.space;
+        let r = space.range(lo, hi - lo).and_then(|r| {
+            if commit {
+                space.commit_reserved(r, Prot::READ_WRITE)?;
+            }
+            space.populate(r)
+        });
+        let c = &self.populate_counts;
+        match r {
+            Ok(()) => {
+                c.done.fetch_add(1, Ordering::Relaxed);
+                c.bytes.fetch_add(hi - lo, Ordering::Relaxed);
+            }
+            Err(e) => {
+                c.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("populate ahead {lo:#x}..{hi:#x}: {e}");
             }
         }
     }

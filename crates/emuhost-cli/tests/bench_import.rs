@@ -3,28 +3,25 @@
 
 use std::process::Command;
 
-#[test]
-fn bench_import_measures_collects_beside_commits_and_pins_in_every_arm() {
+/// `emuhost bench import --rounds 1 --sizes-mib 1 --no-session --json` and `args`, with the pin
+/// backend: its JSON.
+fn bench_json(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_emuhost"))
-        .args(["bench", "import", "--rounds", "1", "--sizes-mib", "1", "--no-session"])
-        .args([
-            "--chain-rounds",
-            "1",
-            "--chain-ms",
-            "300",
-            "--chain-pin-mib",
-            "2",
-            "--chain-piece-kib",
-            "512",
-            "--json",
-        ])
+        .args(["bench", "import", "--rounds", "1", "--sizes-mib", "1", "--no-session", "--json"])
+        .args(args)
         .env("EMUHOST_IMPORT_BACKEND", "pin")
         .env("EMUHOST_LOG", "warn")
         .output()
         .expect("running emuhost");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[test]
+fn bench_import_measures_collects_beside_commits_and_pins_in_every_arm() {
+    let chain = ["--chain-rounds", "1", "--chain-ms", "300", "--chain-pin-mib", "2", "--chain-piece-kib", "512"];
+    let v = bench_json(&[&chain[..], &["--beside-rounds", "0"]].concat());
     let chain = &v["chain"];
     assert_eq!((chain["backend"].as_str(), chain["pinned_mib"].as_u64()), (Some("pin"), Some(2)), "{v}");
     assert_eq!(chain["piece_kib"].as_u64(), Some(512), "{v}");
@@ -41,26 +38,8 @@ fn bench_import_measures_collects_beside_commits_and_pins_in_every_arm() {
 
 #[test]
 fn bench_import_times_a_small_import_beside_each_background_size_and_beside_live_imports() {
-    let out = Command::new(env!("CARGO_BIN_EXE_emuhost"))
-        .args(["bench", "import", "--rounds", "1", "--sizes-mib", "1", "--no-session", "--chain-rounds", "0"])
-        .args([
-            "--beside-rounds",
-            "2",
-            "--beside-ms",
-            "150",
-            "--beside-kib",
-            "0,64,512",
-            "--beside-live",
-            "20",
-            "--json",
-        ])
-        .env("EMUHOST_IMPORT_BACKEND", "pin")
-        .env("EMUHOST_LOG", "warn")
-        .output()
-        .expect("running emuhost");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let beside = ["--beside-rounds", "2", "--beside-ms", "150", "--beside-kib", "0,64,512", "--beside-live", "20"];
+    let v = bench_json(&[&beside[..], &["--chain-rounds", "0"]].concat());
     let beside = &v["beside"];
     assert_eq!((beside["backend"].as_str(), beside["rounds"].as_u64()), (Some("pin"), Some(2)), "{v}");
     let arms = beside["arms"].as_array().unwrap();

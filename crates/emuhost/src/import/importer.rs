@@ -1603,6 +1603,47 @@ mod tests {
         assert_eq!(top, vec![r(u64::MAX - 100, u64::MAX - 20), r(u64::MAX - 60, u64::MAX)]);
     }
 
+    /// A binding's wait for an import in flight is bounded from when it begins: each landing of
+    /// another import wakes it to look again, and must not start the bound over. Here an import
+    /// that covers the binding sits in the driver (put there by hand: under the pools policy the
+    /// background threads enter the driver one at a time, so no real import could land beside
+    /// it), and another thread signals a landing every millisecond for two seconds. The
+    /// binding's bound is about 40 ms (20 ms left of the pin, 20 ms its own part): it gives up
+    /// and imports itself while the signals still come, not after they stop.
+    #[test]
+    fn a_landing_does_not_start_a_bindings_wait_for_an_import_in_flight_over() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        let ms20 = Duration::from_millis(20);
+        let cost = ImportCost { fixed: ms20, untouched_per_mib: Duration::ZERO, populated_per_mib: Duration::ZERO };
+        let cfg = ImportConfig::default().plan(PlanConfig::new(1 << 20, 0)).ahead(0).cost(Some(cost)).ahead_threads(1);
+        let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
+        imp.add_pool(4 << 20, 64 << 10).unwrap();
+        let r = Planned { lo: 4 << 20, hi: (4 << 20) + (64 << 10) };
+        imp.core.state().in_flight.push(Flight { r, since: Instant::now(), est: ms20 });
+        *imp.core.in_driver.lock().unwrap() = Some((Instant::now(), r));
+        let (stop, expired) = (AtomicBool::new(false), AtomicBool::new(false));
+        let (bound, signalling) = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let end = Instant::now() + Duration::from_secs(2);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                    imp.core.landed.notify_all();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                expired.store(Instant::now() >= end, Ordering::Relaxed);
+            });
+            let bound = imp.bind((4 << 20) + 0x10, 0x10);
+            let signalling = !expired.load(Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
+            (bound, signalling)
+        });
+        // The flight put in by hand leaves before the importer's drop waits for it.
+        imp.core.state().in_flight.clear();
+        *imp.core.in_driver.lock().unwrap() = None;
+        assert!(signalling, "the binding waited for as long as other imports landed");
+        assert!(bound.unwrap().made);
+        assert_eq!(imp.stats().in_flight_waits, 1);
+    }
+
     /// A binding may use a pool's piece before the next piece (which overlaps it) is checked:
     /// that piece is still made, while an import a binding made, or one made ahead for another
     /// pool and used, keeps a pool's import ahead off those pages.

@@ -32,7 +32,8 @@ pub enum Which {
     Workers(sched::WorkersArgs),
     /// GPU import: untouched against populated pages per size; a session through the importer
     /// with naive chunks, spans, and spans + populate ahead; collects beside commits and pins,
-    /// the pins in the kernel's queue against as the space's long reads.
+    /// the pins in the kernel's queue against as the space's long reads; a small import beside
+    /// background imports of several sizes and beside many live imports.
     Import(import::Args),
     /// `emuhost prepare` at 1, 2, 4 ... N workers, cold and warm cache, each run its own process:
     /// time per phase, speed-up and peak memory, with this build's allocator.

@@ -926,51 +926,10 @@ impl<B: Backend + 'static> Importer<B> {
         let part = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
         let own = if overlaps_ok { part } else { whole };
-        // The wait for an import in flight is bounded once, when it begins: by what is left of
-        // that import and the binding's own part's time. Each landing wakes the binding to look
-        // again, and must not push the bound further.
-        let part_cost = st.cost.estimate(part.len());
-        let mut deadline: Option<(Instant, Instant)> = None;
-        loop {
-            let in_driver = *core.in_driver.lock().unwrap_or_else(|p| p.into_inner());
-            let left = st.in_flight_left(addr, end, in_driver);
-            // A device that refuses overlaps cannot import beside an import in flight: it waits.
-            let must = !overlaps_ok && st.in_flight_over(own);
-            let worth = left.is_some_and(|l| l <= part_cost);
-            if !must && !worth {
-                break;
-            }
-            let (began, until) = *deadline.get_or_insert_with(|| {
-                st.stats.in_flight_waits += 1;
-                flight.phase = match in_driver {
-                    Some((since, r)) if r.covers(addr, end) => {
-                        format!(", in the driver {:.2} ms", since.elapsed().as_secs_f64() * 1e3)
-                    }
-                    _ => String::new(),
-                };
-                let now = Instant::now();
-                // At most an hour: a cost given may be anything, and an `Instant` past it
-                // would not be.
-                let bound = left.unwrap_or_default().saturating_add(part_cost).min(Duration::from_secs(3600));
-                (now, now + bound)
-            });
-            let mut timed_out = false;
-            st = if must {
-                core.landed.wait(st).unwrap_or_else(|p| p.into_inner())
-            } else {
-                let rest = until.saturating_duration_since(Instant::now());
-                let (g, t) = core.landed.wait_timeout(st, rest).unwrap_or_else(|p| p.into_inner());
-                timed_out = t.timed_out();
-                g
-            };
-            flight.waited = Some(began.elapsed());
-            flight.timed_out = timed_out;
-            if let Some(bound) = core.reuse(&mut st, addr, size) {
-                return Ok((st, Ok(bound)));
-            }
-            if timed_out {
-                break;
-            }
+        let (g, served) = core.wait_in_flight(st, (addr, size), part, own, flight);
+        st = g;
+        if let Some(bound) = served {
+            return Ok((st, Ok(bound)));
         }
         let split = overlaps_ok && part != whole && st.cost.estimate(whole.len()) > core.cfg.wait;
         let tries: &[(Planned, bool)] = if split || part == whole {
@@ -1186,6 +1145,69 @@ impl<B: Backend> Core<B> {
         }
         self.record(st, r, import, took, Made::Binding { reimport });
         Ok((r.lo, handle))
+    }
+
+    /// A binding's wait for an import in flight that covers it (`addr, size`), where that
+    /// should land sooner than its own `part` would take, or where the device refuses overlaps
+    /// and an import in flight overlaps `own`: the binding served by it, or `None` to import.
+    fn wait_in_flight<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State<B::Import>>,
+        (addr, size): (u64, u64),
+        part: Planned,
+        own: Planned,
+        flight: &mut FlightWait,
+    ) -> (MutexGuard<'a, State<B::Import>>, Option<Bound>) {
+        // The caller checked that the binding does not wrap.
+        let end = addr.saturating_add(size);
+        let overlaps_ok = self.backend.overlapping_imports();
+        // The wait for an import in flight is bounded once, when it begins: by what is left of
+        // that import and the binding's own part's time. Each landing wakes the binding to look
+        // again, and must not push the bound further.
+        let part_cost = st.cost.estimate(part.len());
+        let mut deadline: Option<(Instant, Instant)> = None;
+        loop {
+            let in_driver = *self.in_driver.lock().unwrap_or_else(|p| p.into_inner());
+            let left = st.in_flight_left(addr, end, in_driver);
+            // A device that refuses overlaps cannot import beside an import in flight: it waits.
+            let must = !overlaps_ok && st.in_flight_over(own);
+            let worth = left.is_some_and(|l| l <= part_cost);
+            if !must && !worth {
+                break;
+            }
+            let (began, until) = *deadline.get_or_insert_with(|| {
+                st.stats.in_flight_waits += 1;
+                flight.phase = match in_driver {
+                    Some((since, r)) if r.covers(addr, end) => {
+                        format!(", in the driver {:.2} ms", since.elapsed().as_secs_f64() * 1e3)
+                    }
+                    _ => String::new(),
+                };
+                let now = Instant::now();
+                // At most an hour: a cost given may be anything, and an `Instant` past it
+                // would not be.
+                let bound = left.unwrap_or_default().saturating_add(part_cost).min(Duration::from_secs(3600));
+                (now, now + bound)
+            });
+            let mut timed_out = false;
+            st = if must {
+                self.landed.wait(st).unwrap_or_else(|p| p.into_inner())
+            } else {
+                let rest = until.saturating_duration_since(Instant::now());
+                let (g, t) = self.landed.wait_timeout(st, rest).unwrap_or_else(|p| p.into_inner());
+                timed_out = t.timed_out();
+                g
+            };
+            flight.waited = Some(began.elapsed());
+            flight.timed_out = timed_out;
+            if let Some(bound) = self.reuse(&mut st, addr, size) {
+                return (st, Some(bound));
+            }
+            if timed_out {
+                break;
+            }
+        }
+        (st, None)
     }
 
     /// Releases `import` (counted while under way, for the debug log of slow imports).

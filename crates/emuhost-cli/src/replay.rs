@@ -225,6 +225,7 @@ pub fn summary(r: &ReplayReport) -> Value {
     let o = v.as_object_mut().expect("an object");
     o.insert("import_pieces".into(), json!(r.import_pieces));
     o.insert("import_widenings".into(), json!(r.import_widenings));
+    o.insert("import_in_flight_waits".into(), json!(r.import_in_flight_waits));
     o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
     o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
     o.insert("import_cost".into(), json!(r.import_cost));
@@ -314,9 +315,10 @@ fn print_table(r: &ReplayReport, s: &Value) {
         r.ahead_imports
     );
     outln!(
-        "  {} bindings imported part of a pool, {} pools imported whole behind them",
+        "  {} bindings imported part of a pool, {} pools imported whole behind them; {} waited for an import in flight",
         r.import_pieces,
-        r.import_widenings
+        r.import_widenings,
+        r.import_in_flight_waits
     );
     outln!(
         "  live imported {:.0} MiB at the end, {:.0} MiB at peak; {:.0} MiB ahead of use at peak; {:.0} MiB committed at peak",

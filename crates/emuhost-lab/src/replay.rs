@@ -115,6 +115,9 @@ pub struct ReplayReport {
     /// whole behind them ([`emuhost::import::Stats::pieces`], `widenings`).
     pub import_pieces: u64,
     pub import_widenings: u64,
+    /// Pools policy: bindings that waited for an import in flight that covered them
+    /// ([`emuhost::import::Stats::in_flight_waits`]).
+    pub import_in_flight_waits: u64,
     /// The most bytes imported ahead and not yet bound at once: memory made resident ahead of
     /// use ([`emuhost::import::Stats::ahead_peak_bytes`]).
     pub ahead_bytes_peak: u64,
@@ -808,6 +811,7 @@ pub fn replay(
     (report.import_wait_total, report.import_wait_worst) = (st.wait_time, st.wait_worst);
     report.ahead_imports = st.ahead_imports;
     (report.import_pieces, report.import_widenings) = (st.pieces, st.widenings);
+    report.import_in_flight_waits = st.in_flight_waits;
     report.ahead_bytes_peak = st.ahead_peak_bytes;
     report.committed_bytes_peak = sh.committed_peak.load(SeqCst);
     if importer.config().policy == emuhost::import::ImportPolicy::Pools {

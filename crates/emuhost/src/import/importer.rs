@@ -577,6 +577,14 @@ struct AheadQueue {
 }
 
 impl AheadQueue {
+    /// The next job: widenings first (a binding's pool, certain to be used), then pools ahead,
+    /// then populates, each in the order asked.
+    fn pop(&mut self) -> Option<AheadJob> {
+        (self.widen.pop_front().map(|(r, e)| AheadJob::Widen(r, e)))
+            .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
+            .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))
+    }
+
     fn is_empty(&self) -> bool {
         self.widen.is_empty() && self.pools.is_empty() && self.populate.is_empty()
     }
@@ -1379,40 +1387,32 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// A background import thread: widenings first (a binding's pool, certain to be used), then
-    /// pools ahead, each in the order asked, until the queue is closed.
+    /// A background thread: the queue's jobs ([`AheadQueue::pop`]) until it is closed.
     fn run_ahead(&self) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if q.closed {
                 return;
             }
-            let job = q
-                .widen
-                .pop_front()
-                .map(|(r, e)| (None, Some(r), e))
-                .or_else(|| q.pools.pop_front().map(|(id, e)| (Some(id), None, e)));
-            let Some((pool, widen, epoch)) = job else {
-                if let Some((lo, hi, commit)) = q.populate.pop_front() {
-                    q.running += 1;
-                    drop(q);
-                    self.populate_ahead(lo, hi, commit);
-                    q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-                    q.done_one(&self.idle);
-                    continue;
-                }
+            let Some(job) = q.pop() else {
                 q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
                 continue;
             };
             q.running += 1;
             drop(q);
-            let range = match (pool, widen) {
-                (_, Some(r)) => Some(r),
-                (Some(id), None) => self.state().pools.get(id).and_then(|p| {
-                    let (lo, hi) = cover(p.lo, p.hi, self.align)?;
-                    Some(self.in_window(Planned { lo, hi }, p.lo, p.hi - p.lo))
-                }),
-                (None, None) => None,
+            let (pool, range, epoch) = match job {
+                AheadJob::Populate { lo, hi, commit } => {
+                    self.populate_ahead(lo, hi, commit);
+                    (None, None, 0)
+                }
+                AheadJob::Widen(r, epoch) => (None, Some(r), epoch),
+                AheadJob::Pool(id, epoch) => {
+                    let range = self.state().pools.get(id).and_then(|p| {
+                        let (lo, hi) = cover(p.lo, p.hi, self.align)?;
+                        Some(self.in_window(Planned { lo, hi }, p.lo, p.hi - p.lo))
+                    });
+                    (Some(id), range, epoch)
+                }
             };
             if let Some(r) = range
                 && !self.stopping.load(Ordering::Relaxed)

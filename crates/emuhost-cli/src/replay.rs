@@ -228,8 +228,9 @@ pub fn summary(r: &ReplayReport) -> Value {
     o.insert("import_in_flight_waits".into(), json!(r.import_in_flight_waits));
     o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
     o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
-    o.insert("import_cost".into(), json!(r.import_cost));
-    o.insert("import_cost_us".into(), json!(r.import_cost_us));
+    // Empty under the chunks policy.
+    o.insert("import_cost".into(), json!(r.import_cost.map(|c| c.to_string()).unwrap_or_default()));
+    o.insert("import_cost_us".into(), json!(r.import_cost.map(|c| c.switch_value()).unwrap_or_default()));
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
@@ -327,9 +328,9 @@ fn print_table(r: &ReplayReport, s: &Value) {
         f("ahead_mib_peak"),
         f("committed_mib_peak")
     );
-    if !r.import_cost.is_empty() {
+    if let Some(c) = r.import_cost {
         let how = if r.import_cost_given { "given" } else { "measured" };
-        outln!("  import cost {how}: {} (EMUHOST_IMPORT_COST_US={})", r.import_cost, r.import_cost_us);
+        outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", c.switch_value());
     }
     outln!("write tracking");
     outln!(

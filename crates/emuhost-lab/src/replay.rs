@@ -123,10 +123,8 @@ pub struct ReplayReport {
     pub ahead_bytes_peak: u64,
     /// The most bytes the trace had committed at once (its commits less its decommits).
     pub committed_bytes_peak: u64,
-    /// The import cost the pools policy measured, or was given (empty under the chunks policy).
-    pub import_cost: String,
-    /// The same as `EMUHOST_IMPORT_COST_US` takes it (empty under the chunks policy).
-    pub import_cost_us: String,
+    /// The import cost the pools policy measured, or was given (`None` under the chunks policy).
+    pub import_cost: Option<emuhost::import::ImportCost>,
     /// Whether the import cost was given rather than measured.
     pub import_cost_given: bool,
     pub import_failures: u64,
@@ -815,8 +813,7 @@ pub fn replay(
     report.ahead_bytes_peak = st.ahead_peak_bytes;
     report.committed_bytes_peak = sh.committed_peak.load(SeqCst);
     if importer.config().policy == emuhost::import::ImportPolicy::Pools {
-        report.import_cost = importer.cost().to_string();
-        report.import_cost_us = importer.cost().switch_value();
+        report.import_cost = Some(importer.cost());
         report.import_cost_given = importer.config().cost.is_some();
     }
     report.import_failures = st.failures;

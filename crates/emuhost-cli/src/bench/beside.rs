@@ -165,7 +165,7 @@ fn round(b: &AnyBackend, beside: Beside, dur: Duration) -> anyhow::Result<Round>
     for i in kept {
         b.release(i);
     }
-    let (imports, releases, [bg_imports, bg_releases]) = outcome?;
+    let (imports, releases, [mut bg_imports, mut bg_releases]) = outcome?;
     let (import_p50, import_p99, import_worst) = spread(imports);
     let (release_p50, release_p99, release_worst) = spread(releases);
     let pins = bg_imports.len() as f64;
@@ -176,8 +176,8 @@ fn round(b: &AnyBackend, beside: Beside, dur: Duration) -> anyhow::Result<Round>
         release_p50,
         release_p99,
         release_worst,
-        bg_import: median(&mut bg_imports.clone()),
-        bg_release: median(&mut bg_releases.clone()),
+        bg_import: median(&mut bg_imports),
+        bg_release: median(&mut bg_releases),
         bg_mib_per_s: pins * bg as f64 / MIB as f64 / dur.as_secs_f64(),
     })
 }

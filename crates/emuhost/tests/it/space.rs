@@ -121,6 +121,31 @@ fn committing_again_keeps_the_bytes_and_sets_the_protection() {
     assert_eq!(first_byte(&s, 0).unwrap(), 7);
 }
 
+/// `resident_pages` says which pages were touched, page by page, without touching any: the
+/// import's cost is read from it.
+#[test]
+fn resident_pages_are_the_touched_ones_and_reading_them_faults_nothing_in() {
+    let s = space();
+    let r = pages(&s, 64, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    s.write(GuestAddr(66 * page() + 5), &[1]).unwrap();
+    s.populate(pages(&s, 70, 2)).unwrap();
+    let mut out = vec![true; 3];
+    s.resident_pages(r, &mut out).unwrap();
+    assert_eq!(out, [false, false, true, false, false, false, true, true]);
+    s.resident_pages(r, &mut out).unwrap();
+    assert_eq!(out.iter().filter(|&&p| p).count(), 3, "reading them touched none");
+    // Reserved pages are not resident.
+    s.resident_pages(pages(&s, 1024, 2), &mut out).unwrap();
+    assert_eq!(out, [false, false]);
+    let outside = s.range(s.window() - page(), page()).unwrap();
+    s.resident_pages(outside, &mut out).unwrap();
+    assert!(matches!(
+        s.resident_pages(GuestRange::new(GuestAddr(s.window()), page()).unwrap(), &mut out),
+        Err(SpaceError::OutOfWindow { .. })
+    ));
+}
+
 #[test]
 fn populate_faults_pages_in_ahead() {
     let s = space();

@@ -22,6 +22,14 @@ pub fn unlock(addr: usize, len: usize) -> io::Result<()> {
 
 /// Whether every page of `addr..addr + len` (page-aligned) is resident.
 pub fn resident(addr: usize, len: usize) -> io::Result<bool> {
+    let mut vec = Vec::new();
+    resident_pages(addr, len, &mut vec)?;
+    Ok(vec.iter().all(|&b| b))
+}
+
+/// Which pages of `addr..addr + len` (page-aligned) are resident, one entry per page, into
+/// `out` (cleared first). An anonymous page never touched is not; nothing is faulted in.
+pub fn resident_pages(addr: usize, len: usize, out: &mut Vec<bool>) -> io::Result<()> {
     let page = rustix::param::page_size();
     let mut vec = vec![0u8; len.div_ceil(page)];
     // SAFETY: `vec` has one byte per page of the range, which is what mincore writes; mincore
@@ -30,5 +38,7 @@ pub fn resident(addr: usize, len: usize) -> io::Result<bool> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(vec.iter().all(|b| b & 1 == 1))
+    out.clear();
+    out.extend(vec.iter().map(|b| b & 1 == 1));
+    Ok(())
 }

@@ -35,6 +35,13 @@ impl ImportCost {
         self.at(self.untouched_per_mib, len)
     }
 
+    /// The cost of importing `len` bytes of which `resident` are populated already (the rest
+    /// untouched), as a binding that read its pages' residency estimates it.
+    pub fn estimate_with(&self, len: u64, resident: u64) -> Duration {
+        let resident = resident.min(len);
+        self.estimate(len - resident).saturating_add(self.pin(resident).saturating_sub(self.fixed))
+    }
+
     /// The cost of pinning `len` bytes whose pages are all populated (what is left of a
     /// background import once it is in the driver: it populated its pages first).
     pub fn pin(&self, len: u64) -> Duration {
@@ -143,6 +150,10 @@ mod tests {
             populated_per_mib: Duration::from_micros(50),
         };
         assert_eq!(c.estimate(1 << 20), Duration::from_micros(500));
+        // Half of 1 MiB resident: 100 + 400 / 2 + 50 / 2.
+        assert_eq!(c.estimate_with(1 << 20, 512 << 10), Duration::from_micros(325));
+        assert_eq!(c.estimate_with(1 << 20, 1 << 20), c.pin(1 << 20));
+        assert_eq!(c.estimate_with(1 << 20, u64::MAX), c.pin(1 << 20), "more resident than the range: all of it");
         // 100 + 400 * 0.5 = 300 us <= 400; 1 MiB would be 500.
         assert_eq!(c.granule(Duration::from_micros(400), 4096), 512 << 10);
         // Nothing fits: the alignment still.

@@ -66,12 +66,14 @@ pub struct ImportConfig {
     /// a binding (in flight included); past it a pool is left to its bindings.
     pub ahead: u64,
     /// Pools policy: the longest a binding should wait (`EMUHOST_IMPORT_WAIT_US`). A binding
-    /// whose pool's import is estimated to take longer imports only its part (in the largest
-    /// power-of-two granule within this time) and leaves the pool to the background thread; one
-    /// whose import is in flight waits for it only if it should land sooner than that part.
+    /// whose pool's import is estimated to take longer (from which of its pages are resident)
+    /// imports only its part (in the largest power-of-two granule within this time) and leaves
+    /// the pool to the background thread; one whose import is in flight waits for it only if it
+    /// should land sooner than that part.
     pub wait: Duration,
     /// Pools policy: what an import costs; `None` measures it when the importer is made
-    /// ([`ImportCost::measure`]) and then learns from the bindings' imports; a cost given is used
+    /// ([`ImportCost::measure`]) and then learns from the bindings' imports (the 90th percentile
+    /// of their recent times per MiB, untouched and resident pages apart); a cost given is used
     /// as it is.
     pub cost: Option<ImportCost>,
     /// Pools policy: background import threads (`EMUHOST_IMPORT_AHEAD_THREADS`); 0: a quarter
@@ -402,9 +404,70 @@ struct Live<I> {
     made_for: Option<PoolId>,
 }
 
+/// The least of a binding's import's untouched (or resident) bytes that [`Core::learn`] learns
+/// a time per MiB from: below it the fixed part's noise outweighs the pages.
+const LEAST_SAMPLE: u64 = 32 << 10;
+
+/// The last [`Recent::N`] values of a measure, for their 90th percentile.
+#[derive(Default)]
+struct Recent {
+    v: [f64; Recent::N],
+    n: usize,
+    next: usize,
+}
+
+impl Recent {
+    const N: usize = 32;
+
+    fn push(&mut self, x: f64) {
+        self.v[self.next] = x;
+        self.next = (self.next + 1) % Self::N;
+        self.n = (self.n + 1).min(Self::N);
+    }
+
+    /// The 90th percentile (nearest rank) of the values kept; 0 where there are none.
+    fn p90(&self) -> f64 {
+        let mut v = self.v;
+        let v = &mut v[..self.n];
+        v.sort_unstable_by(f64::total_cmp);
+        let rank = (self.n * 9).div_ceil(10);
+        v.get(rank.saturating_sub(1)).copied().unwrap_or(0.0)
+    }
+}
+
+/// A binding's own part of its pools (pools policy), sized by [`Core::size_part`].
+struct Part {
+    r: Planned,
+    /// What its import is estimated to take.
+    est: Duration,
+    /// The range whose pages' residency was read, and one entry per page (none: not read).
+    seen: Planned,
+    pages: Vec<bool>,
+}
+
+impl Part {
+    /// `r`, with every page taken as untouched.
+    fn untouched(cost: &ImportCost, r: Planned) -> Part {
+        Part { r, est: cost.estimate(r.len()), seen: r, pages: Vec::new() }
+    }
+
+    /// The resident bytes of `r`, where it lies inside the range read.
+    fn resident_in(&self, r: Planned) -> Option<u64> {
+        if self.pages.is_empty() || r.lo < self.seen.lo || r.hi > self.seen.hi {
+            return None;
+        }
+        let page = page_size();
+        let (a, b) = ((r.lo - self.seen.lo) / page, (r.hi - self.seen.lo).div_ceil(page));
+        let pages = self.pages.get(a as usize..b as usize)?;
+        Some((pages.iter().filter(|&&p| p).count() as u64 * page).min(r.len()))
+    }
+}
+
 /// How long a binding waited for an import in flight, and whether it gave up (debug log).
 #[derive(Default)]
 struct FlightWait {
+    /// The binding's own part, its estimate and resident bytes (pools policy).
+    part: Option<(Planned, Duration, Option<u64>)>,
     phase: String,
     waited: Option<Duration>,
     timed_out: bool,
@@ -437,8 +500,9 @@ struct State<I> {
     /// the bindings' own imports took), and the most a binding imports itself within the wait.
     cost: ImportCost,
     granule: u64,
-    /// The bindings' imports' time per MiB past the fixed part, averaged (`None`: none yet).
-    learned: Option<f64>,
+    /// The bindings' imports' recent times per MiB of untouched and of resident pages past the
+    /// fixed part, in ms.
+    learned: (Recent, Recent),
     /// Counts [`Importer::release_all`] calls: a job asked for before one is not run.
     epoch: u64,
     /// The largest binding so far: pieces of a background import overlap by as much.
@@ -459,7 +523,7 @@ impl<I> State<I> {
             hot: HashSet::new(),
             cost,
             granule,
-            learned: None,
+            learned: (Recent::default(), Recent::default()),
             epoch: 0,
             largest_binding: 0,
         }
@@ -737,7 +801,8 @@ impl<B: Backend + 'static> Importer<B> {
     }
 
     /// The import cost the pools policy works with now (zero under the chunks policy): the one
-    /// measured at start or given, its part per MiB raised to what bindings' imports took.
+    /// given, or the one measured at start with each part per MiB raised to what the bindings'
+    /// slow imports took (the 90th percentile of their recent times).
     pub fn cost(&self) -> ImportCost {
         self.state().cost
     }
@@ -905,8 +970,15 @@ impl<B: Backend + 'static> Importer<B> {
                 ),
                 None => String::new(),
             };
+            let part = match flight.part {
+                Some((r, est, resident)) => {
+                    let resident = resident.map_or(String::new(), |b| format!(", {} KiB resident", b >> 10));
+                    format!("; its part {r} estimated {:.2} ms{resident}", ms(est))
+                }
+                None => String::new(),
+            };
             tracing::debug!(
-                "binding {addr:#x}+{size:#x} waited {:.2} ms: {how} ({:.2} ms for the lock{flew})",
+                "binding {addr:#x}+{size:#x} waited {:.2} ms: {how} ({:.2} ms for the lock{flew}{part})",
                 ms(waited),
                 ms(locked)
             );
@@ -931,23 +1003,27 @@ impl<B: Backend + 'static> Importer<B> {
         let core = &*self.core;
         let end = addr.checked_add(size).ok_or(ImportError::BindingWraps { addr, size })?;
         let whole = core.in_window(pool_range(&st.pools, addr, size, core.align)?, addr, size);
-        let part = piece(whole, addr, size, st.granule);
+        // The part at the granule: every page taken as untouched.
+        let fallback = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
-        let own = if overlaps_ok { part } else { whole };
-        let (g, served) = core.wait_in_flight(st, (addr, size), part, own, flight);
+        let part =
+            if overlaps_ok { core.size_part(&st, whole, addr, size) } else { Part::untouched(&st.cost, fallback) };
+        let own = if overlaps_ok { part.r } else { whole };
+        flight.part = Some((part.r, part.est, part.resident_in(part.r)));
+        let (g, served) = core.wait_in_flight(st, (addr, size), part.est, own, flight);
         st = g;
         if let Some(bound) = served {
             return Ok((st, Ok(bound)));
         }
-        let split = overlaps_ok && part != whole && st.cost.estimate(whole.len()) > core.cfg.wait;
-        let tries: &[(Planned, bool)] = if split || part == whole {
-            &[(if split { part } else { whole }, false)]
+        let split = overlaps_ok && part.r != whole;
+        let tries: &[(Planned, bool)] = if split || fallback == whole {
+            &[(if split { part.r } else { whole }, false)]
         } else {
-            &[(whole, true), (part, false)]
+            &[(whole, true), (fallback, false)]
         };
         let bound = core.bind_importing(&mut st, addr, tries, now);
         if let Ok(b) = &bound {
-            core.learn(&mut st, b.range.len());
+            core.learn(&mut st, b.range.len(), part.resident_in(b.range));
         }
         let epoch = st.epoch;
         if split && bound.is_ok() {
@@ -1038,21 +1114,74 @@ impl<B: Backend> Core<B> {
     }
 
     /// Learns from a binding's import of `len` bytes just made (its time is the last of
-    /// [`Stats::times`]), where the cost was measured: imports of 64 KiB or more update an
-    /// average of the time per MiB past the fixed part (a quarter the new one), and the cost per
-    /// untouched MiB becomes the larger of the start-up one and that average. Under a write tracker, with other threads faulting
-    /// and importing, a binding's pages cost several times what the start-up measure saw.
-    fn learn(&self, st: &mut State<B::Import>, len: u64) {
+    /// [`Stats::times`]), `resident` of them populated before it (`None`: not read, all taken as
+    /// untouched), where the cost was measured. An import whose untouched pages are 32 KiB or
+    /// more and at least half of it gives a time per untouched MiB (past the fixed part and the
+    /// resident pages' estimate); else one with 32 KiB or more resident gives a time per
+    /// resident MiB likewise. Each part of the cost becomes the larger of the start-up one and
+    /// the 90th percentile of its last [`Recent::N`] times: the wait target bounds the slow
+    /// imports, not the average one. Under a write tracker, with other threads faulting and
+    /// importing, untouched pages cost several times what the start-up measure saw on scratch
+    /// memory, and unevenly: on a 2-CPU VM, 0.5 ms/MiB alone and 3–4 ms/MiB behind a background
+    /// import, a tenth of the time.
+    fn learn(&self, st: &mut State<B::Import>, len: u64, resident: Option<u64>) {
         let Some(&took) = st.stats.times.last() else { return };
         // A cost given is used as it is.
-        if len < 64 << 10 || self.cfg.cost.is_some() {
+        if self.cfg.cost.is_some() {
             return;
         }
-        let per_mib = took.saturating_sub(st.cost.fixed).as_secs_f64() / (len as f64 / (1u64 << 20) as f64);
-        let avg = st.learned.map_or(per_mib, |a| 0.75 * a + 0.25 * per_mib);
-        st.learned = Some(avg);
-        st.cost.untouched_per_mib = self.cost.untouched_per_mib.max(Duration::from_secs_f64(avg));
+        let resident = resident.unwrap_or(0).min(len);
+        let untouched = len - resident;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let over = ms(took.saturating_sub(st.cost.fixed));
+        let (u, p) = (ms(st.cost.untouched_per_mib), ms(st.cost.populated_per_mib));
+        if untouched >= LEAST_SAMPLE && untouched >= resident {
+            st.learned.0.push((over - p * mib(resident)).max(0.0) / mib(untouched));
+        } else if resident >= LEAST_SAMPLE {
+            st.learned.1.push((over - u * mib(untouched)).max(0.0) / mib(resident));
+        } else {
+            return;
+        }
+        let at_least =
+            |start: Duration, learned: &Recent| start.max(Duration::from_secs_f64(learned.p90().min(60e3) / 1e3));
+        st.cost.untouched_per_mib = at_least(self.cost.untouched_per_mib, &st.learned.0);
+        st.cost.populated_per_mib = at_least(self.cost.populated_per_mib, &st.learned.1);
         st.granule = st.cost.granule(self.cfg.wait, self.align);
+    }
+
+    /// The pools policy's part of `whole` that a binding at `addr, size` imports itself:
+    /// `whole` where its import is estimated to fit the wait target, given which of its pages
+    /// are resident, else the piece around the binding at the largest power-of-two granule that
+    /// fits, else the piece at the backend's alignment; a range larger than that only where it
+    /// overlaps no import a binding made or used and none in flight. One `mincore` reads the
+    /// pages of the largest of these that could fit were all its pages resident (a few MiB at
+    /// most); where none could, or the read fails, every page is taken as untouched.
+    fn size_part(&self, st: &State<B::Import>, whole: Planned, addr: u64, size: u64) -> Part {
+        let (cost, wait) = (st.cost, self.cfg.wait);
+        let least = piece(whole, addr, size, self.align);
+        if cost.pin(least.len()) > wait {
+            return Part::untouched(&cost, least);
+        }
+        let mut reach = self.align;
+        while reach < 1 << 30 && cost.pin(2 * reach) <= wait {
+            reach *= 2;
+        }
+        let seen = if cost.pin(whole.len()) <= wait { whole } else { piece(whole, addr, size, reach) };
+        let mut part = Part { r: least, est: Duration::MAX, seen, pages: Vec::new() };
+        let read = self.space.range(seen.lo, seen.len()).map_err(ImportError::from);
+        if read.and_then(|r| Ok(self.space.resident_pages(r, &mut part.pages)?)).is_err() {
+            return Part::untouched(&cost, least);
+        }
+        let granules = (0..).map(|i| reach >> i).take_while(|&g| g > self.align);
+        let candidates = std::iter::once(seen).chain(granules.map(|g| piece(whole, addr, size, g)));
+        let estimate = |r: Planned| cost.estimate_with(r.len(), part.resident_in(r).unwrap_or(0));
+        // More than the least part only over pages no binding imported and none in flight: a
+        // larger part there would import them again.
+        let free = |r: &Planned| !(st.overlaps_used(r.lo, r.hi, None) || st.in_flight_over(*r));
+        let fits = candidates.filter(free).map(|r| (r, estimate(r))).find(|&(_, est)| est <= wait);
+        (part.r, part.est) = fits.unwrap_or((least, estimate(least)));
+        part
     }
 
     /// A binding served by a live import that covers it, if there is one.
@@ -1156,13 +1285,14 @@ impl<B: Backend> Core<B> {
     }
 
     /// A binding's wait for an import in flight that covers it (`addr, size`), where that
-    /// should land sooner than its own `part` would take, or where the device refuses overlaps
-    /// and an import in flight overlaps `own`: the binding served by it, or `None` to import.
+    /// should land sooner than its own part would take (`part_cost`), or where the device
+    /// refuses overlaps and an import in flight overlaps `own`: the binding served by it, or
+    /// `None` to import.
     fn wait_in_flight<'a>(
         &'a self,
         mut st: MutexGuard<'a, State<B::Import>>,
         (addr, size): (u64, u64),
-        part: Planned,
+        part_cost: Duration,
         own: Planned,
         flight: &mut FlightWait,
     ) -> (MutexGuard<'a, State<B::Import>>, Option<Bound>) {
@@ -1172,7 +1302,6 @@ impl<B: Backend> Core<B> {
         // The wait for an import in flight is bounded once, when it begins: by what is left of
         // that import and the binding's own part's time. Each landing wakes the binding to look
         // again, and must not push the bound further.
-        let part_cost = st.cost.estimate(part.len());
         let mut deadline: Option<(Instant, Instant)> = None;
         loop {
             let in_driver = *self.in_driver.lock().unwrap_or_else(|p| p.into_inner());
@@ -1612,6 +1741,63 @@ fn chain(e: &ImportError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_90th_percentile_of_the_recent_values_is_their_nearest_rank() {
+        let mut r = Recent::default();
+        assert_eq!(r.p90(), 0.0, "none yet");
+        r.push(3.0);
+        assert_eq!(r.p90(), 3.0);
+        for x in [1.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0] {
+            r.push(x);
+        }
+        // Ten values: the 9th smallest, so one slow value in ten is not yet the estimate.
+        assert_eq!(r.p90(), 3.0);
+        // Only the last N are kept: N ones push both out.
+        for _ in 0..Recent::N {
+            r.push(1.0);
+        }
+        assert_eq!(r.p90(), 1.0);
+    }
+
+    /// What bindings' imports teach the cost (measured at start, so learned): the 90th
+    /// percentile of their recent times per MiB, not the average (the wait target bounds the
+    /// slow imports), untouched and resident pages apart, and nothing from small imports.
+    #[test]
+    fn the_cost_learned_is_the_slow_imports_per_kind_of_page() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        let cfg = ImportConfig::default().ahead(0).ahead_threads(1);
+        let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
+        let core = &*imp.core;
+        let start = imp.cost();
+        let ms = Duration::from_millis;
+        let mut st = core.state();
+        let mut learn = |took: Duration, len: u64, resident: Option<u64>| {
+            st.stats.times.push(start.fixed + took);
+            core.learn(&mut st, len, resident);
+            (st.cost.untouched_per_mib, st.cost.populated_per_mib, st.granule)
+        };
+        // Untouched MiBs: eight at 1 ms past the fixed part, two at 20 ms.
+        let mut last = (start.untouched_per_mib, start.populated_per_mib, 0);
+        for t in [1, 1, 1, 1, 20, 1, 1, 1, 20, 1] {
+            last = learn(ms(t), 1 << 20, Some(0));
+        }
+        assert_eq!((last.0, last.1), (ms(20), start.populated_per_mib), "the average would be 4.8 ms");
+        // A 400 us wait fits 16 KiB of them at 20 ms/MiB.
+        assert!(last.2 <= 16 << 10, "{:#x}", last.2);
+        // Resident pages are learned apart: 2 MiB, half resident, at 20 ms for the untouched half
+        // and 6 ms for the resident one.
+        let (u, p, _) = learn(ms(20 + 6), 2 << 20, Some(1 << 20));
+        assert_eq!((u, p), (ms(20), start.populated_per_mib), "half untouched: a time per untouched MiB");
+        let (u, p, _) = learn(ms(12), 2 << 20, Some(2 << 20));
+        assert_eq!((u, p), (ms(20), ms(6)));
+        // Residency not read: every page taken as untouched (two at 40 ms/MiB make the 90th
+        // percentile of 13). Under 32 KiB: nothing learned.
+        learn(ms(40 * 4), 4 << 20, None);
+        let (u, p, _) = learn(ms(40 * 4), 4 << 20, None);
+        assert_eq!((u, p), (ms(40), ms(6)));
+        assert_eq!(learn(ms(1000), 16 << 10, Some(0)).0, ms(40));
+    }
 
     #[test]
     fn pieces_overlap_by_the_overlap_and_end_at_the_range_end() {

@@ -1119,11 +1119,11 @@ impl<B: Backend> Core<B> {
     /// more and at least half of it gives a time per untouched MiB (past the fixed part and the
     /// resident pages' estimate); else one with 32 KiB or more resident gives a time per
     /// resident MiB likewise. Each part of the cost becomes the larger of the start-up one and
-    /// the 90th percentile of its last [`Recent::N`] times: the wait target bounds the slow
-    /// imports, not the average one. Under a write tracker, with other threads faulting and
-    /// importing, untouched pages cost several times what the start-up measure saw on scratch
-    /// memory, and unevenly: on a 2-CPU VM, 0.5 ms/MiB alone and 3–4 ms/MiB behind a background
-    /// import, a tenth of the time.
+    /// the 90th percentile of its last [`Recent::N`] times (the resident one no more than the
+    /// untouched one): the wait target bounds the slow imports, not the average one. Under a
+    /// write tracker, with other threads faulting and importing, untouched pages cost several
+    /// times what the start-up measure saw on scratch memory, and unevenly: on a 2-CPU VM,
+    /// 0.5 ms/MiB alone and 3–6 ms/MiB behind a background import, a tenth of the time.
     fn learn(&self, st: &mut State<B::Import>, len: u64, resident: Option<u64>) {
         let Some(&took) = st.stats.times.last() else { return };
         // A cost given is used as it is.
@@ -1146,7 +1146,11 @@ impl<B: Backend> Core<B> {
         let at_least =
             |start: Duration, learned: &Recent| start.max(Duration::from_secs_f64(learned.p90().min(60e3) / 1e3));
         st.cost.untouched_per_mib = at_least(self.cost.untouched_per_mib, &st.learned.0);
-        st.cost.populated_per_mib = at_least(self.cost.populated_per_mib, &st.learned.1);
+        // A resident page costs no more than an untouched one (its fault is done): without this
+        // bound, a few resident imports held up on a busy machine (a 64 KiB one for 6 ms)
+        // made it 100 ms/MiB on the VM.
+        let populated = at_least(self.cost.populated_per_mib, &st.learned.1).min(st.cost.untouched_per_mib);
+        st.cost.populated_per_mib = populated.max(self.cost.populated_per_mib);
         st.granule = st.cost.granule(self.cfg.wait, self.align);
     }
 
@@ -1797,6 +1801,9 @@ mod tests {
         let (u, p, _) = learn(ms(40 * 4), 4 << 20, None);
         assert_eq!((u, p), (ms(40), ms(6)));
         assert_eq!(learn(ms(1000), 16 << 10, Some(0)).0, ms(40));
+        // A resident MiB costs no more than an untouched one, whatever its imports took.
+        learn(ms(100), 1 << 20, Some(1 << 20));
+        assert_eq!(learn(ms(100), 1 << 20, Some(1 << 20)).1, ms(40));
     }
 
     #[test]

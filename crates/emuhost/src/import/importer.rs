@@ -1613,7 +1613,8 @@ impl<B: Backend> Core<B> {
 
     /// Imports `r` (a pool or a piece of one) on the background thread, populating it first:
     /// ahead of pool `pool`'s bindings, or (`None`) a pool a binding imported only part of. Left
-    /// out where live imports cover it, where it overlaps one in flight, where it is cooling or
+    /// out where live imports cover it (the latter: where one does), where it overlaps one in
+    /// flight, where it is cooling or
     /// failed ahead before, where the device refuses overlaps and it overlaps an import it
     /// cannot take in, and past the budget of bytes ahead (a pool over pages a binding imported
     /// is left out before its first piece: [`Core::run_ahead`]). Unused imports ahead inside
@@ -1626,7 +1627,13 @@ impl<B: Backend> Core<B> {
             return false;
         }
         let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);
-        if r.is_empty() || st.covered(r.lo, r.hi) || st.in_flight_over(r) || cooling || st.ahead_failed.contains(&r) {
+        // A pool whole over its bindings' parts is wanted until one import holds it: parts that
+        // hold all its pages between them still leave a binding across their border in neither.
+        let covered = match pool {
+            Some(_) => st.covered(r.lo, r.hi),
+            None => st.covering(r.lo, r.hi).is_some(),
+        };
+        if r.is_empty() || covered || st.in_flight_over(r) || cooling || st.ahead_failed.contains(&r) {
             return true;
         }
         // (key, end, unused and inside `r`)

@@ -1257,6 +1257,33 @@ fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
     assert!(imp.cost().fixed > Duration::ZERO, "measured at start: {}", imp.cost());
 }
 
+/// A pool two bindings imported in two parts is still imported whole behind them, though the
+/// parts together hold all its pages: a binding across the parts' border is in neither, and
+/// without the pool whole each such binding imported its pages again (on the VM up to 35 times
+/// a session, all at one border).
+#[test]
+fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
+    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD));
+    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+    f.set_hold(true);
+    // The background thread is held in the driver by a pool imported ahead.
+    imp.add_pool(MIB, 16 * KIB).unwrap();
+    imp.bind(MIB, 0x10).unwrap();
+    imp.add_pool(MIB + 64 * KIB, 64 * KIB).unwrap();
+    f.wait_entered(2);
+    // Two bindings import a part each of a 512 KiB pool (the whole would take 612 us).
+    imp.add_pool(4 * MIB, 512 * KIB).unwrap();
+    assert_eq!(imp.bind(4 * MIB + 0x10, 0x10).unwrap().range, k(4 * 1024, 4 * 1024 + 256));
+    assert_eq!(imp.bind(4 * MIB + 300 * KIB, 0x10).unwrap().range, k(4 * 1024 + 256, 4 * 1024 + 512));
+    f.set_hold(false);
+    imp.settle();
+    // One across their border finds the pool whole.
+    let b = imp.bind(4 * MIB + 256 * KIB - 0x10, 0x20).unwrap();
+    assert_eq!((b.range, b.made), (k(4 * 1024, 4 * 1024 + 512), false));
+    let s = imp.stats();
+    assert_eq!((s.reimports, s.widenings, s.pieces), (0, 1, 2), "{s:?}");
+}
+
 /// A binding sizes its own part by which of its pages are resident: a pool the guest wrote
 /// already costs its pin only, and is imported whole within the wait target; an untouched one
 /// of the same size costs its faults too, and the binding imports its part.

@@ -1614,12 +1614,12 @@ impl<B: Backend> Core<B> {
     /// Imports `r` (a pool or a piece of one) on the background thread, populating it first:
     /// ahead of pool `pool`'s bindings, or (`None`) a pool a binding imported only part of. Left
     /// out where live imports cover it (the latter: where one does), where it overlaps one in
-    /// flight, where it is cooling or
-    /// failed ahead before, where the device refuses overlaps and it overlaps an import it
-    /// cannot take in, and past the budget of bytes ahead (a pool over pages a binding imported
-    /// is left out before its first piece: [`Core::run_ahead`]). Unused imports ahead inside
-    /// `r` are taken in. Returns whether the pool's next piece is still wanted: not past the
-    /// budget, after a failure, once the pool is released or after [`Importer::release_all`].
+    /// flight, where it is cooling or failed ahead before, where the device refuses overlaps
+    /// and it overlaps an import it cannot take in, and past the budget of bytes ahead (a pool
+    /// over pages a binding imported is left out before its first piece: [`Core::run_ahead`]).
+    /// Unused imports ahead inside `r` are taken in. Returns whether the pool's next piece is
+    /// still wanted: not past the budget, after a failure, once the pool is released or after
+    /// [`Importer::release_all`].
     /// (Long: the checks, the budget and the flight off the lock read best in one place.)
     fn ahead(&self, pool: Option<PoolId>, r: Planned, epoch: u64) -> bool {
         let mut st = self.state();

@@ -1614,7 +1614,7 @@ impl<B: Backend> Core<B> {
     /// Imports `r` (a pool or a piece of one) on the background thread, populating it first:
     /// ahead of pool `pool`'s bindings, or (`None`) a pool a binding imported only part of. Left
     /// out where live imports cover it (the latter: where one does), where it overlaps one in
-    /// flight, where it is cooling or failed ahead before, where the device refuses overlaps
+    /// flight (the latter waits for that to land first), where it is cooling or failed ahead before, where the device refuses overlaps
     /// and it overlaps an import it cannot take in, and past the budget of bytes ahead (a pool
     /// over pages a binding imported is left out before its first piece: [`Core::run_ahead`]).
     /// Unused imports ahead inside `r` are taken in. Returns whether the pool's next piece is
@@ -1624,6 +1624,15 @@ impl<B: Backend> Core<B> {
     fn ahead(&self, pool: Option<PoolId>, r: Planned, epoch: u64) -> bool {
         let mut st = self.state();
         if st.epoch != epoch || pool.is_some_and(|id| st.pools.get(id).is_none()) {
+            return false;
+        }
+        // A pool whole over a binding's part waits for another thread's import in flight over it
+        // rather than being left out: nothing would ask for it again, and bindings across the
+        // part's border would import their pages again all session.
+        while pool.is_none() && st.in_flight_over(r) && st.epoch == epoch {
+            st = self.landed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.epoch != epoch {
             return false;
         }
         let cooling = st.cooling.get(&r).is_some_and(|&until| Instant::now() < until);

@@ -1284,6 +1284,34 @@ fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
     assert_eq!((s.reimports, s.widenings, s.pieces), (0, 1, 2), "{s:?}");
 }
 
+/// A pool whole over a binding's part that overlaps another background thread's import in
+/// flight waits for it to land, rather than being left out for good.
+#[test]
+fn pools_a_pool_whole_over_a_part_waits_for_an_import_in_flight_over_it() {
+    let (imp, f) = faulty_with(pools_config(256 * KIB).ahead_threads(2));
+    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+    f.set_hold(true);
+    // A 256 KiB pool is imported ahead and held in the driver; the 704 KiB one beside it is past
+    // the budget, left to its bindings.
+    imp.add_pool(4 * MIB + 768 * KIB, 256 * KIB).unwrap();
+    imp.add_pool(4 * MIB + 64 * KIB, 704 * KIB).unwrap();
+    imp.add_pool(4 * MIB, 16 * KIB).unwrap();
+    imp.bind(4 * MIB, 0x10).unwrap();
+    f.wait_entered(2);
+    // A binding across the two imports its own pages; both pools whole follow, over the one in
+    // flight.
+    let a = imp.bind(4 * MIB + 768 * KIB - 0x10, 0x20).unwrap();
+    assert_eq!((a.range, a.made), (k(4 * 1024 + 764, 4 * 1024 + 772), true));
+    // Time for the free thread to take the pool whole up (it was left out at once before; with
+    // the rule it waits however long this is).
+    std::thread::sleep(Duration::from_millis(50));
+    f.set_hold(false);
+    imp.settle();
+    let b = imp.bind(4 * MIB + 256 * KIB, 0x10).unwrap();
+    assert_eq!((b.range, b.made), (k(4 * 1024 + 64, 5 * 1024), false));
+    assert_eq!(imp.stats().widenings, 1, "{:?}", imp.stats());
+}
+
 /// A binding sizes its own part by which of its pages are resident: a pool the guest wrote
 /// already costs its pin only, and is imported whole within the wait target; an untouched one
 /// of the same size costs its faults too, and the binding imports its part.

@@ -1867,9 +1867,11 @@ mod tests {
             stop.store(true, Ordering::Relaxed);
             (bound, signalling)
         });
-        // The flight put in by hand leaves before the importer's drop waits for it.
+        // The flight put in by hand leaves before the importer's drop waits for it, and lands as
+        // a real one does: the pool whole over the binding's part may be waiting for it.
         imp.core.state().in_flight.clear();
         *imp.core.in_driver.lock().unwrap() = None;
+        imp.core.landed.notify_all();
         assert!(signalling, "the binding waited for as long as other imports landed");
         assert!(bound.unwrap().made);
         assert_eq!(imp.stats().in_flight_waits, 1);

@@ -80,11 +80,13 @@ impl ImportCost {
     /// The largest power of two of bytes, at least `align` (a power of two) and at most 1 GiB,
     /// whose import is estimated to take at most `target`.
     pub fn granule(&self, target: Duration, align: u64) -> u64 {
-        let mut g = align;
-        while g < 1 << 30 && self.estimate(2 * g) <= target {
-            g *= 2;
-        }
-        g
+        largest(align, |g| self.estimate(g) <= target)
+    }
+
+    /// [`ImportCost::granule`] were every page populated: the most a binding's part could be
+    /// within `target` ([`ImportCost::pin`]).
+    pub fn pin_granule(&self, target: Duration, align: u64) -> u64 {
+        largest(align, |g| self.pin(g) <= target)
     }
 
     /// Measures `backend`: the fastest of three imports of one aligned unit of populated pages
@@ -124,6 +126,16 @@ impl ImportCost {
         let per_mib = |t: Duration| Duration::from_secs_f64(t.saturating_sub(fixed).as_secs_f64() / mib);
         Ok(ImportCost { fixed, untouched_per_mib: per_mib(untouched), populated_per_mib: per_mib(populated) })
     }
+}
+
+/// The largest power of two, at least `align` (a power of two) and at most 1 GiB, that `fits`
+/// (`align` where none larger does).
+fn largest(align: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    let mut g = align;
+    while g < 1 << 30 && fits(2 * g) {
+        g *= 2;
+    }
+    g
 }
 
 impl std::fmt::Display for ImportCost {

@@ -1167,10 +1167,7 @@ impl<B: Backend> Core<B> {
         if cost.pin(least.len()) > wait {
             return Part::untouched(&cost, least);
         }
-        let mut reach = self.align;
-        while reach < 1 << 30 && cost.pin(2 * reach) <= wait {
-            reach *= 2;
-        }
+        let reach = cost.pin_granule(wait, self.align);
         let seen = if cost.pin(whole.len()) <= wait { whole } else { piece(whole, addr, size, reach) };
         let mut part = Part { r: least, est: Duration::MAX, seen, pages: Vec::new() };
         let read = self.space.range(seen.lo, seen.len()).map_err(ImportError::from);

@@ -468,6 +468,8 @@ impl Part {
 struct FlightWait {
     /// The binding's own part, its estimate and resident bytes (pools policy).
     part: Option<(Planned, Duration, Option<u64>)>,
+    /// The time to size the part (its `mincore`, under the importer's lock).
+    sized: Duration,
     phase: String,
     waited: Option<Duration>,
     timed_out: bool,
@@ -973,7 +975,7 @@ impl<B: Backend + 'static> Importer<B> {
             let part = match flight.part {
                 Some((r, est, resident)) => {
                     let resident = resident.map_or(String::new(), |b| format!(", {} KiB resident", b >> 10));
-                    format!("; its part {r} estimated {:.2} ms{resident}", ms(est))
+                    format!("; its part {r} estimated {:.2} ms{resident}, sized in {:.2} ms", ms(est), ms(flight.sized))
                 }
                 None => String::new(),
             };
@@ -1006,8 +1008,10 @@ impl<B: Backend + 'static> Importer<B> {
         // The part at the granule: every page taken as untouched.
         let fallback = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
+        let t = Instant::now();
         let part =
             if overlaps_ok { core.size_part(&st, whole, addr, size) } else { Part::untouched(&st.cost, fallback) };
+        flight.sized = t.elapsed();
         let own = if overlaps_ok { part.r } else { whole };
         flight.part = Some((part.r, part.est, part.resident_in(part.r)));
         let (g, served) = core.wait_in_flight(st, (addr, size), part.est, own, flight);
@@ -1262,7 +1266,13 @@ impl<B: Backend> Core<B> {
             r = Planned { lo, hi };
             superseded = keys;
         }
+        let t = Instant::now();
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
+        let held = t.elapsed();
+        if held > Duration::from_micros(200) {
+            // The hold takes the space's lock, which a change keeps across its system call.
+            tracing::debug!("binding's hold of {r} waited {:.2} ms for the space's lock", held.as_secs_f64() * 1e3);
+        }
         // Pages an unused import ahead holds were never imported for a binding: not a re-import.
         let reimport = st.overlaps_used(r.lo, r.hi, None);
         for k in superseded {

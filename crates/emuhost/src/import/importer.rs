@@ -463,6 +463,25 @@ impl Part {
     }
 }
 
+/// A binding at work on its import (sizing its part, holding its span, in the backend): while
+/// one lives, the background threads begin no populate slice, commit or driver import
+/// ([`Core::step_aside`]). Counted in and out by its life, so a panic in a backend call does not
+/// leave the background threads waiting for good.
+struct AtWork<'a>(&'a AtomicU64);
+
+impl<'a> AtWork<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        AtWork(count)
+    }
+}
+
+impl Drop for AtWork<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// How long a binding waited for an import in flight, and whether it gave up (debug log).
 #[derive(Default)]
 struct FlightWait {
@@ -678,7 +697,8 @@ struct Core<B: Backend> {
     landed: Condvar,
     /// Set when the importer is dropped: the thread stops before its next import.
     stopping: AtomicBool,
-    /// Bindings importing now: the background threads' populates and imports step aside for them.
+    /// Bindings at their import now ([`AtWork`]): the background threads' populates, commits and
+    /// imports step aside for them.
     binding_imports: AtomicU64,
     /// Held by a background thread while it is in the driver.
     driver_turn: Mutex<()>,
@@ -1009,8 +1029,14 @@ impl<B: Backend + 'static> Importer<B> {
         let fallback = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
         let t = Instant::now();
-        let part =
-            if overlaps_ok { core.size_part(&st, whole, addr, size) } else { Part::untouched(&st.cost, fallback) };
+        let part = if overlaps_ok {
+            // The background threads start nothing that takes the memory-map lock while the
+            // part's pages are read: a populate or a commit queued there would hold the read.
+            let _at_work = AtWork::new(&core.binding_imports);
+            core.size_part(&st, whole, addr, size)
+        } else {
+            Part::untouched(&st.cost, fallback)
+        };
         flight.sized = t.elapsed();
         let own = if overlaps_ok { part.r } else { whole };
         flight.part = Some((part.r, part.est, part.resident_in(part.r)));
@@ -1225,9 +1251,10 @@ impl<B: Backend> Core<B> {
                 }
                 st.cooling.remove(&range);
             }
-            self.binding_imports.fetch_add(1, Ordering::AcqRel);
-            let made = self.import(st, range);
-            self.binding_imports.fetch_sub(1, Ordering::AcqRel);
+            let made = {
+                let _at_work = AtWork::new(&self.binding_imports);
+                self.import(st, range)
+            };
             match made {
                 Ok((lo, handle)) => {
                     return Ok(Bound { range, made: true, spanned: is_span, handle, offset: addr - lo });
@@ -1377,7 +1404,12 @@ impl<B: Backend> Core<B> {
         if self.cfg.commit {
             // Only the reserved pages, under the space's lock: the guest's keep their protection.
             // The span holds the range already, so nothing is decommitted between this and the
-            // import.
+            // import. A background commit waits for the bindings at their import: it takes the
+            // space's lock (which a binding's hold needs) across an mprotect that queues for the
+            // memory-map lock (which a binding's `mincore` and pin need).
+            if background {
+                self.aside(|| Some(()));
+            }
             self.space.commit_reserved(span.guest(), Prot::READ_WRITE).map_err(|e| self.wrap(r, e.into()))?;
         }
         if background {
@@ -1445,15 +1477,21 @@ impl<B: Backend> Core<B> {
     /// lock), and stops waiting once the importer is being dropped (a guard an embedder keeps
     /// must not hang the drop).
     fn step_aside(&self) -> Option<LongRead<'_>> {
+        self.aside(|| self.space.try_long_read())
+    }
+
+    /// Waits until no binding is at its import and `take` gives something (see
+    /// [`Core::step_aside`]); `None` once the importer is being dropped.
+    fn aside<T>(&self, mut take: impl FnMut() -> Option<T>) -> Option<T> {
         let mut spins = 0u32;
         loop {
             if self.stopping.load(Ordering::Relaxed) {
                 return None;
             }
             if self.binding_imports.load(Ordering::Acquire) == 0
-                && let Some(read) = self.space.try_long_read()
+                && let Some(taken) = take()
             {
-                return Some(read);
+                return Some(taken);
             }
             spins += 1;
             if spins < 64 {
@@ -1848,6 +1886,34 @@ mod tests {
     /// it), and another thread signals a landing every millisecond for two seconds. The
     /// binding's bound is about 40 ms (20 ms left of the pin, 20 ms its own part): it gives up
     /// and imports itself while the signals still come, not after they stop.
+    /// A background thread commits a pool's reserved pages only once no binding is at its
+    /// import: the commit holds the space's lock across an mprotect that queues for the
+    /// memory-map lock, which the binding's hold, `mincore` and pin need.
+    #[test]
+    fn a_background_commit_waits_for_a_binding_at_its_import() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        let free =
+            ImportCost { fixed: Duration::ZERO, untouched_per_mib: Duration::ZERO, populated_per_mib: Duration::ZERO };
+        let cfg = ImportConfig::default().plan(PlanConfig::new(1 << 20, 0)).cost(Some(free)).ahead_threads(1);
+        let imp = Importer::new(space.clone(), crate::import::Pin::new(), cfg).unwrap();
+        let (lo, len) = (4u64 << 20, 256u64 << 10);
+        let pool = imp.add_pool(lo, len).unwrap();
+        let range = space.range(lo, len).unwrap();
+        let at_work = AtWork::new(&imp.core.binding_imports);
+        imp.send(AheadJob::Pool(pool, imp.core.state().epoch));
+        let until = Instant::now() + Duration::from_millis(100);
+        while imp.in_flight().is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(imp.in_flight().len(), 1, "the pool is in flight");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(space.allocations_in(range).is_empty(), "committed beside a binding at its import");
+        drop(at_work);
+        imp.settle();
+        assert_eq!(space.allocations_in(range).iter().map(|a| a.range.len()).sum::<u64>(), len);
+        assert_eq!(imp.stats().ahead_imports, 1);
+    }
+
     #[test]
     fn a_landing_does_not_start_a_bindings_wait_for_an_import_in_flight_over() {
         let space = Arc::new(Space::with_window(64 << 20).unwrap());

@@ -1188,7 +1188,8 @@ impl<B: Backend> Core<B> {
     /// `whole` where its import is estimated to fit the wait target, given which of its pages
     /// are resident, else the piece around the binding at the largest power-of-two granule that
     /// fits, else the piece at the backend's alignment; a range larger than that only where it
-    /// overlaps no import a binding made or used and none in flight. One `mincore` reads the
+    /// overlaps no import in flight, and no import a binding made or used unless the least
+    /// part does too. One `mincore` reads the
     /// pages of the largest of these that could fit were all its pages resident (a few MiB at
     /// most); where none could, or the read fails, every page is taken as untouched.
     fn size_part(&self, st: &State<B::Import>, whole: Planned, addr: u64, size: u64) -> Part {
@@ -1208,8 +1209,11 @@ impl<B: Backend> Core<B> {
         let candidates = std::iter::once(seen).chain(granules.map(|g| piece(whole, addr, size, g)));
         let estimate = |r: Planned| cost.estimate_with(r.len(), part.resident_in(r).unwrap_or(0));
         // More than the least part only over pages no binding imported and none in flight: a
-        // larger part there would import them again.
-        let free = |r: &Planned| !(st.overlaps_used(r.lo, r.hi, None) || st.in_flight_over(*r));
+        // larger part there would import them again. Where the least part imports pages again
+        // already (a binding across the border of two parts), the larger one imports no more
+        // again than it does, and holds the next binding across that border.
+        let again = st.overlaps_used(least.lo, least.hi, None);
+        let free = |r: &Planned| !((!again && st.overlaps_used(r.lo, r.hi, None)) || st.in_flight_over(*r));
         let fits = candidates.filter(free).map(|r| (r, estimate(r))).find(|&(_, est)| est <= wait);
         (part.r, part.est) = fits.unwrap_or((least, estimate(least)));
         part

@@ -1284,6 +1284,36 @@ fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
     assert_eq!((s.reimports, s.widenings, s.pieces), (0, 1, 2), "{s:?}");
 }
 
+/// A binding across the border of two parts of its pool (the pool whole not imported yet)
+/// imports pages again whatever it imports: it imports the largest piece around it that fits
+/// the wait, over the parts, so that the next binding across that border finds it rather than
+/// importing its own pages again too.
+#[test]
+fn pools_a_binding_across_two_parts_imports_a_piece_the_next_one_across_fits() {
+    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD));
+    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
+    f.set_hold(true);
+    // The background thread is held in the driver by a pool imported ahead.
+    imp.add_pool(MIB, 16 * KIB).unwrap();
+    imp.bind(MIB, 0x10).unwrap();
+    imp.add_pool(MIB + 64 * KIB, 64 * KIB).unwrap();
+    f.wait_entered(2);
+    imp.add_pool(4 * MIB, 512 * KIB).unwrap();
+    let parts = [imp.bind(4 * MIB + 0x10, 0x10), imp.bind(4 * MIB + 300 * KIB, 0x10)];
+    // Across the border: 256 KiB around it would take 356 us (512 KiB, 612 us).
+    let across = [imp.bind(4 * MIB + 256 * KIB - 0x100, 0x200), imp.bind(4 * MIB + 256 * KIB - 0x2000, 0x4000)];
+    // Let go before any assertion: a failed one would otherwise hang in the importer's drop.
+    f.set_hold(false);
+    imp.settle();
+    let parts: Vec<_> = parts.into_iter().map(|b| b.unwrap().range).collect();
+    assert_eq!(parts, [k(4 * 1024, 4 * 1024 + 256), k(4 * 1024 + 256, 4 * 1024 + 512)]);
+    let across: Vec<_> = across.into_iter().map(|b| b.map(|b| (b.range, b.made)).unwrap()).collect();
+    let piece = k(4 * 1024 + 128, 4 * 1024 + 384);
+    assert_eq!(across, [(piece, true), (piece, false)]);
+    let s = imp.stats();
+    assert_eq!((s.reimports, s.pieces), (1, 3), "{s:?}");
+}
+
 /// A pool whole over a binding's part that overlaps another background thread's import in
 /// flight waits for it to land, rather than being left out for good.
 #[test]

@@ -1257,12 +1257,10 @@ fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
     assert!(imp.cost().fixed > Duration::ZERO, "measured at start: {}", imp.cost());
 }
 
-/// A pool two bindings imported in two parts is still imported whole behind them, though the
-/// parts together hold all its pages: a binding across the parts' border is in neither, and
-/// without the pool whole each such binding imported its pages again (on the VM up to 35 times
-/// a session, all at one border).
-#[test]
-fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
+/// An importer as [`pools`] with every budget at its default, whose one background thread is
+/// held in the driver (by a pool imported ahead) until `set_hold(false)`: nothing it queues
+/// lands meanwhile.
+fn pools_held_in_the_driver() -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD));
     *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
     f.set_hold(true);
@@ -1271,6 +1269,16 @@ fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
     imp.bind(MIB, 0x10).unwrap();
     imp.add_pool(MIB + 64 * KIB, 64 * KIB).unwrap();
     f.wait_entered(2);
+    (imp, f)
+}
+
+/// A pool two bindings imported in two parts is still imported whole behind them, though the
+/// parts together hold all its pages: a binding across the parts' border is in neither, and
+/// without the pool whole each such binding imported its pages again (on the VM up to 35 times
+/// a session, all at one border).
+#[test]
+fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
+    let (imp, f) = pools_held_in_the_driver();
     // Two bindings import a part each of a 512 KiB pool (the whole would take 612 us).
     imp.add_pool(4 * MIB, 512 * KIB).unwrap();
     assert_eq!(imp.bind(4 * MIB + 0x10, 0x10).unwrap().range, k(4 * 1024, 4 * 1024 + 256));
@@ -1290,14 +1298,7 @@ fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
 /// importing its own pages again too.
 #[test]
 fn pools_a_binding_across_two_parts_imports_a_piece_the_next_one_across_fits() {
-    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD));
-    *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
-    f.set_hold(true);
-    // The background thread is held in the driver by a pool imported ahead.
-    imp.add_pool(MIB, 16 * KIB).unwrap();
-    imp.bind(MIB, 0x10).unwrap();
-    imp.add_pool(MIB + 64 * KIB, 64 * KIB).unwrap();
-    f.wait_entered(2);
+    let (imp, f) = pools_held_in_the_driver();
     imp.add_pool(4 * MIB, 512 * KIB).unwrap();
     let parts = [imp.bind(4 * MIB + 0x10, 0x10), imp.bind(4 * MIB + 300 * KIB, 0x10)];
     // Across the border: 256 KiB around it would take 356 us (512 KiB, 612 us).

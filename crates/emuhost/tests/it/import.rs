@@ -1281,10 +1281,12 @@ fn pools_a_pool_its_bindings_imported_in_parts_is_still_imported_whole() {
     let (imp, f) = pools_held_in_the_driver();
     // Two bindings import a part each of a 512 KiB pool (the whole would take 612 us).
     imp.add_pool(4 * MIB, 512 * KIB).unwrap();
-    assert_eq!(imp.bind(4 * MIB + 0x10, 0x10).unwrap().range, k(4 * 1024, 4 * 1024 + 256));
-    assert_eq!(imp.bind(4 * MIB + 300 * KIB, 0x10).unwrap().range, k(4 * 1024 + 256, 4 * 1024 + 512));
+    let parts = [imp.bind(4 * MIB + 0x10, 0x10), imp.bind(4 * MIB + 300 * KIB, 0x10)];
+    // Let go before any assertion: a failed one would otherwise hang in the importer's drop.
     f.set_hold(false);
     imp.settle();
+    let parts: Vec<_> = parts.into_iter().map(|b| b.unwrap().range).collect();
+    assert_eq!(parts, [k(4 * 1024, 4 * 1024 + 256), k(4 * 1024 + 256, 4 * 1024 + 512)]);
     // One across their border finds the pool whole.
     let b = imp.bind(4 * MIB + 256 * KIB - 0x10, 0x20).unwrap();
     assert_eq!((b.range, b.made), (k(4 * 1024, 4 * 1024 + 512), false));

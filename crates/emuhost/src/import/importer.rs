@@ -1189,9 +1189,9 @@ impl<B: Backend> Core<B> {
     /// are resident, else the piece around the binding at the largest power-of-two granule that
     /// fits, else the piece at the backend's alignment; a range larger than that only where it
     /// overlaps no import in flight, and no import a binding made or used unless the least
-    /// part does too. One `mincore` reads the
-    /// pages of the largest of these that could fit were all its pages resident (a few MiB at
-    /// most); where none could, or the read fails, every page is taken as untouched.
+    /// part does too. One `mincore` reads the pages of the largest of these that could fit were
+    /// all its pages resident (a few MiB at most); where none could, or the read fails, every
+    /// page is taken as untouched.
     fn size_part(&self, st: &State<B::Import>, whole: Planned, addr: u64, size: u64) -> Part {
         let (cost, wait) = (st.cost, self.cfg.wait);
         let least = piece(whole, addr, size, self.align);
@@ -1883,13 +1883,6 @@ mod tests {
         assert_eq!(top, vec![r(u64::MAX - 100, u64::MAX - 20), r(u64::MAX - 60, u64::MAX)]);
     }
 
-    /// A binding's wait for an import in flight is bounded from when it begins: each landing of
-    /// another import wakes it to look again, and must not start the bound over. Here an import
-    /// that covers the binding sits in the driver (put there by hand: under the pools policy the
-    /// background threads enter the driver one at a time, so no real import could land beside
-    /// it), and another thread signals a landing every millisecond for two seconds. The
-    /// binding's bound is about 40 ms (20 ms left of the pin, 20 ms its own part): it gives up
-    /// and imports itself while the signals still come, not after they stop.
     /// A background thread commits a pool's reserved pages only once no binding is at its
     /// import: the commit holds the space's lock across an mprotect that queues for the
     /// memory-map lock, which the binding's hold, `mincore` and pin need.
@@ -1918,6 +1911,13 @@ mod tests {
         assert_eq!(imp.stats().ahead_imports, 1);
     }
 
+    /// A binding's wait for an import in flight is bounded from when it begins: each landing of
+    /// another import wakes it to look again, and must not start the bound over. Here an import
+    /// that covers the binding sits in the driver (put there by hand: under the pools policy the
+    /// background threads enter the driver one at a time, so no real import could land beside
+    /// it), and another thread signals a landing every millisecond for two seconds. The
+    /// binding's bound is about 40 ms (20 ms left of the pin, 20 ms its own part): it gives up
+    /// and imports itself while the signals still come, not after they stop.
     #[test]
     fn a_landing_does_not_start_a_bindings_wait_for_an_import_in_flight_over() {
         let space = Arc::new(Space::with_window(64 << 20).unwrap());

@@ -662,10 +662,14 @@ struct AheadQueue {
 }
 
 impl AheadQueue {
-    /// The next job: widenings first (a binding's pool, certain to be used), then pools ahead,
-    /// then populates, each in the order asked.
+    /// The next job: widenings first (a binding's pool, certain to be used), the smallest first,
+    /// then pools ahead, then populates, each in the order asked. Smallest first: in the load
+    /// burst widenings queue for tens of milliseconds, and every binding across a part's border
+    /// before its pool's widening lands imports pages again; the small ones land soonest, so the
+    /// most pools are whole soonest (a binding is as likely in a small pool as in a large one).
     fn pop(&mut self) -> Option<AheadJob> {
-        (self.widen.pop_front().map(|(r, e)| AheadJob::Widen(r, e)))
+        let smallest = self.widen.iter().enumerate().min_by_key(|(_, (r, _))| r.len()).map(|(i, _)| i);
+        (smallest.and_then(|i| self.widen.remove(i)).map(|(r, e)| AheadJob::Widen(r, e)))
             .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
             .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))
     }
@@ -1810,6 +1814,30 @@ fn chain(e: &ImportError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_gives_widenings_smallest_first_then_pools_then_populates() {
+        let r = |lo: u64, len: u64| Planned { lo, hi: lo + len };
+        let mut q = AheadQueue::default();
+        q.populate.push_back((0, 4096, false));
+        q.pools.push_back((PoolId(7), 1));
+        for (w, e) in [(r(0x10000, 8 << 20), 1), (r(0x900000, 64 << 10), 2), (r(0xa00000, 1 << 20), 3)] {
+            q.widen.push_back((w, e));
+        }
+        q.widen.push_back((r(0xb00000, 64 << 10), 4));
+        let mut order = Vec::new();
+        while let Some(job) = q.pop() {
+            order.push(match job {
+                AheadJob::Widen(w, e) => format!("widen {}K/{e}", w.len() >> 10),
+                AheadJob::Pool(id, e) => format!("pool {}/{e}", id.0),
+                AheadJob::Populate { lo, hi, .. } => format!("populate {}", hi - lo),
+            });
+        }
+        // Equal sizes keep the order asked.
+        let want = ["widen 64K/2", "widen 64K/4", "widen 1024K/3", "widen 8192K/1", "pool 7/1", "populate 4096"];
+        assert_eq!(order, want);
+        assert!(q.is_empty());
+    }
 
     #[test]
     fn the_90th_percentile_of_the_recent_values_is_their_nearest_rank() {

@@ -309,6 +309,20 @@ mod tests {
         s.set(name, value).map(|()| s)
     }
 
+    /// A default the table states as a value (`` `16` ``) is the one [`Settings::default`] has:
+    /// setting the switch to it changes nothing.
+    #[test]
+    fn every_default_the_table_states_is_the_default() {
+        let mut stated = 0;
+        for s in SETTINGS {
+            let Some(v) = s.default.strip_prefix('`').and_then(|d| d.strip_suffix('`')) else { continue };
+            let got = check(s.name, v).unwrap_or_else(|e| panic!("{}: its default {v:?}: {e}", s.name));
+            assert_eq!(got, Settings::default(), "{}={v:?}, its stated default", s.name);
+            stated += 1;
+        }
+        assert!(stated >= 10, "{stated} switches state a default");
+    }
+
     #[test]
     fn every_switch_accepts_empty_as_its_default_and_refuses_nonsense() {
         for s in SETTINGS {

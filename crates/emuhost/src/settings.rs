@@ -198,7 +198,7 @@ pub const SETTINGS: &[Switch] = &[
     },
     Switch {
         name: "EMUHOST_IMPORT_AHEAD_PIECE_KB",
-        default: "`0`",
+        default: "`4096`",
         doc: "`pools` policy: the most KiB a background thread imports at once; a larger pool is imported in overlapping pieces; `0` imports pools whole",
         apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_PIECE_KB", v),
     },

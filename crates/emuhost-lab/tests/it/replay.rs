@@ -108,15 +108,15 @@ fn a_small_trace_gives_known_counts() {
 #[test]
 fn the_pools_policy_serves_every_binding_with_no_reimport() {
     // 100 us an import and 1 ms/MiB: the 8 MiB pool is imported in part by its binding and whole
-    // behind it; the 2 MiB pool is in the region of that binding, so it is imported ahead (or,
-    // where the replay's bindings come first, in part by its own binding).
+    // behind it (pools whole: no pieces); the 2 MiB pool is in the region of that binding, so it
+    // is imported ahead (or, where the replay's bindings come first, in part by its own binding).
     let mut c = cfg(best(), 64);
     let cost = ImportCost {
         fixed: Duration::from_micros(100),
         untouched_per_mib: Duration::from_millis(1),
         populated_per_mib: Duration::from_millis(1),
     };
-    c.import = Some(ImportConfig::default().cost(Some(cost)));
+    c.import = Some(ImportConfig::default().cost(Some(cost)).ahead_piece(0));
     let r = run(SMALL, &c).unwrap();
     // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then
     // runs across the part the binding before it imported (one re-import).

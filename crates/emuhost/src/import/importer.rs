@@ -28,6 +28,9 @@ pub const DEFAULT_AHEAD: u64 = 256 << 20;
 /// ms, against 0.65–2.61 ms with pools whole; 1 MiB pieces doubled the time waiting for imports
 /// (docs/import.md, "Background imports in pieces", "4 MiB pieces by default").
 pub const DEFAULT_AHEAD_PIECE: u64 = 4 << 20;
+/// A widening asked this long ago is taken before smaller ones ([`AheadQueue::pop`]); in the
+/// H200's load burst the longest queued about 50 ms.
+const WIDEN_OLDEST: Duration = Duration::from_millis(250);
 /// The least overlap of two pieces of a background import, before any binding was seen.
 const LEAST_OVERLAP: u64 = 64 << 10;
 
@@ -656,7 +659,8 @@ enum AheadJob {
 /// threads are to stop.
 #[derive(Default)]
 struct AheadQueue {
-    widen: VecDeque<(Planned, u64)>,
+    /// Widenings, each with when it was asked.
+    widen: VecDeque<(Planned, u64, Instant)>,
     pools: VecDeque<(PoolId, u64)>,
     /// Populates asked for, after every import; and the chunks asked for once already.
     populate: VecDeque<(u64, u64, bool)>,
@@ -666,14 +670,18 @@ struct AheadQueue {
 }
 
 impl AheadQueue {
-    /// The next job: widenings first (a binding's pool, certain to be used), the smallest first,
-    /// then pools ahead, then populates, each in the order asked. Smallest first: in the load
-    /// burst widenings queue for tens of milliseconds, and every binding across a part's border
-    /// before its pool's widening lands imports pages again; the small ones land soonest, so the
-    /// most pools are whole soonest (a binding is as likely in a small pool as in a large one).
-    fn pop(&mut self) -> Option<AheadJob> {
-        let smallest = self.widen.iter().enumerate().min_by_key(|(_, (r, _))| r.len()).map(|(i, _)| i);
-        (smallest.and_then(|i| self.widen.remove(i)).map(|(r, e)| AheadJob::Widen(r, e)))
+    /// The next job at `now`: widenings first (a binding's pool, certain to be used), the
+    /// smallest first, then pools ahead, then populates, each in the order asked. Smallest first:
+    /// in the load burst widenings queue for tens of milliseconds, and every binding across a
+    /// part's border before its pool's widening lands imports pages again; the small ones land
+    /// soonest, so the most pools are whole soonest (a binding is as likely in a small pool as in
+    /// a large one). A widening asked [`WIDEN_OLDEST`] ago or more goes first, so a stream of
+    /// small ones cannot hold a large one back for good.
+    fn pop(&mut self, now: Instant) -> Option<AheadJob> {
+        let overdue = self.widen.front().is_some_and(|w| now.saturating_duration_since(w.2) >= WIDEN_OLDEST);
+        let smallest = self.widen.iter().enumerate().min_by_key(|(_, w)| w.0.len()).map(|(i, _)| i);
+        let next = if overdue { Some(0) } else { smallest };
+        (next.and_then(|i| self.widen.remove(i)).map(|(r, e, _)| AheadJob::Widen(r, e)))
             .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
             .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))
     }
@@ -857,7 +865,7 @@ impl<B: Backend + 'static> Importer<B> {
         let mut q = self.core.queue.lock().unwrap_or_else(|p| p.into_inner());
         match job {
             AheadJob::Pool(id, epoch) => q.pools.push_back((id, epoch)),
-            AheadJob::Widen(r, epoch) => q.widen.push_back((r, epoch)),
+            AheadJob::Widen(r, epoch) => q.widen.push_back((r, epoch, Instant::now())),
             AheadJob::Populate { lo, hi, commit } => {
                 if commit && !q.populate_chunks.insert(lo) {
                     return;
@@ -1584,7 +1592,7 @@ impl<B: Backend> Core<B> {
             if q.closed {
                 return;
             }
-            let Some(job) = q.pop() else {
+            let Some(job) = q.pop(Instant::now()) else {
                 q = self.queued.wait(q).unwrap_or_else(|p| p.into_inner());
                 continue;
             };
@@ -1822,15 +1830,16 @@ mod tests {
     #[test]
     fn the_queue_gives_widenings_smallest_first_then_pools_then_populates() {
         let r = |lo: u64, len: u64| Planned { lo, hi: lo + len };
+        let t = Instant::now();
         let mut q = AheadQueue::default();
         q.populate.push_back((0, 4096, false));
         q.pools.push_back((PoolId(7), 1));
         for (w, e) in [(r(0x10000, 8 << 20), 1), (r(0x900000, 64 << 10), 2), (r(0xa00000, 1 << 20), 3)] {
-            q.widen.push_back((w, e));
+            q.widen.push_back((w, e, t));
         }
-        q.widen.push_back((r(0xb00000, 64 << 10), 4));
+        q.widen.push_back((r(0xb00000, 64 << 10), 4, t));
         let mut order = Vec::new();
-        while let Some(job) = q.pop() {
+        while let Some(job) = q.pop(t + WIDEN_OLDEST / 2) {
             order.push(match job {
                 AheadJob::Widen(w, e) => format!("widen {}K/{e}", w.len() >> 10),
                 AheadJob::Pool(id, e) => format!("pool {}/{e}", id.0),
@@ -1841,6 +1850,29 @@ mod tests {
         let want = ["widen 64K/2", "widen 64K/4", "widen 1024K/3", "widen 8192K/1", "pool 7/1", "populate 4096"];
         assert_eq!(order, want);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_widening_asked_long_enough_ago_goes_before_smaller_ones() {
+        let r = |lo: u64, len: u64| Planned { lo, hi: lo + len };
+        let t = Instant::now();
+        let mut q = AheadQueue::default();
+        q.widen.push_back((r(0x10000, 8 << 20), 1, t));
+        q.widen.push_back((r(0x900000, 64 << 10), 2, t + WIDEN_OLDEST));
+        q.widen.push_back((r(0xa00000, 128 << 10), 3, t + WIDEN_OLDEST));
+        let epochs = |q: &mut AheadQueue, now: Instant| {
+            std::iter::from_fn(|| match q.pop(now)? {
+                AheadJob::Widen(_, e) => Some(e),
+                _ => None,
+            })
+            .collect::<Vec<u64>>()
+        };
+        // At the age the large one goes first; the others keep smallest first.
+        assert_eq!(epochs(&mut q, t + WIDEN_OLDEST), [1, 2, 3]);
+        q.widen.push_back((r(0x10000, 8 << 20), 1, t));
+        q.widen.push_back((r(0x900000, 64 << 10), 2, t));
+        // Just before it, smallest first.
+        assert_eq!(epochs(&mut q, t + WIDEN_OLDEST - Duration::from_millis(1)), [2, 1]);
     }
 
     #[test]

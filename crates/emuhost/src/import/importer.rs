@@ -87,11 +87,10 @@ pub struct ImportConfig {
     pub ahead_threads: u32,
     /// Pools policy: the longest range a background thread imports at once
     /// (`EMUHOST_IMPORT_AHEAD_PIECE_KB`, in bytes here; [`DEFAULT_AHEAD_PIECE`] by default; 0: a
-    /// pool whole). A larger pool is
-    /// imported in pieces of this size, each reaching on over the next by the largest binding
-    /// seen (at least 64 KiB, at most a piece), so that a binding there fits in one of them: a
-    /// binding's import, and a change of the space's mappings, then wait for one piece's pin at
-    /// most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
+    /// pool whole). A larger pool is imported in pieces of this size, each reaching on over the
+    /// next by the largest binding seen (at least 64 KiB, at most a piece), so that a binding
+    /// there fits in one of them: a binding's import, and a change of the space's mappings, then
+    /// wait for one piece's pin at most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
     /// are imported whole.
     pub ahead_piece: u64,
 }

@@ -61,7 +61,8 @@ pub use cost::ImportCost;
 pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
 pub use importer::{
-    Bound, DEFAULT_AHEAD, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy, Importer, PopulateAhead, Stats,
+    Bound, DEFAULT_AHEAD, DEFAULT_AHEAD_PIECE, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy, Importer,
+    PopulateAhead, Stats,
 };
 pub use pin::{Pin, Pinned};
 pub use plan::{

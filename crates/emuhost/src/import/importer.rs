@@ -90,8 +90,8 @@ pub struct ImportConfig {
     /// pool whole). A larger pool is imported in pieces of this size, each reaching on over the
     /// next by the largest binding seen (at least 64 KiB, at most a piece), so that a binding
     /// there fits in one of them: a binding's import, and a change of the space's mappings, then
-    /// wait for one piece's pin at most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
-    /// are imported whole.
+    /// wait for one piece's pin at most, not a whole pool's. Where the backend refuses a page in
+    /// two imports (CUDA), pools are imported whole.
     pub ahead_piece: u64,
 }
 
@@ -678,8 +678,11 @@ impl AheadQueue {
     /// small ones cannot hold a large one back for good.
     fn pop(&mut self, now: Instant) -> Option<AheadJob> {
         let overdue = self.widen.front().is_some_and(|w| now.saturating_duration_since(w.2) >= WIDEN_OLDEST);
-        let smallest = self.widen.iter().enumerate().min_by_key(|(_, w)| w.0.len()).map(|(i, _)| i);
-        let next = if overdue { Some(0) } else { smallest };
+        let next = if overdue {
+            Some(0)
+        } else {
+            self.widen.iter().enumerate().min_by_key(|(_, w)| w.0.len()).map(|(i, _)| i)
+        };
         (next.and_then(|i| self.widen.remove(i)).map(|(r, e, _)| AheadJob::Widen(r, e)))
             .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
             .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))

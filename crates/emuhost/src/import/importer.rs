@@ -1829,17 +1829,21 @@ fn chain(e: &ImportError) -> String {
 mod tests {
     use super::*;
 
+    /// `len` bytes from `lo`.
+    fn sized(lo: u64, len: u64) -> Planned {
+        Planned { lo, hi: lo + len }
+    }
+
     #[test]
     fn the_queue_gives_widenings_smallest_first_then_pools_then_populates() {
-        let r = |lo: u64, len: u64| Planned { lo, hi: lo + len };
         let t = Instant::now();
         let mut q = AheadQueue::default();
         q.populate.push_back((0, 4096, false));
         q.pools.push_back((PoolId(7), 1));
-        for (w, e) in [(r(0x10000, 8 << 20), 1), (r(0x900000, 64 << 10), 2), (r(0xa00000, 1 << 20), 3)] {
+        for (w, e) in [(sized(0x10000, 8 << 20), 1), (sized(0x900000, 64 << 10), 2), (sized(0xa00000, 1 << 20), 3)] {
             q.widen.push_back((w, e, t));
         }
-        q.widen.push_back((r(0xb00000, 64 << 10), 4, t));
+        q.widen.push_back((sized(0xb00000, 64 << 10), 4, t));
         let mut order = Vec::new();
         while let Some(job) = q.pop(t + WIDEN_OLDEST / 2) {
             order.push(match job {
@@ -1856,12 +1860,11 @@ mod tests {
 
     #[test]
     fn a_widening_asked_long_enough_ago_goes_before_smaller_ones() {
-        let r = |lo: u64, len: u64| Planned { lo, hi: lo + len };
         let t = Instant::now();
         let mut q = AheadQueue::default();
-        q.widen.push_back((r(0x10000, 8 << 20), 1, t));
-        q.widen.push_back((r(0x900000, 64 << 10), 2, t + WIDEN_OLDEST));
-        q.widen.push_back((r(0xa00000, 128 << 10), 3, t + WIDEN_OLDEST));
+        q.widen.push_back((sized(0x10000, 8 << 20), 1, t));
+        q.widen.push_back((sized(0x900000, 64 << 10), 2, t + WIDEN_OLDEST));
+        q.widen.push_back((sized(0xa00000, 128 << 10), 3, t + WIDEN_OLDEST));
         let epochs = |q: &mut AheadQueue, now: Instant| {
             std::iter::from_fn(|| match q.pop(now)? {
                 AheadJob::Widen(_, e) => Some(e),
@@ -1871,8 +1874,8 @@ mod tests {
         };
         // At the age the large one goes first; the others keep smallest first.
         assert_eq!(epochs(&mut q, t + WIDEN_OLDEST), [1, 2, 3]);
-        q.widen.push_back((r(0x10000, 8 << 20), 1, t));
-        q.widen.push_back((r(0x900000, 64 << 10), 2, t));
+        q.widen.push_back((sized(0x10000, 8 << 20), 1, t));
+        q.widen.push_back((sized(0x900000, 64 << 10), 2, t));
         // Just before it, smallest first.
         assert_eq!(epochs(&mut q, t + WIDEN_OLDEST - Duration::from_millis(1)), [2, 1]);
     }

@@ -1840,10 +1840,10 @@ mod tests {
         let mut q = AheadQueue::default();
         q.populate.push_back((0, 4096, false));
         q.pools.push_back((PoolId(7), 1));
-        for (w, e) in [(sized(0x10000, 8 << 20), 1), (sized(0x900000, 64 << 10), 2), (sized(0xa00000, 1 << 20), 3)] {
-            q.widen.push_back((w, e, t));
+        let asked = [(0x10000, 8 << 20), (0x900000, 64 << 10), (0xa00000, 1 << 20), (0xb00000, 64 << 10)];
+        for (e, (lo, len)) in (1..).zip(asked) {
+            q.widen.push_back((sized(lo, len), e, t));
         }
-        q.widen.push_back((sized(0xb00000, 64 << 10), 4, t));
         let mut order = Vec::new();
         while let Some(job) = q.pop(t + WIDEN_OLDEST / 2) {
             order.push(match job {

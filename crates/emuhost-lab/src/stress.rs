@@ -3,7 +3,8 @@
 //! (`Space::write`); a populator faults runs of the written pages in (`Space::populate`); a
 //! mutator commits, protects, releases, splits views and populates pages it has just remapped or
 //! recommitted; an armer arms, disarms and re-arms a zone the writers write; the calling thread
-//! collects. Used by the tests and by `emuhost bench watch`.
+//! collects through the tracker, and a consumer (a texture cache, say) collects beside it on a
+//! thread of its own, each owed every write. Used by the tests and by `emuhost bench watch`.
 //!
 //! Each write has its own identity (writer, sequence, page) and its own window of collects, one
 //! of which must report its page: from the first collect that had not ended when the write began
@@ -11,14 +12,14 @@
 //! exactly one collect, so an earlier write to the same page cannot hide it; the collector leaves
 //! a gap after each collect until every writer has made such a write.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use emuhost::rng::Rng;
 use emuhost::space::{GuestAddr, GuestRange, Prot, SectionId, Space, page_size};
-use emuhost::watch::{BackendKind, Tracker, WatchError};
+use emuhost::watch::{BackendKind, Consumer, Tracker, WatchError};
 
 /// How many operations of each kind a stress run made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,11 +45,13 @@ pub struct StressOps {
     pub arms: u64,
     /// Disarms of that zone.
     pub disarms: u64,
+    /// Collects by a consumer of the tracker, beside the tracker's own.
+    pub consumer_collects: u64,
 }
 
 impl StressOps {
     /// Each kind's name and count.
-    pub fn kinds(&self) -> [(&'static str, u64); 11] {
+    pub fn kinds(&self) -> [(&'static str, u64); 12] {
         [
             ("cpu stores", self.cpu_stores),
             ("host writes", self.host_writes),
@@ -61,6 +64,7 @@ impl StressOps {
             ("populates of fresh pages", self.populates_fresh),
             ("arms", self.arms),
             ("disarms", self.disarms),
+            ("consumer collects", self.consumer_collects),
         ]
     }
 }
@@ -77,6 +81,10 @@ pub struct StressReport {
     pub exact: u64,
     /// Checked writes whose page no collect of their window reported.
     pub lost: u64,
+    /// Writes outside the arm zone whose page no collect of the consumer's reported within the
+    /// write's window of the consumer's collects (the consumer's reads must not take writes
+    /// from the tracker's own collects, nor theirs from it).
+    pub consumer_lost: u64,
     /// Lost writes by the weaker rule this check used before (a report of the page by any collect
     /// from the one running when the write began): an earlier write to the page can hide a lost
     /// one from it. Kept to show what the identity of each write catches.
@@ -154,6 +162,10 @@ struct Write {
     /// In the arm zone: arms and disarms begun before the write, if none was running and the zone
     /// was armed (else `NOT_OWED`).
     arms: u32,
+    /// The consumer's window: its first collect that had not ended when the write began, and its
+    /// first that began after the write ended.
+    clo: u32,
+    chi: u32,
 }
 
 const NOT_OWED: u32 = u32::MAX;
@@ -173,7 +185,7 @@ const VOLATILE: [u64; 2] = [512 + 16, 512 + 48];
 /// The fewest steps of the host writer, the populator, the mutator and the armer, and the fewest
 /// collects, a run makes: the CPU writers go on past their count until all are reached, so every
 /// kind of operation runs beside the others however the threads are scheduled.
-const MIN_STEPS: [u64; 4] = [1000, 500, 100, 60];
+const MIN_STEPS: [u64; 5] = [1000, 500, 100, 60, 100];
 const MIN_COLLECTS: u64 = 200;
 /// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
 /// starts (stacks, allocator arenas) and a few splits.
@@ -196,8 +208,11 @@ struct Pace {
     done: AtomicU64,
     /// Per writer: the latest collect after which it wrote before the next began.
     gap: [AtomicU64; 2],
-    /// Steps made by the host writer, the populator, the mutator and the armer.
-    steps: [AtomicU64; 4],
+    /// Steps made by the host writer, the populator, the mutator, the armer and the consumer.
+    steps: [AtomicU64; 5],
+    /// The consumer's collects begun and ended (as `epoch` and `done` are the tracker's).
+    c_epoch: AtomicU64,
+    c_done: AtomicU64,
     /// Arms and disarms of the zone begun, and ended; whether the zone is armed.
     arms_started: AtomicU64,
     arms_done: AtomicU64,
@@ -213,6 +228,7 @@ struct Before {
     e1: u64,
     done: u64,
     arms: u32,
+    c_done: u64,
 }
 
 impl Pace {
@@ -224,6 +240,7 @@ impl Pace {
 
     fn before(&self, page: u64) -> Before {
         let done = self.done.load(SeqCst);
+        let c_done = self.c_done.load(SeqCst);
         let e1 = self.epoch.load(SeqCst);
         let arms = if ZONE.contains(&page) {
             zone_owed(|f| match f {
@@ -234,12 +251,21 @@ impl Pace {
         } else {
             0
         };
-        Before { e1, done, arms }
+        Before { e1, done, arms, c_done }
     }
 
     fn after(&self, b: Before, page: u64) -> Write {
         let e2 = self.epoch.load(SeqCst);
-        Write { page: page as u32, e1: b.e1 as u32, lo: b.done as u32 + 1, hi: e2 as u32 + 1, arms: b.arms }
+        let c2 = self.c_epoch.load(SeqCst);
+        Write {
+            page: page as u32,
+            e1: b.e1 as u32,
+            lo: b.done as u32 + 1,
+            hi: e2 as u32 + 1,
+            arms: b.arms,
+            clo: b.c_done as u32 + 1,
+            chi: c2 as u32 + 1,
+        }
     }
 }
 
@@ -496,14 +522,63 @@ fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u6
     count
 }
 
+/// The consumer beside the tracker's own collects: its collects and each page's reports.
+#[derive(Clone)]
+struct Consumed {
+    consumer: Arc<Consumer>,
+    ranges: Arc<Vec<GuestRange>>,
+    /// Each page's collects by the consumer (ascending).
+    reported: Arc<Mutex<Vec<Vec<u32>>>>,
+}
+
+impl Consumed {
+    fn new(consumer: Consumer, ranges: Vec<GuestRange>, pages: u64) -> Self {
+        let reported = Arc::new(Mutex::new(vec![Vec::new(); pages as usize]));
+        Consumed { consumer: Arc::new(consumer), ranges: Arc::new(ranges), reported }
+    }
+
+    /// One collect of the consumer's, numbered as `pace` counts them.
+    fn collect(&self, pace: &Pace) -> Result<(), WatchError> {
+        let n = pace.c_epoch.fetch_add(1, SeqCst) as u32 + 1;
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        for r in self.ranges.iter() {
+            let mut words = vec![0u64; (r.len() / page_size()).div_ceil(64) as usize];
+            self.consumer.collect_into(*r, page_size(), &mut words)?;
+            for (w, &word) in words.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let page = r.start().0 / page_size() + w as u64 * 64 + bits.trailing_zeros() as u64;
+                    bits &= bits - 1;
+                    reported[page as usize].push(n);
+                }
+            }
+        }
+        pace.c_done.store(n as u64, SeqCst);
+        Ok(())
+    }
+
+    /// Its collects, and each page's.
+    fn into_reports(self, pace: &Pace) -> (u64, Vec<Vec<u32>>) {
+        let reported = std::mem::take(&mut *self.reported.lock().unwrap_or_else(|p| p.into_inner()));
+        (pace.c_done.load(SeqCst), reported)
+    }
+}
+
 /// Checks each write against the reports: `reported` holds each page's collects (ascending),
-/// `arms_at` the arms and disarms begun by the end of each collect.
-fn judge<'a>(writes: impl Iterator<Item = &'a Write>, reported: &[Vec<u32>], arms_at: &[u32]) -> StressReport {
+/// `arms_at` the arms and disarms begun by the end of each collect, `consumed` each page's
+/// collects by the consumer.
+fn judge<'a>(
+    writes: impl Iterator<Item = &'a Write>,
+    reported: &[Vec<u32>],
+    arms_at: &[u32],
+    consumed: &[Vec<u32>],
+) -> StressReport {
     let mut r = StressReport {
         writes: 0,
         unchecked: 0,
         exact: 0,
         lost: 0,
+        consumer_lost: 0,
         lost_by_start_epochs: 0,
         dropped: None,
         block_reports_unwritten: 0,
@@ -514,6 +589,10 @@ fn judge<'a>(writes: impl Iterator<Item = &'a Write>, reported: &[Vec<u32>], arm
     for w in writes {
         r.writes += 1;
         let pages = &reported[w.page as usize];
+        // The consumer's windows do not follow the armer: it is judged outside the zone.
+        if !ZONE.contains(&(w.page as u64)) {
+            r.consumer_lost += !reported_in(&consumed[w.page as usize], w.clo, w.chi) as u64;
+        }
         // An arm forgets what was written before it, a disarm stops tracking: a write in the
         // zone is owed a report only if no arm or disarm ran from before it to its last collect.
         if ZONE.contains(&(w.page as u64)) && (w.arms == NOT_OWED || arms_at[w.hi as usize] != w.arms) {
@@ -580,6 +659,11 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     };
     let ranges: Vec<GuestRange> =
         std::iter::once(Ok(whole)).chain(block.map(|_| s.range(b0 * p, (b1 - b0) * p))).collect::<Result<_, _>>()?;
+    let consumer = Consumed::new(t.consumer(), ranges.clone(), b1.max(PAGES));
+    let consuming = {
+        let (consumer, pc) = (consumer.clone(), pace.clone());
+        background(&pace, 4, 2, move |_| consumer.collect(&pc))
+    };
     let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
     // Per collect: arms and disarms begun by the time it ended.
     let mut arms_at: Vec<u32> = Vec::with_capacity(1 << 16);
@@ -605,7 +689,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
             result = Err(e);
             break;
         }
-        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0] } else { MIN_STEPS };
+        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0, MIN_STEPS[4]] } else { MIN_STEPS };
         if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(mins).all(|(s, min)| s.load(SeqCst) >= min) {
             pace.enough.store(true, SeqCst);
         }
@@ -621,13 +705,17 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let populates = populator.join().expect("populator panicked");
     let rounds = mutator.join().expect("mutator panicked");
     let arm_steps = armer.join().expect("armer panicked");
+    let consumer_collects = consuming.join().expect("consumer panicked");
     drop(filler);
     result?;
     let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
+    consumer_collects?;
     let rounds = if cfg.map_pressure { 0 } else { rounds };
     // A collect after every thread is done: it checks the last writes.
     let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
     collect(n)?;
+    consumer.collect(&pace)?;
+    let (consumer_collects, consumed) = consumer.into_reports(&pace);
     let host_log = std::mem::take(&mut *host_log.lock().unwrap_or_else(|p| p.into_inner()));
     let mut all = vec![host_log];
     for log in logs {
@@ -639,7 +727,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         Some(b) => unwritten_reports(&reported, &all.concat(), b, n as usize),
         None => 0,
     };
-    let mut r = judge(all.iter().flatten(), &reported, &arms_at);
+    let mut r = judge(all.iter().flatten(), &reported, &arms_at, &consumed);
     (r.dropped, r.block_reports_unwritten, r.collects) = (dropped, block_reports_unwritten, n as u64);
     let (arms, disarms) = if cfg.arm_races && !cfg.map_pressure {
         let ops = arm_steps.div_ceil(2);
@@ -659,8 +747,9 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         populates_fresh: rounds * 2,
         arms,
         disarms,
+        consumer_collects,
     };
-    r.space_ops = r.ops.kinds().iter().skip(3).map(|(_, c)| c).sum();
+    r.space_ops = r.ops.kinds().iter().skip(3).take(8).map(|(_, c)| c).sum();
     Ok(r)
 }
 

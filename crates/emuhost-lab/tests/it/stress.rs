@@ -37,6 +37,8 @@ fn stress(kind: BackendKind, cfg: StressConfig) -> Option<(u64, u64)> {
     // by exactly one collect (made between two).
     assert!(r.unchecked * 4 < r.writes && r.exact > 0, "{r:?}");
     assert_eq!(r.dropped, None);
+    // The consumer collecting beside the tracker's own collects: neither takes the other's writes.
+    assert_eq!(r.consumer_lost, 0, "{}: the consumer lost writes: {r:?}", kind.name());
     Some((r.writes - r.unchecked, r.lost))
 }
 

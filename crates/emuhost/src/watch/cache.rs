@@ -8,14 +8,18 @@
 //!
 //! Consumers: every collect of the tracker (the tracker's own, or any consumer's) adds the pages
 //! it found to every consumer's pending pages, under the tracker's lock, so a write is reported
-//! once to each consumer whichever collects first. A consumer's pending pages are one bit per
-//! page of the window, in a zeroed vector that the allocator maps lazily (a 512 GiB window costs
-//! 16 MiB of address space and only the pages touched).
+//! once to each consumer whichever collects first. Once a tracker has had a consumer, its own
+//! reads are one more consumer: a consumer's collect takes the kernel's marks, so the tracker's
+//! own collect (and query) report its own pending pages, fed like every consumer's. Every reader
+//! thus sees every write made after its own last collect, whatever order they read in. A
+//! consumer's pending pages are one bit per page of the window, in a zeroed vector that the
+//! allocator maps lazily (a 512 GiB window costs 16 MiB of address space and only the pages
+//! touched).
 
 use std::sync::Arc;
 
 use super::bitmap::{Bits, set_bits, word_mask};
-use super::{Inner, Read, Scratch, Tracker, WatchError};
+use super::{Inner, Read, Reader, Scratch, Tracker, WatchError};
 use crate::space::{GuestRange, page_size};
 
 /// What a [`Tracker::collect_into`] (or a query, or a consumer's) reported.
@@ -39,6 +43,25 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// No pages pending, over a window of `window` bytes.
+    pub(super) fn new(id: u64, window: u64) -> Pending {
+        Pending { id, bits: vec![0; (window / page_size()).div_ceil(64) as usize] }
+    }
+
+    /// Appends the marked pages of `a..b` to `runs` as guest `(start, end)` pairs, consecutive
+    /// pages joined, clearing the marks if `take`.
+    pub(super) fn runs(&mut self, a: u64, b: u64, take: bool, runs: &mut Vec<(u64, u64)>) {
+        let p = page_size();
+        let from = runs.len();
+        self.each(a, b, take, |s| {
+            let n = runs.len();
+            match runs.last_mut() {
+                Some(last) if n > from && last.1 == s => last.1 = s + p,
+                _ => runs.push((s, s + p)),
+            }
+        });
+    }
+
     /// Marks the pages of guest `(start, end)` pairs (page-aligned, inside the window).
     pub(super) fn add(&mut self, runs: impl Iterator<Item = (u64, u64)>) {
         let p = page_size();
@@ -123,17 +146,20 @@ impl Tracker {
     pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
         let mut bits = Bits::new(words, range, granularity);
-        self.read(range, Read::Collect, Some(&mut bits), |sc, seq, _, bits| or_read(sc, bits.expect("given"), seq))
+        self.read(range, Read::Collect, Reader::Own, Some(&mut bits), |sc, seq, _, bits| {
+            or_read(sc, bits.expect("given"), seq)
+        })
     }
 
-    /// Reports the pages of `range` written since the last collect into `words` (as
+    /// Reports the pages of `range` written since the tracker's own last collect into `words` (as
     /// [`Tracker::collect_into`] does), without taking them or arming anything: the next collect
-    /// reports them still. Pages a collect handed to consumers are the consumers' to report
-    /// ([`Consumer::query_into`]).
+    /// reports them still, as it does pages a consumer's collect read meanwhile.
     pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
         let mut bits = Bits::new(words, range, granularity);
-        self.read(range, Read::Query, Some(&mut bits), |sc, seq, _, bits| or_read(sc, bits.expect("given"), seq))
+        self.read(range, Read::Query, Reader::Own, Some(&mut bits), |sc, seq, _, bits| {
+            or_read(sc, bits.expect("given"), seq)
+        })
     }
 
     /// A new consumer of this tracker's writes, with its own dirty pages: every collect of the
@@ -144,8 +170,10 @@ impl Tracker {
         let mut inner = self.inner();
         inner.consumer_ids += 1;
         let id = inner.consumer_ids;
-        let pages = self.space.window() / page_size();
-        inner.consumers.push(Pending { id, bits: vec![0; pages.div_ceil(64) as usize] });
+        let window = self.space.window();
+        // From now on the tracker's own reads are a consumer too (and stay one).
+        inner.own.get_or_insert_with(|| Pending::new(0, window));
+        inner.consumers.push(Pending::new(id, window));
         Consumer { tracker: self.clone(), id }
     }
 }
@@ -178,7 +206,7 @@ impl Consumer {
     /// [`Tracker::collect_into`] lays them out. The errors are its.
     pub fn collect_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
-        self.tracker.read(range, Read::Collect, None, |_, seq, inner, _| {
+        self.tracker.read(range, Read::Collect, Reader::Consumer, None, |_, seq, inner, _| {
             let p = page_size();
             let mut out = Written { seq, ..Written::default() };
             let mut bits = Bits::new(words, range, granularity);
@@ -195,7 +223,7 @@ impl Consumer {
     pub fn query_into(&self, range: GuestRange, granularity: u64, words: &mut [u64]) -> Result<Written, WatchError> {
         check(range, granularity, words.len())?;
         // No bits set straight by the read: the pending pages are checked against its runs.
-        self.tracker.read(range, Read::Query, None, |sc, seq, inner, _| {
+        self.tracker.read(range, Read::Query, Reader::Consumer, None, |sc, seq, inner, _| {
             let p = page_size();
             let mut bits = Bits::new(words, range, granularity);
             let mut out = or_read(sc, &mut bits, seq);

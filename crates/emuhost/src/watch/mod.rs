@@ -303,6 +303,10 @@ struct Inner {
     scratch: Scratch,
     /// Each consumer's pages written and not yet taken ([`Tracker::consumer`]).
     consumers: Vec<cache::Pending>,
+    /// The tracker's own pages written and not yet taken, once it has had a consumer: a
+    /// consumer's collect takes the kernel's marks, so from then on the tracker's own reads are
+    /// one more consumer.
+    own: Option<cache::Pending>,
     /// The last consumer id given out.
     consumer_ids: u64,
 }
@@ -328,6 +332,14 @@ struct Scratch {
 enum Read {
     Collect,
     Query,
+}
+
+/// Whose read it is: the tracker's own (its result is the tracker's own pending pages once it
+/// has had a consumer), or a consumer's (which takes its pending pages itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reader {
+    Own,
+    Consumer,
 }
 
 /// How a tracker is made ([`Tracker::with_config`]). [`Default`]: the backend chosen by
@@ -715,21 +727,22 @@ impl Tracker {
     /// Collects the pages of `range` written since the last collect and arms them again.
     pub fn collect(&self, range: GuestRange) -> Result<Collected, WatchError> {
         let p = page_size();
-        self.read(range, Read::Collect, None, |sc, seq, _, _| Collected {
+        self.read(range, Read::Collect, Reader::Own, None, |sc, seq, _, _| Collected {
             runs: sc.runs.iter().map(|&(s, e)| PageRun { start: GuestAddr(s), pages: (e - s) / p }).collect(),
             untracked: sc.untracked.clone(),
             seq,
         })
     }
 
-    /// Reads `range` (`how`: a collect or a query) under the space's lock and the tracker's,
-    /// then gives `out` the result (in the scratch buffers), the collect's number, the
+    /// Reads `range` (`how`: a collect or a query, for `who`) under the space's lock and the
+    /// tracker's, then gives `out` the result (in the scratch buffers), the collect's number, the
     /// tracker's state and `bits`. Given `bits`, the read may set the runs it finds there
     /// straight from the kernel's output (then the scratch holds none).
     fn read<R>(
         &self,
         range: GuestRange,
         how: Read,
+        who: Reader,
         mut bits: Option<&mut Bits>,
         out: impl FnOnce(&Scratch, u64, &mut Inner, Option<&mut Bits>) -> R,
     ) -> Result<R, WatchError> {
@@ -747,7 +760,7 @@ impl Tracker {
             };
             let mut sc = std::mem::take(&mut inner.scratch);
             let result = self
-                .read_locked(&mut inner, layout, range, how, &mut sc, bits.as_deref_mut())
+                .read_locked(&mut inner, layout, range, (how, who), &mut sc, bits.as_deref_mut())
                 .map(|()| out(&sc, seq, &mut inner, bits));
             inner.scratch = sc;
             result
@@ -795,13 +808,15 @@ impl Tracker {
     /// consumer's pending pages; a query changes nothing. With `bits`, when the backend's runs
     /// are the whole result and no consumer needs them, they go into `bits` instead of
     /// `sc.runs`: one pass over the kernel's output, no buffer of runs (2 MiB per GiB at 50 %
-    /// written; with it, such a collect took 1.38x the bare kernel's scan on the H200).
+    /// written; with it, such a collect took 1.38x the bare kernel's scan on the H200). Once the
+    /// tracker has had a consumer, its own read reports its own pending pages instead (see
+    /// [`Inner::own`]).
     fn read_locked(
         &self,
         inner: &mut Inner,
         layout: &Layout,
         range: GuestRange,
-        how: Read,
+        (how, who): (Read, Reader),
         sc: &mut Scratch,
         mut bits: Option<&mut Bits>,
     ) -> Result<(), WatchError> {
@@ -817,7 +832,7 @@ impl Tracker {
         let from = sc.runs.len();
         let base = self.space.host_base() as u64;
         let pending = inner.pending.overlapping(a, b).next().is_some();
-        let direct = from == 0 && !pending && (how == Read::Query || inner.consumers.is_empty());
+        let direct = from == 0 && !pending && inner.own.is_none();
         if !direct {
             bits = None;
         }
@@ -862,9 +877,23 @@ impl Tracker {
         }
         if how == Read::Collect {
             inner.pending.remove(a, b, |_, _, _| ());
-            for c in &mut inner.consumers {
+            for c in inner.consumers.iter_mut().chain(inner.own.as_mut()) {
                 c.add(sc.runs.iter().copied());
                 c.add(sc.untracked.iter().map(|u| (u.start().0, u.end().0)));
+            }
+        }
+        if let (Reader::Own, Some(own)) = (who, inner.own.as_mut()) {
+            // The tracker's own result is its own pending pages: a collect takes them (they hold
+            // what it just read), a query adds them to what it peeked.
+            match how {
+                Read::Collect => {
+                    sc.runs.clear();
+                    own.runs(a, b, true, &mut sc.runs);
+                }
+                Read::Query => {
+                    own.runs(a, b, false, &mut sc.runs);
+                    merge(&mut sc.runs, a, b);
+                }
             }
         }
         Ok(())

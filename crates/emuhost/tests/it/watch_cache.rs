@@ -19,6 +19,7 @@ watch_conformance!(
     bad_granularity_or_short_words_are_errors_that_take_nothing,
     a_query_reports_without_taking,
     two_consumers_both_see_every_write,
+    every_reader_sees_every_write_whatever_the_order,
     handle_fault_from_the_embedders_own_handler,
     handle_fault_racing_collects_loses_nothing,
     collect_into_allocates_nothing_once_warm,
@@ -163,8 +164,9 @@ fn two_consumers_both_see_every_write(kind: BackendKind) {
     poke(&s, 5);
     assert_eq!(take(&buffers), vec![5]);
     poke(&s, 6);
-    // The tracker's own collect feeds both consumers too.
-    assert_eq!(t.collect(r).unwrap().pages(), 1);
+    // The tracker's own collect feeds both consumers too, and reports what the consumer's
+    // collect read before it (its reads are one more consumer).
+    assert_eq!(t.collect(r).unwrap().pages(), 2);
     assert_eq!(take(&textures), vec![5, 6]);
     assert_eq!(take(&buffers), vec![6]);
     assert_eq!(take(&buffers), Vec::<u64>::new());
@@ -200,6 +202,62 @@ fn two_consumers_both_see_every_write(kind: BackendKind) {
     assert_eq!(bits(&words), vec![8]);
     assert_eq!(take(&textures), vec![120]);
     assert_eq!(take(&late), vec![8, 120]);
+}
+
+/// Issue 33, item 1: the tracker's own collect is one more reader. A consumer's collect (which
+/// reads and re-arms the kernel's marks) must not hide a write from the tracker's own collect,
+/// nor the tracker's from a consumer's, in any order, through `collect`, `collect_into` and
+/// `query_into` alike.
+fn every_reader_sees_every_write_whatever_the_order(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind, 128) else { return };
+    let (buffers, textures) = (t.consumer(), t.consumer());
+    let take = |c: &watch::Consumer| {
+        let mut words = [0u64; 2];
+        c.collect_into(r, p(), &mut words).unwrap();
+        bits(&words)
+    };
+    let own = || -> Vec<u64> { t.collect(r).unwrap().page_addrs().iter().map(|a| a.0 / p()).collect() };
+    let own_into = || {
+        let mut words = [0u64; 2];
+        let w = t.collect_into(r, p(), &mut words).unwrap();
+        assert_eq!(w.pages, bits(&words).len() as u64);
+        bits(&words)
+    };
+    let own_query = || {
+        let mut words = [0u64; 2];
+        t.query_into(r, p(), &mut words).unwrap();
+        bits(&words)
+    };
+    // A consumer first, then the tracker's own collect.
+    poke(&s, 5);
+    assert_eq!(take(&buffers), vec![5]);
+    assert_eq!(own_query(), vec![5], "the tracker's query sees what a consumer's collect read");
+    assert_eq!(own(), vec![5], "a consumer's collect hid the write from the tracker's own collect");
+    assert_eq!(own(), Vec::<u64>::new());
+    // Both consumers, then the tracker's collect into words.
+    poke(&s, 6);
+    assert_eq!(take(&buffers), vec![6]);
+    assert_eq!(take(&textures), vec![5, 6]);
+    assert_eq!(own_into(), vec![6]);
+    assert_eq!(own_into(), Vec::<u64>::new());
+    // The tracker first, then the consumers; then a write between two readers.
+    poke(&s, 7);
+    assert_eq!(own_into(), vec![7]);
+    poke(&s, 8);
+    assert_eq!(take(&textures), vec![7, 8]);
+    poke(&s, 9);
+    assert_eq!(own(), vec![8, 9]);
+    assert_eq!(take(&buffers), vec![7, 8, 9]);
+    assert_eq!(take(&textures), vec![9]);
+    for reader in [own(), own_into(), take(&buffers), take(&textures)] {
+        assert_eq!(reader, Vec::<u64>::new());
+    }
+    // With every consumer gone the tracker's own collect still reports what they read.
+    poke(&s, 10);
+    assert_eq!(take(&buffers), vec![10]);
+    drop((buffers, textures));
+    poke(&s, 11);
+    assert_eq!(own(), vec![10, 11]);
 }
 
 /// The test's own handler: a fault on its foreign page maps it in (a fault of the embedder's

@@ -4,7 +4,9 @@
 //! mutator commits, protects, releases, splits views and populates pages it has just remapped or
 //! recommitted; an armer arms, disarms and re-arms a zone the writers write; the calling thread
 //! collects through the tracker, and a consumer (a texture cache, say) collects beside it on a
-//! thread of its own, each owed every write. Used by the tests and by `emuhost bench watch`.
+//! thread of its own, each owed every write; a forker forks the process now and then, and its
+//! child tries to collect through the parent's tracker and consumer (refused: the parent must
+//! lose nothing). Used by the tests and by `emuhost bench watch`.
 //!
 //! Each write has its own identity (writer, sequence, page) and its own window of collects, one
 //! of which must report its page: from the first collect that had not ended when the write began
@@ -47,11 +49,14 @@ pub struct StressOps {
     pub disarms: u64,
     /// Collects by a consumer of the tracker, beside the tracker's own.
     pub consumer_collects: u64,
+    /// Forks whose child tried to collect through the parent's tracker and consumer (and was
+    /// refused).
+    pub forks: u64,
 }
 
 impl StressOps {
     /// Each kind's name and count.
-    pub fn kinds(&self) -> [(&'static str, u64); 12] {
+    pub fn kinds(&self) -> [(&'static str, u64); 13] {
         [
             ("cpu stores", self.cpu_stores),
             ("host writes", self.host_writes),
@@ -65,6 +70,7 @@ impl StressOps {
             ("arms", self.arms),
             ("disarms", self.disarms),
             ("consumer collects", self.consumer_collects),
+            ("forks", self.forks),
         ]
     }
 }
@@ -185,7 +191,7 @@ const VOLATILE: [u64; 2] = [512 + 16, 512 + 48];
 /// The fewest steps of the host writer, the populator, the mutator and the armer, and the fewest
 /// collects, a run makes: the CPU writers go on past their count until all are reached, so every
 /// kind of operation runs beside the others however the threads are scheduled.
-const MIN_STEPS: [u64; 5] = [1000, 500, 100, 60, 100];
+const MIN_STEPS: [u64; 6] = [1000, 500, 100, 60, 100, 10];
 const MIN_COLLECTS: u64 = 200;
 /// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
 /// starts (stacks, allocator arenas) and a few splits.
@@ -208,8 +214,9 @@ struct Pace {
     done: AtomicU64,
     /// Per writer: the latest collect after which it wrote before the next began.
     gap: [AtomicU64; 2],
-    /// Steps made by the host writer, the populator, the mutator, the armer and the consumer.
-    steps: [AtomicU64; 5],
+    /// Steps made by the host writer, the populator, the mutator, the armer, the consumer and the
+    /// forker.
+    steps: [AtomicU64; 6],
     /// The consumer's collects begun and ended (as `epoch` and `done` are the tracker's).
     c_epoch: AtomicU64,
     c_done: AtomicU64,
@@ -522,6 +529,40 @@ fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u6
     count
 }
 
+/// Forks the process; the child (this thread alone, copied mid-run) collects through the
+/// parent's tracker and consumer, which must refuse (`OtherProcess`) before touching anything, and
+/// exits at once. An error where the child's collects were not refused.
+#[allow(unsafe_code)] // fork(2) and the child's _exit(2): see the SAFETY comments
+fn fork_and_collect(t: &Tracker, c: &Consumer, range: GuestRange) -> Result<(), WatchError> {
+    let os = |source| WatchError::Os { op: "fork", range, backend: t.kind().name(), source };
+    // SAFETY: the child runs only code that takes no lock and allocates nothing (the refusal is
+    // checked first in every collect, and its error is plain integers), then `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(os(std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        let refused = |e: &WatchError| matches!(e, WatchError::OtherProcess { .. });
+        let own = t.collect(range).as_ref().is_err_and(refused);
+        // Words enough for the range at 64 pages a bit, on the stack (the child allocates nothing).
+        let mut words = [0u64; 16];
+        let consumer = c.collect_into(range, 64 * page_size(), &mut words).as_ref().is_err_and(refused);
+        // SAFETY: ends the child at once, running nothing of the parent's (no atexit, no destructor).
+        unsafe { libc::_exit(if own && consumer { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked; `status` is written by the kernel.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err(os(std::io::Error::last_os_error()));
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        return Err(os(std::io::Error::other(format!(
+            "a fork's child collected through the parent's tracker (status {status:#x})"
+        ))));
+    }
+    Ok(())
+}
+
 /// The consumer beside the tracker's own collects: its collects and each page's reports.
 #[derive(Clone)]
 struct Consumed {
@@ -664,6 +705,10 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         let (consumer, pc) = (consumer.clone(), pace.clone());
         background(&pace, 4, 2, move |_| consumer.collect(&pc))
     };
+    let forker = {
+        let (t, c, forks) = (t.clone(), consumer.consumer.clone(), !cfg.map_pressure);
+        background(&pace, 5, 1, move |_| if forks { fork_and_collect(&t, &c, whole) } else { Ok(()) })
+    };
     let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
     // Per collect: arms and disarms begun by the time it ended.
     let mut arms_at: Vec<u32> = Vec::with_capacity(1 << 16);
@@ -689,7 +734,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
             result = Err(e);
             break;
         }
-        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0, MIN_STEPS[4]] } else { MIN_STEPS };
+        let mins = if cfg.map_pressure { [MIN_STEPS[0], MIN_STEPS[1], 0, 0, MIN_STEPS[4], 0] } else { MIN_STEPS };
         if n as u64 >= MIN_COLLECTS && pace.steps.iter().zip(mins).all(|(s, min)| s.load(SeqCst) >= min) {
             pace.enough.store(true, SeqCst);
         }
@@ -706,10 +751,12 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let rounds = mutator.join().expect("mutator panicked");
     let arm_steps = armer.join().expect("armer panicked");
     let consumer_collects = consuming.join().expect("consumer panicked");
+    let forks = forker.join().expect("forker panicked");
     drop(filler);
     result?;
     let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
     consumer_collects?;
+    let forks = if cfg.map_pressure { 0 } else { forks? };
     let rounds = if cfg.map_pressure { 0 } else { rounds };
     // A collect after every thread is done: it checks the last writes.
     let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;
@@ -748,6 +795,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         arms,
         disarms,
         consumer_collects,
+        forks,
     };
     r.space_ops = r.ops.kinds().iter().skip(3).take(8).map(|(_, c)| c).sum();
     Ok(r)

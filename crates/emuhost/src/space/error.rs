@@ -44,6 +44,12 @@ pub enum SpaceError {
     Foreign { op: &'static str, addr: u64, len: u64, found: String },
     #[error("store {addr:#x}+{len:#x} refused: not every page is the space's own and committed writable")]
     NotWritable { addr: u64, len: u64 },
+    /// A call in another process than the one that made the space (a `fork`'s child): the
+    /// space's region queries read the maker's memory map, so nothing is queried or changed.
+    #[error(
+        "this space was made in process {made_in}; process {now} (a fork's child) cannot query or change its mappings"
+    )]
+    OtherProcess { made_in: u32, now: u32 },
     #[error("section {0} does not exist")]
     NoSection(u64),
     #[error("section {section}: pages at offset {offset:#x}+{len:#x} run past its end {size:#x}")]

@@ -365,6 +365,8 @@ pub struct Space {
     reads_done: (Mutex<()>, Condvar),
     /// Changes that found long reads in flight and waited for them.
     long_read_waits: AtomicU64,
+    /// The process that made the space: its region queries read that process's memory map.
+    pid: u32,
 }
 
 /// Counts a change of the mappings in flight while it lives ([`Space::changing`]).
@@ -510,7 +512,15 @@ impl Space {
             long_reads: AtomicU32::new(0),
             reads_done: (Mutex::new(()), Condvar::new()),
             long_read_waits: AtomicU64::new(0),
+            pid: std::process::id(),
         }
+    }
+
+    /// An error unless this is the process that made the space: after `fork`, the child's copy
+    /// would query the parent's memory map (the region queries' file was opened by the parent).
+    pub(crate) fn same_process(&self) -> Result<(), SpaceError> {
+        let now = std::process::id();
+        if now == self.pid { Ok(()) } else { Err(SpaceError::OtherProcess { made_in: self.pid, now }) }
     }
 
     /// Commits, decommits, protections, views and arms under way now: each takes the process's
@@ -669,6 +679,7 @@ impl Space {
         if r.end().0 > self.window() {
             return Err(SpaceError::OutOfWindow { addr: r.start().0, len: r.len(), window: self.window() });
         }
+        self.same_process()?;
         Ok((r.start().0 as usize, r.len() as usize))
     }
 

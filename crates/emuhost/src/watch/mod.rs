@@ -141,6 +141,13 @@ pub enum WatchError {
     /// the page size.
     #[error("granularity {granularity:#x} is not a power of two of at least the page size ({page:#x})")]
     BadGranularity { granularity: u64, page: u64 },
+    /// A call in another process than the one that made the tracker (a `fork`'s child): its
+    /// userfaultfd and pagemap read and re-arm the maker's pages, so nothing is done.
+    #[error(
+        "this tracker was made in process {made_in}; process {now} (a fork's child) cannot use it: it would read and \
+         re-arm the other process's pages"
+    )]
+    OtherProcess { made_in: u32, now: u32 },
     /// Bitmap words too few for the range at the granularity.
     #[error("{range} at granularity {granularity:#x} needs {need} bitmap words; {have} given")]
     WordsTooShort { range: GuestRange, granularity: u64, need: usize, have: usize },
@@ -491,6 +498,8 @@ pub struct Tracker {
     started: AtomicU64,
     /// A collect's layout of the space, kept between collects (taken before the space's lock).
     layout: Mutex<Layout>,
+    /// The process that made the tracker: its userfaultfd and pagemap act on that process's pages.
+    pid: u32,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -549,6 +558,7 @@ impl Tracker {
             started: AtomicU64::new(0),
             _claim: claim,
             layout: Mutex::default(),
+            pid: std::process::id(),
         }))
     }
 
@@ -586,6 +596,13 @@ impl Tracker {
         self.core.inner()
     }
 
+    /// An error unless this is the process that made the tracker: after `fork`, the child's copy
+    /// holds the parent's userfaultfd and pagemap, and would read and re-arm the parent's pages.
+    fn same_process(&self) -> Result<(), WatchError> {
+        let now = std::process::id();
+        if now == self.pid { Ok(()) } else { Err(WatchError::OtherProcess { made_in: self.pid, now }) }
+    }
+
     fn host(&self, a: u64) -> usize {
         self.space.host_base() + a as usize
     }
@@ -598,6 +615,7 @@ impl Tracker {
     /// armed already keep their tracking: a write to them before this arm is still reported (an
     /// emulator arms after every commit, and a commit over armed pages must not forget writes).
     pub fn arm(&self, range: GuestRange) -> Result<(), WatchError> {
+        self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         let _changing = self.space.maybe_changing();
         // Pages armed already (an arm after every commit, most often) need no system call, so
@@ -658,6 +676,7 @@ impl Tracker {
 
     /// Stops tracking `range` (its pages get their protection back).
     pub fn disarm(&self, range: GuestRange) -> Result<(), WatchError> {
+        self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         let _changing = self.space.changing();
         self.space.with_layout(range, |_| {
@@ -683,6 +702,7 @@ impl Tracker {
     /// A collect on another thread between this and the write arms the pages again (and the
     /// write fails): use [`Tracker::host_write`] where collects run concurrently.
     pub fn prepare_host_write(&self, range: GuestRange) -> Result<(), WatchError> {
+        self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         self.space.with_layout(range, |_| self.prepare_locked(&self.inner(), range))
     }
@@ -710,6 +730,7 @@ impl Tracker {
     /// as usual.
     /// The other backends need nothing and record nothing.
     pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
+        self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         if !self.core.backend.needs_host_write_prepare() {
             return Ok(write());
@@ -746,6 +767,7 @@ impl Tracker {
         mut bits: Option<&mut Bits>,
         out: impl FnOnce(&Scratch, u64, &mut Inner, Option<&mut Bits>) -> R,
     ) -> Result<R, WatchError> {
+        self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         if how == Read::Collect {
             // Fault injection may make a foreign SIGSEGV here first (a no-op in the default build).
@@ -1006,6 +1028,10 @@ impl Drop for Tracker {
     /// read-only, and the next store would die), under the space's lock so no change of the space
     /// runs in between.
     fn drop(&mut self) {
+        // In a fork's child the backend's files act on the parent's pages: leave them be.
+        if self.same_process().is_err() {
+            return;
+        }
         let Ok(first) = self.space.range(0, page_size()) else { return };
         self.space.with_layout(first, |_| {
             let mut inner = self.inner();

@@ -1154,3 +1154,77 @@ fn a_window_registered_in_part_elsewhere_is_registered_arm_by_arm() {
     drop(t);
     drop(fd);
 }
+
+/// Issue 33, item 2: after `fork`, the child's copies of a space and a tracker refer to the
+/// parent's memory map (the userfaultfd, the pagemap and the region queries were opened by the
+/// parent): used in the child they read and re-arm the parent's pages. Every call of the
+/// tracker and every call of the space that queries or changes mappings is refused in the child
+/// (`OtherProcess`), changing nothing, and the parent loses no write, also when the child drops
+/// its copies. Runs alone in a child process of its own (a fork with other test threads running
+/// could copy a lock they hold).
+fn fork_leaves_the_parent_its_writes(kind: BackendKind, name: &str) {
+    if std::env::var_os(ALONE).is_none() {
+        return crate::watch_gate::in_child_alone(&format!("watch::{name}"));
+    }
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let c = t.consumer();
+    poke(&s, 3);
+    // SAFETY: this test runs alone in its process (no other thread holds a lock the child needs).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // The child: each refusal is a bit of the exit code it lacks.
+        let mut bad = 0;
+        let other = |e: &WatchError| matches!(e, WatchError::OtherProcess { .. });
+        let space_other = |e: &emuhost::space::SpaceError| matches!(e, emuhost::space::SpaceError::OtherProcess { .. });
+        poke_unchecked(&s, 4);
+        bad |= (!t.collect(r).as_ref().is_err_and(other)) as i32;
+        bad |= (!t.query_into(r, p(), &mut [0u64; 1]).as_ref().is_err_and(other)) as i32 * 2;
+        bad |= (!c.collect_into(r, p(), &mut [0u64; 1]).as_ref().is_err_and(other)) as i32 * 4;
+        bad |= (!t.arm(r).as_ref().is_err_and(other)) as i32 * 8;
+        bad |= (!t.disarm(r).as_ref().is_err_and(other)) as i32 * 16;
+        bad |= (!s.commit(r, Prot::READ_WRITE).as_ref().is_err_and(space_other)) as i32 * 32;
+        bad |= (!s.decommit(pages(&s, 8, 1)).as_ref().is_err_and(space_other)) as i32 * 64;
+        bad |= (!s.kernel_regions(r).as_ref().is_err_and(space_other)) as i32 * 128;
+        // Dropping the copies must not disarm the parent's pages.
+        drop((c, t, s));
+        // SAFETY: `_exit` ends the child at once (no atexit handler, no test harness output).
+        unsafe { libc::_exit(bad) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's calls were not all refused (exit status {status:#x}: a bit per call, see the test)"
+    );
+    poke(&s, 5);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3, 5], "the parent lost a write to the child");
+    let mut words = [0u64; 1];
+    c.collect_into(r, p(), &mut words).unwrap();
+    assert_eq!(words[0], (1 << 3) | (1 << 5), "the parent's consumer lost a write to the child");
+    poke(&s, 6);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![6], "the parent's pages are still armed");
+}
+
+/// A store that cannot fault in the child (the page is the child's copy, writable or armed by
+/// the mprotect backend, whose handler is the child's too).
+fn poke_unchecked(s: &Space, page: u64) {
+    // SAFETY: the page is committed read-write in this space, and the tracker's handler (if any)
+    // takes the fault of an armed page.
+    #[allow(unsafe_code)]
+    unsafe { s.store_unchecked(GuestAddr(page * p() + 8), &[0x5a]) }.unwrap();
+}
+
+#[test]
+fn uffd_fork_leaves_the_parent_its_writes() {
+    fork_leaves_the_parent_its_writes(BackendKind::Uffd, "uffd_fork_leaves_the_parent_its_writes")
+}
+
+#[test]
+fn mprotect_fork_leaves_the_parent_its_writes() {
+    fork_leaves_the_parent_its_writes(BackendKind::Mprotect, "mprotect_fork_leaves_the_parent_its_writes")
+}

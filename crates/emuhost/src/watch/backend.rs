@@ -36,6 +36,9 @@ pub(super) trait Backend: Send + Sync {
     /// The space released armed pages (`in_place`: their mappings stay, see
     /// [`crate::space::Observer::keeps_mappings`]).
     fn released(&self, start: usize, end: usize, in_place: bool) -> io::Result<bool>;
+    /// The space changed host `start..end` (armed or not): pages a disarm gave back there are no
+    /// longer the tracker's to claim a fault of.
+    fn unstale(&self, _start: usize, _end: usize) {}
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
     /// Whether [`Backend::prepare_host_write`] does anything (the kernel's writes would fail
@@ -322,7 +325,7 @@ impl Backend for MprotectBackend {
         let mut runs = Vec::new();
         // Protection first, state second: a write that faulted on the read-only page and whose
         // handler runs after the state is cleared finds the page writable when it is retried
-        // (see `segv::disarmed`); the other order would leave an unarmed read-only page to it.
+        // (see `segv::STALE`); the other order would leave an unarmed read-only page to it.
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
             if st & ARMED != 0 {
@@ -330,10 +333,7 @@ impl Backend for MprotectBackend {
             }
         });
         self.protect_runs(&runs, |b| b)?;
-        segv::disarmed();
-        self.each(start, end, |_, s| {
-            s.fetch_and(BUSY_MASK, SeqCst);
-        });
+        segv::disarm_states(&self.reg, start, end);
         Ok(())
     }
 
@@ -421,6 +421,13 @@ impl Backend for MprotectBackend {
                 s.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some((old & !PROT_MASK) | bits | DIRTY));
         });
         Ok(false)
+    }
+
+    fn unstale(&self, start: usize, end: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.each(start, end, |_, s| {
+            s.fetch_and(!segv::STALE, SeqCst);
+        });
     }
 
     fn released(&self, start: usize, end: usize, _in_place: bool) -> io::Result<bool> {

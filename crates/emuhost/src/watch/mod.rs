@@ -396,7 +396,7 @@ impl TrackerConfig {
 /// What an embedder's `SIGSEGV` handler keeps to hand faults to one tracker: plain integers
 /// (`Copy`, `Send`, `Sync`, `'static`), so a handler may read it from a static without holding
 /// the tracker. It stays harmless after the tracker is gone: it then takes no fault (but the
-/// write of a page disarmed a moment before, see [`FaultHandle::handle_fault`]).
+/// first one on a page the drop gave back, see [`FaultHandle::handle_fault`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultHandle {
     key: Option<TableKey>,
@@ -407,13 +407,14 @@ impl FaultHandle {
     /// from a `SIGSEGV` handler. `is_write`: the fault was a write (pass `true` where the handler
     /// cannot tell; a read never faults on an armed page, so `false` returns false at once).
     ///
-    /// True: the fault was the tracker's. The page was armed in its window, and it is now
-    /// writable and marked written (the next collect reports it); or the page lies in the window
-    /// unarmed, and a disarm ran in the process since this thread last retried this address (the
-    /// write may have faulted while the page was being disarmed: it is writable now). Return from
-    /// the handler: the CPU retries the write (a fault that repeats at the same address with no
-    /// disarm in between gets false). False: not the tracker's; handle it or pass it on to the
-    /// previous handler.
+    /// True (the fault was the tracker's) in exactly two cases: the page is armed (it is now
+    /// writable and marked written: the next collect reports it), or a disarm (or the tracker's
+    /// drop) gave this page its writable protection back and this is the first fault on it since
+    /// (a write that faulted while the page was still read-only and reached the handler after).
+    /// Return from the handler: the CPU retries the write. False for everything else: a page of
+    /// the window never armed, one the guest or the space changed after its disarm, a second
+    /// fault on the same disarmed page, a page of a tracker whose space is gone. Handle it or pass
+    /// it on to the previous handler.
     ///
     /// Async-signal-safe: no allocation, no lock, no panic; atomics and one `mprotect` (more where
     /// the kernel is at its map limit). With the uffd backend it returns false always: writes to
@@ -1101,6 +1102,8 @@ impl Observer for Core {
             inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
         }
         let host = |x: u64| space.host_base() + x as usize;
+        // Pages a disarm gave back and the space changed since: their faults are the guest's.
+        self.backend.unstale(host(a), host(b));
         let pieces: Vec<(u64, u64)> = inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
         for (s, e) in pieces {
             let (hs, he) = (host(s), host(e));

@@ -1228,3 +1228,38 @@ fn uffd_fork_leaves_the_parent_its_writes() {
 fn mprotect_fork_leaves_the_parent_its_writes() {
     fork_leaves_the_parent_its_writes(BackendKind::Mprotect, "mprotect_fork_leaves_the_parent_its_writes")
 }
+
+/// Issue 33, item 10: `handle_fault` claims a fault only where emuhost changed that page's access
+/// and the fault is the one that change causes: a write to an armed page, or the first fault on a
+/// writable page a disarm (or the tracker's drop) just gave its protection back (a write that
+/// faulted before it). Not for a page of the window never armed, after a self-test, a disarm
+/// elsewhere or the tracker's drop; not twice; not after the guest changed the page itself.
+#[test]
+fn handle_fault_claims_only_faults_its_own_changes_cause() {
+    let Some((s, t)) = setup(BackendKind::Mprotect) else { return };
+    let host = |page: u64| s.host_addr(GuestAddr(page * p())).unwrap();
+    s.commit(pages(&s, 0, 64), Prot::READ_WRITE).unwrap();
+    t.arm(pages(&s, 0, 32)).unwrap();
+    // Self-tests ran (trackers made and dropped): a page never armed is not claimed.
+    assert!(!t.handle_fault(host(40), true), "a page never armed, after the self-tests");
+    assert!(!watch::handle_fault(host(40), true));
+    t.disarm(pages(&s, 0, 8)).unwrap();
+    assert!(!t.handle_fault(host(40), true), "a page never armed, after a disarm of others");
+    assert!(t.handle_fault(host(2), true), "the first fault on a page just disarmed (a write that raced it)");
+    assert!(!t.handle_fault(host(2), true), "only once");
+    // The guest's own protection after the disarm: its faults are its own.
+    s.protect(pages(&s, 4, 2), Prot::READ).unwrap();
+    assert!(!t.handle_fault(host(5), true), "a page the guest protected after the disarm");
+    // The tracker dropped, its space kept: its armed pages were given back, once each.
+    let handle = t.fault_handle();
+    drop(t);
+    assert!(!handle.handle_fault(host(40), true), "a page never armed, after the drop");
+    assert!(!watch::handle_fault(host(41), true));
+    assert!(handle.handle_fault(host(20), true), "a page the drop gave back");
+    assert!(!handle.handle_fault(host(20), true), "only once");
+    assert!(watch::handle_fault(host(21), true), "a page the drop gave back, by any tracker's handler");
+    // The space gone: nothing of it is claimed (its addresses may be mapped anew).
+    let (a, b) = (host(22), host(40));
+    drop(s);
+    assert!(!handle.handle_fault(a, true) && !watch::handle_fault(b, true));
+}

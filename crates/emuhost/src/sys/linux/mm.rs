@@ -419,6 +419,9 @@ impl Drop for Reservation {
         if self.adopted {
             return; // the caller's: it unmaps it
         }
+        // Dead write-tracking tables over the window go first: a fault there from now on is on
+        // memory mapped anew.
+        super::segv::unmapped(self.base, self.base + self.len);
         count(Call::Munmap);
         // SAFETY: the reservation owns the window and its guards (it mapped them) and is being
         // dropped, so nothing uses the range afterwards.

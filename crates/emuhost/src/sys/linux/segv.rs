@@ -13,9 +13,17 @@
 //! the same code as ours, one implementation of the protocol below.
 //!
 //! The handler is async-signal-safe: it takes no lock and allocates nothing. It reads a fixed table
-//! of atomic pointers to page-state tables (one byte per page, in an anonymous `MAP_NORESERVE`
+//! of atomic pointers to page-state tables (two bytes per page, in an anonymous `MAP_NORESERVE`
 //! mapping, so untouched parts cost nothing) and calls `mprotect`, which is a plain system call.
 //! A table is freed only after it left the registry and no handler is running (`ACTIVE`).
+//!
+//! A fault is claimed only where a tracker changed the page's access: an armed page, or a page a
+//! disarm just gave its protection back (`STALE`: a write that faulted on it while it was still
+//! read-only may reach the handler only after; it is claimed once, and the write retried). A
+//! dropped tracker's table stays in the registry, dead, with its stale pages, until its slot is
+//! needed or its window is unmapped ([`unmapped`]), so a write that raced the drop is not lost to
+//! the default action; a page of a window that was never armed, or that the guest changed since,
+//! is never claimed.
 //!
 //! Order matters. The handler marks the page written and raises its busy count in one atomic step,
 //! unprotects it, then lowers the count. A collect takes a page's mark only when no handler is
@@ -26,7 +34,6 @@
 //! Arming follows the same rule: a page armed while a handler is busy with it (a disarm and an arm
 //! racing a write) keeps its mark, since the handler is about to make it writable.
 
-use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
@@ -41,6 +48,9 @@ pub const READ: u16 = 4;
 pub const WRITE: u16 = 8;
 pub const EXEC: u16 = 16;
 pub const PROT_MASK: u16 = READ | WRITE | EXEC;
+/// Not armed: a disarm gave the page its (writable) protection back, and a write that faulted
+/// before may still reach the handler, which claims it once.
+pub const STALE: u16 = 32;
 /// One handler (or host-write preparation) busy unprotecting the page; the high byte counts them.
 const BUSY_ONE: u16 = 1 << 8;
 pub const BUSY_MASK: u16 = 0xff00;
@@ -65,6 +75,8 @@ pub struct Table {
     pages: usize,
     shift: u32,
     states: *mut AtomicU16,
+    /// Its registration was dropped: only its stale pages are claimed.
+    dead: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the table's bytes are atomics, and its pointer stays valid until the `Registration` that
@@ -90,52 +102,8 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
 static REGISTER: Mutex<()> = Mutex::new(());
-/// Each slot's window, host `(base, end)`: set before its table is published and kept after the
-/// table is dropped (until the slot is taken again), so a stale fault of a tracker just dropped
-/// still counts as inside a window (see [`retry_stale`]).
-static WINDOWS: [(AtomicUsize, AtomicUsize); SLOTS] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
 /// The last table id given out.
 static IDS: AtomicU64 = AtomicU64::new(0);
-/// Disarms so far (and tables dropped): see [`disarmed`].
-static DISARMS: AtomicU64 = AtomicU64::new(0);
-
-std::thread_local! {
-    /// The fault this thread last retried as possibly stale: (address, `DISARMS` then). Const
-    /// initialised and without a destructor, so the handler may read it.
-    static RETRIED: Cell<(usize, u64)> = const { Cell::new((usize::MAX, 0)) };
-}
-
-/// Says that armed pages were given their protection back and are about to leave the armed
-/// state (a disarm, a tracker's drop). A write that faulted on such a page while it was still
-/// read-only may reach the handler only after the page left the table: the handler then finds no
-/// armed page, and instead of passing the fault on it retries the write once (the page is
-/// writable now). A fault that repeats at the same address with no disarm in between is a real
-/// one and is passed on, and so is any fault outside every tracker's window at once.
-pub fn disarmed() {
-    DISARMS.fetch_add(1, SeqCst);
-}
-
-/// Whether a fault that is not ours should be retried once as possibly stale (see [`disarmed`]):
-/// only one inside a tracker's window (`only`: inside that window), whose page a racing disarm may
-/// have changed. Any other fault (an emulator's own, fastmem or a JIT) is passed on at once.
-fn retry_stale(addr: usize, only: Option<(usize, usize)>) -> bool {
-    let now = (addr, DISARMS.load(SeqCst));
-    let inside = match only {
-        Some((b, e)) => (b..e).contains(&addr),
-        None => WINDOWS.iter().any(|(b, e)| (b.load(SeqCst)..e.load(SeqCst)).contains(&addr)),
-    };
-    if now.1 == 0 || !inside {
-        return false;
-    }
-    RETRIED
-        .try_with(|r| {
-            let fresh = r.get() != now;
-            r.set(now);
-            fresh
-        })
-        .unwrap_or(false)
-}
-
 /// Which registered table a fault is for, in a form a signal handler may hold: plain integers,
 /// valid (and harmless) after the table is gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,19 +114,20 @@ pub struct TableKey {
     end: usize,
 }
 
-impl TableKey {
-    /// The host window `(base, end)` of the table.
-    pub fn window(&self) -> (usize, usize) {
-        (self.base, self.end)
-    }
-}
-
-/// A tracker's table, in the registry until dropped.
+/// A tracker's table, in the registry while it lives; dropped, the table stays there, dead, until
+/// its slot is needed or its window is unmapped (see the module's doc).
 #[derive(Debug)]
 pub struct Registration {
     slot: usize,
-    table: Box<Table>,
+    /// From `Box::into_raw`: owned by the registration while it lives, then by the registry.
+    table: *mut Table,
 }
+
+// SAFETY: the table is shared through atomics only, and stays valid while the registration lives
+// (it is freed only after it left the registry, by `evict`).
+unsafe impl Send for Registration {}
+// SAFETY: as above.
+unsafe impl Sync for Registration {}
 
 impl Registration {
     /// Makes a table for `pages` pages from host address `base`, and installs the handler (once
@@ -181,18 +150,22 @@ impl Registration {
             )
         }? as *mut AtomicU16;
         let id = IDS.fetch_add(1, SeqCst) + 1;
-        let mut table = Box::new(Table { id, base, pages, shift: page.trailing_zeros(), states });
+        let dead = std::sync::atomic::AtomicBool::new(false);
+        let table = Box::new(Table { id, base, pages, shift: page.trailing_zeros(), states, dead });
         let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
-        let ptr: *mut Table = &mut *table;
-        // Under REGISTER, so the free slot found stays free until it is published below.
-        let slot = REGISTRY.iter().position(|s| s.load(SeqCst).is_null());
+        // Under REGISTER, so the slot found stays free until it is published below: an empty
+        // one, else the one of a dead table (whose stale pages are then forgotten).
+        let empty = REGISTRY.iter().position(|s| s.load(SeqCst).is_null());
+        let slot = empty.or_else(|| {
+            // SAFETY: a table in the registry is valid until evicted, which needs REGISTER (held).
+            let dead = REGISTRY.iter().position(|s| unsafe { s.load(SeqCst).as_ref() }.is_some_and(Table::is_dead))?;
+            evict(dead);
+            Some(dead)
+        });
         match slot {
             Some(slot) => {
-                // Empty while it changes: a handler never sees half of one window and half of another.
-                WINDOWS[slot].1.store(0, SeqCst);
-                WINDOWS[slot].0.store(base, SeqCst);
-                WINDOWS[slot].1.store(base + pages * page, SeqCst);
-                REGISTRY[slot].store(ptr, SeqCst);
+                let table = Box::into_raw(table);
+                REGISTRY[slot].store(table, SeqCst);
                 Ok(Self { slot, table })
             }
             None => {
@@ -202,27 +175,34 @@ impl Registration {
         }
     }
 
+    fn table(&self) -> &Table {
+        // SAFETY: the registration owns the table while it lives (see the field).
+        unsafe { &*self.table }
+    }
+
     /// The key [`fault_in`] takes for this table.
     pub fn key(&self) -> TableKey {
-        let end = self.table.base + (self.table.pages << self.table.shift);
-        TableKey { slot: self.slot, id: self.table.id, base: self.table.base, end }
+        let t = self.table();
+        let end = t.base + (t.pages << t.shift);
+        TableKey { slot: self.slot, id: t.id, base: t.base, end }
     }
 
     /// The state of the page at host address `addr`.
     pub fn state(&self, addr: usize) -> Option<&AtomicU16> {
-        self.table.slot(addr)
+        self.table().slot(addr)
     }
 
     /// Makes the armed page at host address `page` writable for a write about to happen (the
     /// handler's work; also before a host write through the kernel). Returns false where the page
     /// is not armed or the guest may not write it.
     pub fn unprotect_for_write(&self, page: usize) -> bool {
-        unprotect(&self.table, page)
+        unprotect(self.table(), page)
     }
 
     /// Protects `addr..addr + len` as the state bits `bits` say (their protection part).
     pub fn protect(&self, addr: usize, len: usize, bits: u16) -> io::Result<()> {
-        if addr < self.table.base || (addr + len - self.table.base) >> self.table.shift > self.table.pages {
+        let t = self.table();
+        if addr < t.base || (addr + len - t.base) >> t.shift > t.pages {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         mprotect(addr, len, bits)
@@ -275,14 +255,62 @@ fn free(table: &Table) {
 }
 
 impl Drop for Registration {
+    /// The table stays in the registry, dead: a write that faulted on a page before the tracker
+    /// gave it back may reach the handler after this (see the module's doc).
     fn drop(&mut self) {
-        disarmed();
-        REGISTRY[self.slot].store(std::ptr::null_mut(), SeqCst);
-        // A handler that loaded the pointer before the store above has ACTIVE raised until it is done.
-        while ACTIVE.load(SeqCst) != 0 {
-            std::hint::spin_loop();
+        self.table().dead.store(true, SeqCst);
+    }
+}
+
+impl Table {
+    fn is_dead(&self) -> bool {
+        self.dead.load(SeqCst)
+    }
+}
+
+/// Takes the dead table out of `slot` and frees it once no handler can be reading it. REGISTER
+/// is held.
+fn evict(slot: usize) {
+    let t = REGISTRY[slot].swap(std::ptr::null_mut(), SeqCst);
+    if t.is_null() {
+        return;
+    }
+    // A handler that loaded the pointer before the swap has ACTIVE raised until it is done.
+    while ACTIVE.load(SeqCst) != 0 {
+        std::hint::spin_loop();
+    }
+    // SAFETY: the table came from `Box::into_raw` in `Registration::new`; its registration is
+    // dropped (it is dead) and it left the registry with no handler running, so nothing reads it.
+    let table = unsafe { Box::from_raw(t) };
+    free(&table);
+}
+
+/// Host `start..end` is being unmapped: dead tables over it are freed (a fault there from now on
+/// is on memory mapped anew, never a tracker's).
+pub fn unmapped(start: usize, end: usize) {
+    let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
+    for (slot, entry) in REGISTRY.iter().enumerate() {
+        // SAFETY: a table in the registry is valid until evicted, which needs REGISTER (held).
+        let over = unsafe { entry.load(SeqCst).as_ref() }
+            .is_some_and(|t| t.is_dead() && t.base < end && start < t.base + (t.pages << t.shift));
+        if over {
+            evict(slot);
         }
-        free(&self.table);
+    }
+}
+
+/// Marks the pages of `start..end` in `table` given back by a disarm: those armed and writable to
+/// the guest become stale (a raced write is claimed once), the others plain.
+pub fn disarm_states(reg: &Registration, start: usize, end: usize) {
+    let t = reg.table();
+    let len = 1usize << t.shift;
+    for a in (start..end).step_by(len) {
+        if let Some(s) = t.slot(a) {
+            let _ = s.fetch_update(SeqCst, SeqCst, |old| {
+                let stale = if old & ARMED != 0 && old & WRITE != 0 { STALE } else { 0 };
+                Some((old & BUSY_MASK) | stale)
+            });
+        }
     }
 }
 
@@ -411,30 +439,30 @@ fn handle(addr: usize, only: Option<&TableKey>) -> bool {
         Some(k) => &REGISTRY[k.slot..=k.slot],
         None => &REGISTRY[..],
     };
-    for slot in slots {
-        let t = slot.load(SeqCst);
-        if t.is_null() {
-            continue;
-        }
-        // SAFETY: a table in the registry stays alive while ACTIVE is raised (see Drop).
-        let table = unsafe { &*t };
-        if only.is_some_and(|k| k.id != table.id) || table.slot(addr).is_none_or(|s| s.load(SeqCst) & ARMED == 0) {
-            continue;
-        }
+    let tables = || {
+        slots.iter().filter_map(|slot| {
+            // SAFETY: a table in the registry stays alive while ACTIVE is raised (see `evict`).
+            let table = unsafe { slot.load(SeqCst).as_ref() }?;
+            let state = table.slot(addr)?;
+            only.is_none_or(|k| k.id == table.id).then_some((table, state))
+        })
+    };
+    // An armed page of a live table first; else a page a disarm just gave back, claimed once.
+    if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0) {
         return unprotect(table, addr & !((1usize << table.shift) - 1));
     }
-    false
+    tables().any(|(_, s)| s.fetch_and(!STALE, SeqCst) & STALE != 0)
 }
 
 /// The fault at host address `addr`, for the tables `only` allows: whether it was ours (the
-/// page was armed and is now writable and marked, or it is a stale fault of a page just disarmed
-/// that is writable again). Either way the faulting write is to be retried: return from the
+/// page was armed and is now writable and marked, or it is the first fault on a page a disarm
+/// just made writable again). Either way the faulting write is to be retried: return from the
 /// handler. Async-signal-safe: atomics and `mprotect`, no lock, no allocation.
 fn fault_for(addr: usize, only: Option<&TableKey>) -> bool {
     ACTIVE.fetch_add(1, SeqCst);
     let ours = handle(addr, only);
     ACTIVE.fetch_sub(1, SeqCst);
-    ours || retry_stale(addr, only.map(TableKey::window))
+    ours
 }
 
 /// A fault at host address `addr`, for any registered table (what emuhost's own handler does):

@@ -226,6 +226,11 @@ pub trait Observer: Send + Sync {
 pub struct Layout {
     pub allocations: Vec<Allocation>,
     pub views: Vec<View>,
+    /// The views outside the range that show section pages a view of the range shows too
+    /// (aliases), each the part of a view outside the range, in address order.
+    pub aliases: Vec<View>,
+    /// Whether two views inside the range show the same section bytes.
+    pub aliased_inside: bool,
 }
 
 #[derive(Default)]
@@ -1249,6 +1254,11 @@ impl Space {
         layout.views.clear();
         layout.allocations.extend(st.extents.overlapping(a, b).map(|(s, e, g)| allocation(s, e, *g)));
         layout.views.extend(st.views.overlapping(a, b).map(|(s, e, v)| view(s, e, v)));
+        layout.aliases.clear();
+        layout.aliased_inside = false;
+        if !layout.views.is_empty() {
+            aliases(&st.views, a, b, layout);
+        }
         f(layout)
     }
 
@@ -1375,6 +1385,36 @@ fn covers(regions: &[Region], a: usize, b: usize) -> bool {
 
 fn allocation(s: u64, e: u64, generation: u64) -> Allocation {
     Allocation { range: GuestRange::from_bounds(s, e).expect("extents are page-aligned"), generation }
+}
+
+/// Fills `layout.aliases`: the parts outside `a..b` of every view that shows section bytes a view
+/// of `layout.views` shows inside `a..b`. One pass over every view, made only where the range
+/// holds views.
+fn aliases(views: &RangeMap<ViewEntry>, a: u64, b: u64, layout: &mut Layout) {
+    // The section bytes shown inside the range: (section, first offset, end offset).
+    let mut inside: Vec<(SectionId, u64, u64)> = layout
+        .views
+        .iter()
+        .map(|v| {
+            let (s, e) = (v.range.start().0.max(a), v.range.end().0.min(b));
+            let off = v.offset + (s - v.range.start().0);
+            (v.section, off, off + (e - s))
+        })
+        .collect();
+    inside.sort_unstable();
+    layout.aliased_inside = inside.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2);
+    for (s, e, v) in views.iter() {
+        for (x, y) in [(s, e.min(a)), (s.max(b), e)] {
+            if x >= y {
+                continue;
+            }
+            let off = v.offset + (x - s);
+            let shown = (off, off + (y - x));
+            if inside.iter().any(|&(sec, o, p)| sec == v.section && o < shown.1 && shown.0 < p) {
+                layout.aliases.push(view(x, y, &ViewEntry { section: v.section, offset: off }));
+            }
+        }
+    }
 }
 
 fn view(s: u64, e: u64, v: &ViewEntry) -> View {

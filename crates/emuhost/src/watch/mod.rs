@@ -52,7 +52,8 @@ pub use cache::{Consumer, Written};
 
 use crate::space::ranges::RangeMap;
 use crate::space::{
-    Change, CommitPath, GuestAddr, GuestRange, Layout, Observer, Prot, Region, Space, SpaceError, page_size,
+    Change, CommitPath, GuestAddr, GuestRange, Layout, Observer, Prot, Region, SectionId, Space, SpaceError, View,
+    page_size,
 };
 use crate::sys::segv::{self, TableKey};
 use backend::{Backend, Runs};
@@ -855,7 +856,8 @@ impl Tracker {
         let from = sc.runs.len();
         let base = self.space.host_base() as u64;
         let pending = inner.pending.overlapping(a, b).next().is_some();
-        let direct = from == 0 && !pending && inner.own.is_none();
+        let aliased = layout.aliased_inside || !layout.aliases.is_empty();
+        let direct = from == 0 && !pending && inner.own.is_none() && !aliased;
         if !direct {
             bits = None;
         }
@@ -894,7 +896,10 @@ impl Tracker {
                 }
             }
         }
-        if from > 0 || pending {
+        if aliased {
+            self.read_aliases(inner, layout, (a, b), how, sc);
+        }
+        if from > 0 || pending || aliased {
             sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
             merge(&mut sc.runs, a, b);
         }
@@ -920,6 +925,72 @@ impl Tracker {
             }
         }
         Ok(())
+    }
+
+    /// Section pages shown at several armed addresses (aliases): a write through one is reported
+    /// at every one. The views of `a..b` report the section pages written through any of their
+    /// aliases now; the aliases outside the range are read too (marks taken with a collect, only
+    /// looked at with a query), and every alias outside the range gets the section pages written
+    /// through any of them as pending pages, for its own next collect. An alias that cannot be
+    /// read counts as written whole.
+    fn read_aliases(&self, inner: &mut Inner, layout: &Layout, (a, b): (u64, u64), how: Read, sc: &mut Scratch) {
+        let base = self.space.host_base() as u64;
+        let bytes = |v: &View, x: u64, y: u64| (v.section, v.offset + (x - v.range.start().0), y - x);
+        // The section bytes written: (section, offset, length).
+        let mut shown: Vec<(SectionId, u64, u64)> = Vec::new();
+        for v in &layout.views {
+            let (vs, ve) = (v.range.start().0.max(a), v.range.end().0.min(b));
+            shown.extend(sc.runs.iter().filter_map(|&(x, y)| clip(vs, ve, x, y)).map(|(x, y)| bytes(v, x, y)));
+        }
+        let mut runs = Vec::new();
+        for av in &layout.aliases {
+            let (s, e) = (av.range.start().0, av.range.end().0);
+            let armed: Pairs = inner.armed.overlapping(s, e).filter_map(|(x, y, _)| clip(s, e, x, y)).collect();
+            for (x, y) in armed.into_iter().flat_map(|(x, y)| split(x, y, &inner.hosting).0) {
+                runs.clear();
+                let mut out = Runs::new(&mut runs, base, 0, None);
+                let got = match how {
+                    Read::Collect => self.core.backend.read(self.host(x), self.host(y), &mut out),
+                    Read::Query => self.core.backend.peek(self.host(x), self.host(y), &mut out),
+                };
+                if got.is_err() {
+                    runs.clear();
+                    runs.push((x, y));
+                }
+                shown.extend(runs.iter().map(|&(p, q)| bytes(av, p, q)));
+            }
+        }
+        // Every armed page showing a written section byte: reported now inside the range, kept
+        // pending outside it (a collect only).
+        let at = |v: &View, lo: u64, hi: u64, out: &mut dyn FnMut(u64, u64)| {
+            for &(_, off, len) in shown.iter().filter(|w| w.0 == v.section) {
+                let start = v.range.start().0;
+                let (o1, o2) = (off.max(v.offset), (off + len).min(v.offset + v.range.len()));
+                if let Some((x, y)) =
+                    (o1 < o2).then(|| clip(lo, hi, start + (o1 - v.offset), start + (o2 - v.offset))).flatten()
+                {
+                    for (p, q, _) in inner.armed.overlapping(x, y) {
+                        if let Some((p, q)) = clip(x, y, p, q) {
+                            out(p, q);
+                        }
+                    }
+                }
+            }
+        };
+        let mut now = Vec::new();
+        for v in &layout.views {
+            at(v, a, b, &mut |p, q| now.push((p, q)));
+        }
+        let mut later = Vec::new();
+        if how == Read::Collect {
+            for av in &layout.aliases {
+                at(av, 0, u64::MAX, &mut |p, q| later.push((p, q)));
+            }
+        }
+        sc.runs.extend(now);
+        for (p, q) in later {
+            add(&mut inner.pending, p, q);
+        }
     }
 
     /// What the kernel has in `span` that a committed, armed span should not have, if anything:

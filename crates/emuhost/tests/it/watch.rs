@@ -92,6 +92,7 @@ watch_conformance!(
     arm_and_disarm_racing_writers_lose_nothing,
     a_commit_and_arm_over_armed_pages_keep_their_writes,
     a_write_before_a_decommit_is_reported,
+    a_write_through_one_alias_is_reported_at_every_armed_alias,
     decommitted_and_recommitted_pages_are_reported_once,
     a_host_write_may_block_while_collects_go_on,
     a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next,
@@ -499,11 +500,15 @@ fn view_split_keeps_tracking(kind: BackendKind) {
     t.collect(run).unwrap();
     poke(&s, 64 + 50);
     assert_eq!(written(&t.collect(run).unwrap()), vec![114], "the other pages keep their tracking");
-    // A remapped page is reported once (new content), then tracked.
+    // A remapped page is reported once (new content), then tracked. It shows section page 63,
+    // as page 127 does: they are aliases now, and a write through one is reported at both. (With
+    // mprotect a page mapped anew is marked written in the backend, so its aliases are reported
+    // with it: more than needed, never less.)
     s.map_section(pages(&s, 64 + 20, 1), sec, 63 * p(), Prot::READ_WRITE).unwrap();
-    assert_eq!(written(&t.collect(run).unwrap()), vec![84]);
+    let got = written(&t.collect(run).unwrap());
+    assert!(got == vec![84] || (kind == BackendKind::Mprotect && got == vec![84, 127]), "{got:?}");
     poke(&s, 64 + 20);
-    assert_eq!(written(&t.collect(run).unwrap()), vec![84]);
+    assert_eq!(written(&t.collect(run).unwrap()), vec![84, 127]);
     assert_eq!(written(&t.collect(run).unwrap()), Vec::<u64>::new());
 }
 
@@ -1262,4 +1267,51 @@ fn handle_fault_claims_only_faults_its_own_changes_cause() {
     let (a, b) = (host(22), host(40));
     drop(s);
     assert!(!handle.handle_fault(a, true) && !watch::handle_fault(b, true));
+}
+
+/// Issue 33, item 4: a section page mapped at several addresses (aliases), armed at each: a write
+/// through one is reported at every armed alias, each by its own next collect, whichever range a
+/// collect asks for (a collect of one alias's range takes the marks of the others, and keeps
+/// them for their own next collect). A write through an alias that is not armed is not seen.
+fn a_write_through_one_alias_is_reported_at_every_armed_alias(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let sec = s.create_section(4 * p()).unwrap();
+    s.map_section(pages(&s, 100, 4), sec, 0, Prot::READ_WRITE).unwrap();
+    s.map_section(pages(&s, 200, 4), sec, 0, Prot::READ_WRITE).unwrap();
+    // A run view whose pages are section pages 3 and 1.
+    s.map_pages(GuestAddr(300 * p()), sec, &[3, 1], Prot::READ_WRITE).unwrap();
+    let all = pages(&s, 0, 512);
+    t.arm(all).unwrap();
+    let (a, b, c) = (pages(&s, 100, 4), pages(&s, 200, 4), pages(&s, 300, 2));
+    poke(&s, 101);
+    assert_eq!(written(&t.collect(all).unwrap()), vec![101, 201, 301]);
+    assert_eq!(written(&t.collect(all).unwrap()), Vec::<u64>::new());
+    // Through one alias, collected range by range.
+    poke(&s, 203);
+    assert_eq!(written(&t.collect(a).unwrap()), vec![103]);
+    assert_eq!(written(&t.collect(b).unwrap()), vec![203]);
+    assert_eq!(written(&t.collect(c).unwrap()), vec![300]);
+    assert_eq!(written(&t.collect(all).unwrap()), Vec::<u64>::new(), "each once");
+    poke(&s, 102);
+    assert_eq!(written(&t.collect(c).unwrap()), Vec::<u64>::new(), "section page 2 is not mapped there");
+    assert_eq!(written(&t.collect(b).unwrap()), vec![202]);
+    assert_eq!(written(&t.collect(a).unwrap()), vec![102]);
+    // A query takes nothing, from any alias.
+    poke(&s, 200);
+    let mut words = [0u64; 1];
+    t.query_into(a, p(), &mut words).unwrap();
+    assert_eq!(words[0], 1, "the query of one alias sees the write through the other");
+    assert_eq!(written(&t.collect(a).unwrap()), vec![100]);
+    assert_eq!(written(&t.collect(b).unwrap()), vec![200]);
+    // Into words, with a consumer beside.
+    let consumer = t.consumer();
+    poke(&s, 301);
+    let mut words = [0u64; 1];
+    consumer.collect_into(a, p(), &mut words).unwrap();
+    assert_eq!(words[0], 1 << 1);
+    assert_eq!(written(&t.collect(all).unwrap()), vec![101, 201, 301]);
+    // An alias not armed: writes through it are not seen at the others.
+    t.disarm(c).unwrap();
+    poke(&s, 300);
+    assert_eq!(written(&t.collect(all).unwrap()), Vec::<u64>::new());
 }

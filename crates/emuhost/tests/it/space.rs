@@ -1038,3 +1038,48 @@ fn a_release_maps_anew_where_it_cannot_keep_the_mappings() {
     s.commit(r, Prot::READ_WRITE).unwrap();
     assert_eq!(first_byte(&s, 18 * page()).unwrap(), 0);
 }
+
+/// Issue 33, item 8: after foreign code unmapped a hole in the window, what lands there is not
+/// the space's: a foreign mapping survives the space's drop with its bytes, and a second space
+/// reserved in the hole is neither committed by the first space's calls nor unmapped by its drop.
+#[test]
+fn what_lands_in_a_hole_outlives_the_space_and_is_never_committed_by_it() {
+    let s = space();
+    let hole = pages(&s, 256, 512);
+    unmap_behind(&s, hole);
+    let foreign = map_foreign(&s, pages(&s, 256, 4), 0x5a);
+    // A second space reserved in the hole, with its own pages committed and written.
+    let inner_base = s.host_addr(GuestAddr(512 * page())).unwrap();
+    let inner = SpaceConfig::default().window(64 * page()).at(inner_base).build().unwrap();
+    inner.commit(pages(&inner, 0, 4), Prot::READ_WRITE).unwrap();
+    inner.write(GuestAddr(8), b"inner").unwrap();
+    // The first space's calls over the second's window (its reserved pages: they look exactly
+    // like the first space's own) are refused, and change nothing there.
+    let over = pages(&s, 520, 40);
+    for (op, e) in [
+        ("commit", s.commit(over, Prot::READ_WRITE).err()),
+        ("decommit", s.decommit(over).err()),
+        ("protect", s.protect(over, Prot::READ_WRITE).err()),
+        ("zero", s.zero(over).err()),
+    ] {
+        assert!(matches!(e, Some(SpaceError::Foreign { .. })), "{op} over another space's window: {e:?}");
+    }
+    assert!(first_byte(&inner, 64 * page() - 1).is_err(), "the second space's reserved pages stay reserved");
+    // Dropped, the first space leaves both where they are.
+    drop(s);
+    // SAFETY: the foreign mapping is the test's own; it is still mapped if the drop left it.
+    let still = std::fs::read_to_string("/proc/self/maps").unwrap().lines().any(|l| {
+        let (range, _) = l.split_once(' ').unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        usize::from_str_radix(a, 16).unwrap() <= foreign && foreign < usize::from_str_radix(b, 16).unwrap()
+    });
+    assert!(still, "the space's drop unmapped the foreign mapping");
+    // SAFETY: mapped (checked just above) read-write by the test, filled with 0x5a.
+    assert_eq!(unsafe { *(foreign as *const u8) }, 0x5a);
+    let mut b = [0u8; 5];
+    inner.read(GuestAddr(8), &mut b).unwrap();
+    assert_eq!(&b, b"inner", "the second space outlives the first");
+    inner.commit(pages(&inner, 8, 4), Prot::READ_WRITE).unwrap();
+    // SAFETY: unmaps the test's own foreign mapping.
+    unsafe { libc::munmap(foreign as *mut libc::c_void, 4 * page() as usize) };
+}

@@ -88,6 +88,66 @@ pub struct Reservation {
     len: usize,
     guard: usize,
     adopted: bool,
+    /// Its number in [`LIVE`] (later reservations have larger ones).
+    id: u64,
+    /// Unmapped already, part by part ([`Reservation::unmap_parts`]): the drop unmaps nothing.
+    unmapped: std::sync::atomic::AtomicBool,
+}
+
+/// Every live reservation, made or adopted: `(id, start, end)`, host addresses, guards included.
+/// A reservation made later inside another's window lies in a hole foreign code unmapped there:
+/// it is that other's to leave alone.
+static LIVE: std::sync::Mutex<Vec<(u64, usize, usize)>> = std::sync::Mutex::new(Vec::new());
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn live() -> std::sync::MutexGuard<'static, Vec<(u64, usize, usize)>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Reservation {
+    /// Registers a reservation of `base..base + len` with `guard` bytes beyond each end in [`LIVE`].
+    fn registered(base: usize, len: usize, guard: usize, adopted: bool) -> Self {
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        live().push((id, base - guard, base + len + guard));
+        Self { base, len, guard, adopted, id, unmapped: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    /// The parts of host `start..end` that reservations made after this one hold (in holes of
+    /// this window), in address order.
+    pub fn later_within(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = live()
+            .iter()
+            .filter(|&&(id, s, e)| id > self.id && s < end && start < e)
+            .map(|&(_, s, e)| (s.max(start), e.min(end)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The whole mapping, guards included: host `(start, end)`.
+    pub fn mapping(&self) -> (usize, usize) {
+        (self.base - self.guard, self.base + self.len + self.guard)
+    }
+
+    /// Unmaps the host ranges `parts` (each inside the mapping, page-aligned), and nothing on
+    /// drop: the space found what in its mapping is its own.
+    pub fn unmap_parts(&self, parts: &[(usize, usize)]) {
+        let (lo, hi) = self.mapping();
+        self.unmapped.store(true, Relaxed);
+        // Dead write-tracking tables over the window go first: a fault there from now on is on
+        // memory mapped anew, never a tracker's.
+        super::segv::unmapped(self.base, self.base + self.len);
+        for &(s, e) in parts {
+            if s < lo || e > hi || s >= e {
+                continue;
+            }
+            count(Call::Munmap);
+            // SAFETY: the part lies inside this reservation's mapping, and the caller found it the
+            // reservation's own (not a mapping foreign code or another reservation put in a
+            // hole); the reservation is being dropped, so nothing uses it afterwards.
+            let _ = unsafe { rustix::mm::munmap(s as *mut libc::c_void, e - s) };
+        }
+    }
 }
 
 fn einval() -> io::Error {
@@ -135,7 +195,7 @@ impl Reservation {
             let _ = unsafe { rustix::mm::munmap(p, total) };
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
-        Ok(Self { base: p as usize + guard, len, guard, adopted: false })
+        Ok(Self::registered(p as usize + guard, len, guard, false))
     }
 
     /// Takes the caller's reservation `base..base + len` as the window (page-aligned, non-empty,
@@ -151,7 +211,7 @@ impl Reservation {
             return Err(einval());
         }
         base.checked_add(len).ok_or_else(einval)?;
-        Ok(Self { base, len, guard: 0, adopted: true })
+        Ok(Self::registered(base, len, 0, true))
     }
 
     /// Whether the window is the caller's ([`Reservation::adopt`]).
@@ -415,17 +475,23 @@ pub fn read_host(remote: usize, buf: &mut [u8]) -> io::Result<()> {
 }
 
 impl Drop for Reservation {
+    /// A reservation it made is unmapped, guards too, but for what reservations made later hold
+    /// (in holes foreign code unmapped in it), and but for what the space found not its own
+    /// ([`Reservation::unmap_parts`]); an adopted one is the caller's.
     fn drop(&mut self) {
-        if self.adopted {
-            return; // the caller's: it unmaps it
+        if !self.adopted && !self.unmapped.load(Relaxed) {
+            let (mut at, end) = self.mapping();
+            let mut parts = Vec::new();
+            for (s, e) in self.later_within(at, end) {
+                parts.push((at, s.max(at)));
+                at = at.max(e);
+            }
+            parts.push((at, end));
+            parts.retain(|(s, e)| s < e);
+            self.unmap_parts(&parts);
         }
-        // Dead write-tracking tables over the window go first: a fault there from now on is on
-        // memory mapped anew.
-        super::segv::unmapped(self.base, self.base + self.len);
-        count(Call::Munmap);
-        // SAFETY: the reservation owns the window and its guards (it mapped them) and is being
-        // dropped, so nothing uses the range afterwards.
-        let _ = unsafe { rustix::mm::munmap((self.base - self.guard) as *mut libc::c_void, self.len + 2 * self.guard) };
+        let id = self.id;
+        live().retain(|&(i, _, _)| i != id);
     }
 }
 

@@ -147,6 +147,11 @@ fn bad_trace_files_are_named_by_line() {
     for (name, text, says) in [
         ("version.trace", &b"emuhost-trace 9 window=0x8000000000\nend 0\n"[..], &["line 1", "version \"9\""][..]),
         ("garbage.trace", b"garbage\n", &["line 1", "not an emuhost trace"]),
+        (
+            "twice.trace",
+            b"emuhost-trace 1 window=0x8000000000 window=0x1000000\nend 0\n",
+            &["line 1", "header option \"window\" is given twice"],
+        ),
         ("binary.trace", b"\x00\xff\xfe\n", &["line 1"]),
         ("zstd.trace", b"\x28\xb5\x2f\xfd garbage", &["line 1"]),
         ("empty.trace", b"", &["line 1"]),
@@ -188,6 +193,14 @@ fn addresses_outside_the_window_are_named() {
         let p = file("window.trace", format!("{HEAD}{event}\nend 1\n").as_bytes());
         refused(args(&["replay", p.to_str().unwrap()]), says);
     }
+    // A window smaller than the import chunk (16 MiB): the trace's own line outside it is named,
+    // not the chunk.
+    let p = file("small-window.trace", b"emuhost-trace 1 window=0x100000\n0 g0 commit 0x200000 0x1000 rw-\nend 1\n");
+    let mut c = args(&["replay", p.to_str().unwrap()]);
+    c.env("EMUHOST_IMPORT_POLICY", "chunks");
+    refused(c, &["line 2", "0x200000+0x1000", "outside the guest window 0x0..0x100000"]);
+    let out = args(&["replay", p.to_str().unwrap()]).env("EMUHOST_IMPORT_POLICY", "chunks").output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("chunk"), "{}", String::from_utf8_lossy(&out.stderr));
     // A window the host cannot reserve is refused with its size.
     let p = file("huge.trace", b"emuhost-trace 1 window=0xffffffffffff0000\nend 0\n");
     refused(args(&["replay", p.to_str().unwrap()]), &["0xffffffffffff0000"]);

@@ -742,13 +742,30 @@ fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> 
     Ok((space, importer, import_backend, tracker))
 }
 
-/// Replays `records` (with their trace line numbers) of a trace with `header`.
+/// Whether the runtime refused the header's window: the space could not reserve it, or the
+/// import chunk is larger than it.
+fn refuses_window(e: &ReplayError) -> bool {
+    matches!(
+        e,
+        ReplayError::Space(_) | ReplayError::Import(ImportError::ChunkTooLarge { what: "the guest window", .. })
+    )
+}
+
+/// Replays `records` (with their trace line numbers) of a trace with `header`. Where the runtime
+/// refuses the header's window, the first bad line of the trace, if it has one, is the error
+/// (the rest of the trace is read to find it).
 pub fn replay(
     header: &Header,
-    records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
+    mut records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
     cfg: &ReplayConfig,
 ) -> Result<ReplayReport, ReplayError> {
-    let (space, importer, import_backend, tracker) = runtime(header, cfg)?;
+    let (space, importer, import_backend, tracker) = match runtime(header, cfg) {
+        Ok(r) => r,
+        // The header's window refused (smaller than the import chunk, or too large to reserve):
+        // a line of the trace outside its own window is the mistake to name first.
+        Err(e) if refuses_window(&e) => return Err(records.find_map(Result::err).map_or(e, ReplayError::Trace)),
+        Err(e) => return Err(e),
+    };
     let sh = Shared {
         space: &space,
         importer: &importer,

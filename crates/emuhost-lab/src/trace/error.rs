@@ -13,6 +13,9 @@ pub enum Malformed {
     HeaderOption(String),
     #[error("header option window={0:?}: not a non-zero hex size (0x...) that is a multiple of 0x1000")]
     HeaderWindow(String),
+    /// Which of two values would count is left to the reader's order: refused.
+    #[error("header option {0:?} is given twice")]
+    HeaderOptionTwice(String),
     #[error("unknown event {0:?}")]
     UnknownEvent(String),
     #[error("missing field {0}")]

@@ -169,12 +169,18 @@ impl Header {
             return Err(Malformed::Version { found: clip(version), supported: VERSION });
         }
         let mut header = Header::default();
+        let mut window_seen = false;
         for word in words {
             let (key, value) = word.split_once('=').ok_or_else(|| Malformed::HeaderOption(clip(word)))?;
             if key.is_empty() {
                 return Err(Malformed::HeaderOption(clip(word)));
             }
+            let seen = if key == "window" { window_seen } else { header.get(key).is_some() };
+            if seen {
+                return Err(Malformed::HeaderOptionTwice(clip(key)));
+            }
             if key == "window" {
+                window_seen = true;
                 header.window = match parse_hex(value, "window") {
                     Ok(w) if w != 0 && w % GUEST_PAGE == 0 => w,
                     _ => return Err(Malformed::HeaderWindow(clip(value))),

@@ -209,6 +209,39 @@ fn a_short_synthetic_session_imports_less_with_spans() {
     assert_eq!(on.live_import_bytes_end, on.live_import_bytes_peak);
 }
 
+/// Replays `text` as a file is replayed: streamed, each record with its line, the reader's
+/// errors among them (`run` reads the whole trace first).
+fn run_streamed(text: &str, c: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
+    let mut reader = emuhost_lab::trace::Reader::new(std::io::Cursor::new(text.as_bytes().to_vec())).unwrap();
+    let header = reader.header().clone();
+    let records = std::iter::from_fn(move || {
+        let r = reader.next()?;
+        Some(r.map(|rec| (reader.line(), rec)))
+    });
+    replay(&header, records, c)
+}
+
+/// A window smaller than the import chunk: a trace with a line outside its own window is refused
+/// naming that line (the trace's own mistake comes first), not the chunk; a trace whose lines all
+/// fit is refused naming the chunk and the window.
+#[test]
+fn a_window_smaller_than_the_chunk_names_the_traces_own_bad_line_first() {
+    let bad = "emuhost-trace 1 window=0x100000
+0 g0 commit 0x0 0x1000 rw-
+1 r frame 0
+2 g0 commit 0x200000 0x1000 rw-
+end 3
+";
+    let e = run_streamed(bad, &cfg(best(), 64)).unwrap_err().to_string();
+    assert!(e.starts_with("line 4: commit 0x200000+0x1000 is outside the guest window 0x0..0x100000"), "{e}");
+    let fits = "emuhost-trace 1 window=0x100000
+0 g0 commit 0x0 0x1000 rw-
+end 1
+";
+    let e = run_streamed(fits, &cfg(best(), 64)).unwrap_err().to_string();
+    assert!(e.contains("import chunk 0x1000000") && e.contains("larger than the guest window 0x100000"), "{e}");
+}
+
 /// A short synthesized session with six game threads and three host threads, where the host
 /// threads take a share of the game threads' writes and of the render thread's bindings and
 /// collects: writes, bindings and collects on ten threads at once.

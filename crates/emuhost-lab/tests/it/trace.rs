@@ -157,6 +157,24 @@ fn malformed_input_is_rejected_with_its_line_number() {
     assert!(matches!(e, TraceError::Malformed { line: 9, what: Malformed::NotUtf8 }), "{e}");
 }
 
+/// A header option given twice would leave which value counts to the reader's order: refused,
+/// naming the header's line and the key, `window` and the options kept as text alike.
+#[test]
+fn a_header_option_given_twice_is_refused_naming_its_line() {
+    for (head, key) in [
+        ("emuhost-trace 1 window=0x1000000 window=0x2000000", "window"),
+        ("emuhost-trace 1 window=0x1000000 window=0x1000000", "window"),
+        ("emuhost-trace 1 seed=1 source=synth seed=2", "seed"),
+    ] {
+        let e = trace::read_str(&format!("{head}\nend 0\n")).unwrap_err();
+        assert_eq!(e.line(), Some(1), "{head}: {e}");
+        assert!(e.to_string().starts_with(&format!("line 1: header option {key:?} is given twice")), "{head}: {e}");
+    }
+    // Distinct keys are fine.
+    let (h, _) = trace::read_str("emuhost-trace 1 window=0x1000000 seed=1 source=synth\nend 0\n").unwrap();
+    assert_eq!((h.window, h.get("seed"), h.get("source")), (0x1000000, Some("1"), Some("synth")));
+}
+
 #[test]
 fn a_truncated_zstd_trace_says_so_and_counts_the_lines_read() {
     let (_, text) = to_text(short_session(2));

@@ -163,6 +163,21 @@ fn bad_trace_files_are_named_by_line() {
     refused(args(&["replay", std::env::temp_dir().to_str().unwrap()]), &["Is a directory"]);
 }
 
+/// A valid trace on more threads than the replay runs (one OS thread each; 20,000 game threads
+/// aborted the process when the OS refused a thread): exit 2, naming the thread, its line, the
+/// count and the cap, before a thread past the cap is asked for.
+#[test]
+fn a_trace_on_more_threads_than_the_replay_runs_is_refused() {
+    let mut text = format!("{HEAD}0 r frame 0\n");
+    for n in 0..20_000 {
+        text.push_str(&format!("1 g{n} sleep guest 1\n"));
+    }
+    text.push_str("2 r frame 1\nend 20002\n");
+    let p = file("threads.trace", text.as_bytes());
+    // The render thread and g0..g1022 are 1,024 threads: g1023 (line 1026) is one too many.
+    refused(args(&["replay", p.to_str().unwrap()]), &["line 1026", "g1023", "1025 threads", "1024"]);
+}
+
 #[test]
 fn bad_pool_files_are_named_by_file_and_line() {
     for (name, text, says) in [

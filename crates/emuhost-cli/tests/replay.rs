@@ -220,6 +220,12 @@ fn crafted_traces_end_with_exit_2_naming_their_lines_never_a_signal_or_a_hang() 
         (&["replay"], "write-past-commit.trace", &["line 5:"]),
         (&["replay"], "sleep-huge-ns.trace", &["line 3: a sleep of 18446744073709551615 ns"]),
         (&["replay"], "sleep-huge-count.trace", &["line 3: a sleep count of 4294967295"]),
+        // 61 lines of 10 s each, every one under the line's cap: the 61st passes 600 s in all.
+        (
+            &["replay"],
+            "sleep-total.trace",
+            &["line 63: the trace's sleeps add up to 610000000000 ns", "cap of 600000000000 ns in all"],
+        ),
         (&["replay", "--paced"], "frame-time-max.trace", &["line 5: frame 1 starts 18446744073709551615 us"]),
         // Cut short: the stream is named truncated, no line is blamed.
         (&["replay"], "truncated.trace.zst", &["compressed stream is truncated", "after 0 whole lines"]),

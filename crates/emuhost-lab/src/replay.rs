@@ -40,6 +40,14 @@ pub enum ReplayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The OS refused a thread for a trace thread (the replay runs one each).
+    #[error("line {line}: starting an OS thread for trace thread {thread} failed")]
+    Spawn {
+        line: u64,
+        thread: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Space(#[from] SpaceError),
     #[error(transparent)]
@@ -190,6 +198,9 @@ struct Shared<'a> {
     /// Bytes committed by the trace now, and at most.
     committed: AtomicU64,
     committed_peak: AtomicU64,
+    /// The stack size of the replay's threads (`None`: std's default); a test's way to make the
+    /// OS refuse one.
+    worker_stack: Option<usize>,
 }
 
 #[derive(Default)]
@@ -390,6 +401,10 @@ impl Worker<'_, '_> {
         let cpu = sched::thread_cpu_time();
         let t = Instant::now();
         for _ in 0..count {
+            // A replay that failed (a later line refused) stops within one sleep, not one line.
+            if self.sh.failed.load(SeqCst) {
+                break;
+            }
             self.sh.sleeper.sleep(caller, Duration::from_nanos(ns));
         }
         fig.wall += t.elapsed();
@@ -583,21 +598,45 @@ pub const MAX_SLEEP_NS: u64 = 1_000_000_000;
 pub const MAX_SLEEP_COUNT: u32 = 1_000_000;
 /// The most time one `sleep` line may ask for in all (NS × COUNT).
 pub const MAX_SLEEP_LINE_NS: u64 = 10_000_000_000;
+/// The most time all the `sleep` lines of a trace may ask for together (NS × COUNT summed over
+/// every line and thread): ten minutes, some 25 times the built-in session's 23 s. A trace past it
+/// is refused at the line that passes it.
+pub const MAX_SLEEP_TOTAL_NS: u64 = 600_000_000_000;
+/// The most threads a trace may have (`r`, `gN` and `hN` together): the replay runs each on an OS
+/// thread of its own (a 2 MiB stack, a queue of events) and stops them all at every frame, so a
+/// thread past this is refused at its first line rather than asked of the OS. Recorded sessions
+/// have tens; the built-in one six.
+pub const MAX_THREADS: usize = 1024;
 /// Paced: the longest a frame may start after the frame before it (or, for the first frame, after
 /// the session's start), in microseconds.
 pub const MAX_FRAME_GAP_US: u64 = 10_000_000;
 
-/// The caps that keep any one line from running for ever or from asking for all memory.
-fn check_limits(line: u64, r: &Record, paced: bool, last_frame_us: &mut u64) -> Result<(), ReplayError> {
+/// What the caps keep count of across lines: the last frame's time and the sleep asked so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Limits {
+    last_frame_us: u64,
+    slept_ns: u64,
+}
+
+/// The caps that keep any one line, or the lines together, from running for ever or from asking
+/// for all memory.
+fn check_limits(line: u64, r: &Record, paced: bool, limits: &mut Limits) -> Result<(), ReplayError> {
     let what = match r.event {
         Event::Sleep { ns, count, .. } => {
+            let total = limits.slept_ns.saturating_add(ns.saturating_mul(u64::from(count)));
             if ns > MAX_SLEEP_NS {
                 format!("a sleep of {ns} ns is longer than the replay's cap of {MAX_SLEEP_NS} ns")
             } else if count > MAX_SLEEP_COUNT {
                 format!("a sleep count of {count} is over the replay's cap of {MAX_SLEEP_COUNT}")
             } else if ns * u64::from(count) > MAX_SLEEP_LINE_NS {
                 format!("{count} sleeps of {ns} ns are over the replay's cap of {MAX_SLEEP_LINE_NS} ns a line")
+            } else if total > MAX_SLEEP_TOTAL_NS {
+                format!(
+                    "the trace's sleeps add up to {total} ns with this line's, over the replay's cap of \
+                     {MAX_SLEEP_TOTAL_NS} ns in all"
+                )
             } else {
+                limits.slept_ns = total;
                 return Ok(());
             }
         }
@@ -605,8 +644,8 @@ fn check_limits(line: u64, r: &Record, paced: bool, last_frame_us: &mut u64) -> 
             format!("a write of {size:#x} bytes is over the replay's cap of {MAX_WRITE:#x} bytes a line")
         }
         Event::Frame { index } => {
-            let gap = r.t_us.saturating_sub(*last_frame_us);
-            *last_frame_us = r.t_us;
+            let gap = r.t_us.saturating_sub(limits.last_frame_us);
+            limits.last_frame_us = r.t_us;
             if !paced || gap <= MAX_FRAME_GAP_US {
                 return Ok(());
             }
@@ -644,13 +683,43 @@ fn check_record(check: &mut WriteCheck, line: u64, r: &Record) -> Result<(), Rep
 /// the trace (reading it or checking a record) and the events dispatched.
 type Dispatched = (Vec<ThreadFigures>, usize, Option<ReplayError>, u64);
 
+/// Starts the OS thread for trace thread `thread`, first seen at `line`, when the trace has
+/// `running` threads already: refused past [`MAX_THREADS`], and an error where the OS refuses.
+fn spawn_worker<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    sh: &'env Shared<'env>,
+    line: u64,
+    thread: Thread,
+    running: usize,
+) -> Result<(SyncSender<Msg>, std::thread::ScopedJoinHandle<'scope, ThreadFigures>), ReplayError> {
+    if running >= MAX_THREADS {
+        let what = format!(
+            "thread {thread} makes {} threads, over the replay's cap of {MAX_THREADS} threads (it runs one OS \
+             thread per trace thread)",
+            running + 1
+        );
+        return Err(ReplayError::Bad { line, what });
+    }
+    let (tx, rx) = sync_channel(1024);
+    let mut builder = std::thread::Builder::new().name(format!("replay {thread}"));
+    if let Some(size) = sh.worker_stack {
+        builder = builder.stack_size(size);
+    }
+    let handle = builder.spawn_scoped(scope, move || worker(sh, rx)).map_err(|source| ReplayError::Spawn {
+        line,
+        thread: thread.to_string(),
+        source,
+    })?;
+    Ok((tx, handle))
+}
+
 /// Streams `records` to one worker thread per trace thread, frames kept in step.
 fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record), TraceError>>) -> Dispatched {
     std::thread::scope(|scope| {
         let mut senders: BTreeMap<Thread, SyncSender<Msg>> = BTreeMap::new();
         let mut handles = Vec::new();
         let mut check = WriteCheck::default();
-        let mut last_frame_us = 0;
+        let mut limits = Limits::default();
         let mut read_error = None;
         let mut events = 0u64;
         let sync = |senders: &BTreeMap<Thread, SyncSender<Msg>>| {
@@ -674,7 +743,7 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
                 }
             };
             events += 1;
-            if let Err(e) = check_limits(line, &r, sh.paced, &mut last_frame_us) {
+            if let Err(e) = check_limits(line, &r, sh.paced, &mut limits) {
                 read_error = Some(e);
                 break;
             }
@@ -689,14 +758,25 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
                 read_error = Some(e);
                 break;
             }
-            let tx = senders.entry(r.thread).or_insert_with(|| {
-                let (tx, rx) = sync_channel(1024);
-                handles.push(scope.spawn(move || worker(sh, rx)));
-                tx
-            });
-            if tx.send(Msg::Event(line, r)).is_err() {
+            if !senders.contains_key(&r.thread) {
+                match spawn_worker(scope, sh, line, r.thread, senders.len()) {
+                    Ok((tx, handle)) => {
+                        senders.insert(r.thread, tx);
+                        handles.push(handle);
+                    }
+                    Err(e) => {
+                        read_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if senders[&r.thread].send(Msg::Event(line, r)).is_err() {
                 break;
             }
+        }
+        if read_error.is_some() {
+            // The threads drop what they were handed and have not begun.
+            sh.failed.store(true, SeqCst);
         }
         let threads = senders.len();
         drop(senders);
@@ -756,8 +836,19 @@ fn refuses_window(e: &ReplayError) -> bool {
 /// (the rest of the trace is read to find it).
 pub fn replay(
     header: &Header,
+    records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
+    cfg: &ReplayConfig,
+) -> Result<ReplayReport, ReplayError> {
+    replay_with(header, records, cfg, None)
+}
+
+/// [`replay`], its threads' stacks `worker_stack` bytes each (`None`: std's default). (Long: the
+/// runtime, the run, then the report gathered field by field from the threads and the importer.)
+fn replay_with(
+    header: &Header,
     mut records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
     cfg: &ReplayConfig,
+    worker_stack: Option<usize>,
 ) -> Result<ReplayReport, ReplayError> {
     let (space, importer, import_backend, tracker) = match runtime(header, cfg) {
         Ok(r) => r,
@@ -778,6 +869,7 @@ pub fn replay(
         failed: AtomicBool::new(false),
         committed: AtomicU64::new(0),
         committed_peak: AtomicU64::new(0),
+        worker_stack,
     };
     let start = Instant::now();
     let (figures, threads, read_error, events) = dispatch(&sh, records);
@@ -950,10 +1042,7 @@ mod tests {
     #[test]
     fn lines_over_the_replay_caps_are_refused_naming_the_line() {
         let sleep = |ns, count| rec(Thread::Game(0), Event::Sleep { kind: SleepKind::Guest, ns, count });
-        let check = |r: Record, paced| {
-            let mut last = 0;
-            check_limits(7, &r, paced, &mut last).err().map(|e| e.to_string())
-        };
+        let check = |r: Record, paced| check_limits(7, &r, paced, &mut Limits::default()).err().map(|e| e.to_string());
         assert!(check(sleep(u64::MAX, 1), false).unwrap().starts_with("line 7: a sleep of 18446744073709551615 ns"));
         assert!(check(sleep(20_000, u32::MAX), false).unwrap().starts_with("line 7: a sleep count of 4294967295"));
         assert!(check(sleep(MAX_SLEEP_NS, 11), false).unwrap().contains("cap of 10000000000 ns a line"));
@@ -963,6 +1052,65 @@ mod tests {
         let frame = Record { t_us: u64::MAX, thread: Thread::Render, event: Event::Frame { index: 1 } };
         assert_eq!(check(frame, false), None, "unpaced, frame times are not waited for");
         assert!(check(frame, true).unwrap().starts_with("line 7: frame 1 starts 18446744073709551615 us after"));
+    }
+
+    #[test]
+    fn sleeps_past_the_replays_cap_in_all_are_refused_at_the_line_that_passes_it() {
+        let sleep = |ns, count| rec(Thread::Game(0), Event::Sleep { kind: SleepKind::Guest, ns, count });
+        let host = |ns, count| rec(Thread::Host(3), Event::Sleep { kind: SleepKind::Host, ns, count });
+        let mut limits = Limits::default();
+        // 59 lines of 10 s and one of 9 s on two threads: 599 s, under the cap.
+        for line in 0..59 {
+            let r = if line % 2 == 0 { sleep(MAX_SLEEP_NS, 10) } else { host(MAX_SLEEP_NS / 2, 20) };
+            check_limits(line + 2, &r, false, &mut limits).unwrap();
+        }
+        check_limits(61, &sleep(MAX_SLEEP_NS, 9), false, &mut limits).unwrap();
+        // Exactly at the cap is not past it; one nanosecond more is, on the line that asks it.
+        check_limits(62, &host(500_000_000, 2), false, &mut limits).unwrap();
+        let e = check_limits(63, &sleep(1, 1), false, &mut limits).unwrap_err().to_string();
+        assert!(e.starts_with("line 63: the trace's sleeps add up to 600000000001 ns"), "{e}");
+        assert!(e.contains(&format!("cap of {MAX_SLEEP_TOTAL_NS} ns in all")), "{e}");
+        // A refused line does not count: a shorter one after it still fits.
+        assert_eq!(limits.slept_ns, MAX_SLEEP_TOTAL_NS);
+        let mut limits = Limits { slept_ns: MAX_SLEEP_TOTAL_NS, ..Limits::default() };
+        assert!(check_limits(2, &sleep(u64::MAX, u32::MAX), false, &mut limits).is_err(), "no overflow");
+    }
+
+    /// A replay of `games` game threads beside the render thread, each sleeping once; threads'
+    /// stacks of `stack` bytes.
+    fn many_threads(games: u16, stack: Option<usize>) -> Result<ReplayReport, ReplayError> {
+        let mut records = vec![(2, rec(Thread::Render, Event::Frame { index: 0 }))];
+        for n in 0..games {
+            let sleep = Event::Sleep { kind: SleepKind::Guest, ns: 1, count: 1 };
+            records.push((u64::from(n) + 3, rec(Thread::Game(n), sleep)));
+        }
+        let cfg = ReplayConfig {
+            import_backend: Some(BackendChoice::Only(emuhost::import::BackendKind::Pin)),
+            import: Some(ImportConfig::default().policy(emuhost::import::ImportPolicy::Chunks)),
+            watch_backend: Some(watch::BackendKind::Mprotect),
+            ..ReplayConfig::default()
+        };
+        replay_with(&Header::default(), records.into_iter().map(Ok), &cfg, stack)
+    }
+
+    #[test]
+    fn a_trace_on_more_threads_than_the_cap_is_refused_at_the_first_line_past_it() {
+        let at_cap = (MAX_THREADS - 1) as u16;
+        assert_eq!(many_threads(at_cap, None).unwrap().threads, MAX_THREADS);
+        let e = many_threads(at_cap + 1, None).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 1026: thread g1023 makes 1025 threads, over the replay's cap of 1024 threads"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_thread_the_os_refuses_is_an_error_naming_its_line() {
+        // A stack larger than the address space: no OS gives it.
+        let e = many_threads(2, Some(1 << 60)).unwrap_err();
+        assert!(matches!(&e, ReplayError::Spawn { line: 2, thread, .. } if thread == "r"), "{e:?}");
+        assert_eq!(e.to_string(), "line 2: starting an OS thread for trace thread r failed");
+        assert!(many_threads(2, None).unwrap().threads == 3);
     }
 
     #[test]

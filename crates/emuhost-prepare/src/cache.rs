@@ -7,7 +7,9 @@
 //! is not something to hand it. So the file wraps the data in an envelope: 16 bytes of magic,
 //! the data's length and its FNV-1a 64 checksum (little-endian u64s), then the data. A file whose
 //! envelope, checksum or header does not match this device is rejected ([`CacheRejected`]) and the
-//! run starts cold. The file is replaced atomically (written beside it, synced, renamed).
+//! run starts cold. The file is replaced atomically (written beside it, synced, renamed); the file
+//! beside it, `FILE.tmp`, is created exclusively ([`create_exclusive`]), so a link put there while
+//! the run goes on is never written through, and FILE never becomes one.
 //!
 //! **Journal** (`FILE.journal`): what an interrupted run had finished. Its first line names the
 //! device (`emuhost-prepare-journal 1 VENDOR DEVICE UUID`); each line after it is the key of a
@@ -93,14 +95,29 @@ pub fn unwrap<'a>(file: &'a [u8], dev: &DeviceInfo) -> Result<&'a [u8], CacheRej
     Ok(data)
 }
 
-/// Writes `bytes` to `path` atomically: a file beside it, synced, renamed over it.
+/// Writes `bytes` to `path` atomically: a file beside it (`FILE.tmp`, created exclusively),
+/// synced, renamed over it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
     let tmp = sibling(path, ".tmp");
     let io = |source| PrepareError::Io { path: tmp.clone(), source };
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    let mut f = create_exclusive(&tmp).map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|source| PrepareError::Io { path: path.to_path_buf(), source })
+}
+
+/// Creates `path` afresh for writing, never through a link. What is there goes first (the
+/// directory entry only: a link is removed, not what it points to; [`check_ours`] found it
+/// emuhost's at the start of the run, or a killed run left it); the file is then created with
+/// `O_CREAT | O_EXCL`, which never follows a link, so anything put there in between is refused
+/// (`AlreadyExists`) rather than written through.
+pub fn create_exclusive(path: &Path) -> std::io::Result<std::fs::File> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new().write(true).create_new(true).open(path)
 }
 
 /// `path` with `suffix` added to its file name.
@@ -229,6 +246,40 @@ mod tests {
         bad_header[4] = 2;
         assert!(matches!(unwrap(&wrap(&bad_header), &dev()), Err(CacheRejected::Header { version: 2, .. })));
         assert!(matches!(unwrap(&wrap(b"short"), &dev()), Err(CacheRejected::Header { .. })));
+    }
+
+    /// A fresh folder for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("emuhost-prepare-cache-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A link planted at the temporary name after the start-of-run check (`check_ours`), to a
+    /// user's file or to nowhere: the save neither writes through it nor leaves the cache file a
+    /// link.
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_written_through() {
+        let dir = scratch("link");
+        let file = dir.join("c.vkpc");
+        let precious = dir.join("precious");
+        let nowhere = dir.join("nowhere");
+        std::fs::write(&precious, b"a user's file").unwrap();
+        check_ours(&file).unwrap();
+        for (n, target) in [&precious, &nowhere].into_iter().enumerate() {
+            std::os::unix::fs::symlink(target, sibling(&file, ".tmp")).unwrap();
+            let bytes = wrap(format!("cache {n}").as_bytes());
+            write_atomic(&file, &bytes).unwrap();
+            assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file", "{target:?}: the link's target untouched");
+            assert!(!nowhere.exists(), "{target:?}: a dangling link's target not made");
+            assert!(std::fs::symlink_metadata(&file).unwrap().file_type().is_file(), "{target:?}: FILE a regular file");
+            assert_eq!(std::fs::read(&file).unwrap(), bytes);
+        }
+        let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, ["c.vkpc", "precious"], "no temporary file or link left");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

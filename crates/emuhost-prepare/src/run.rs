@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::cache::{check_ours, journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
+use super::cache::{check_ours, create_exclusive, journal_header, parse_journal, sibling, unwrap, wrap, write_atomic};
 use super::corpus::{Corpus, Program, Variant};
 use super::error::CacheRejected;
 use super::translate::{self, Spirv};
@@ -401,16 +401,27 @@ fn open_journal(
     let io = |source| PrepareError::Io { path: journal_path.to_path_buf(), source };
     Ok(match (has_cache, journal_start) {
         (false, _) => None,
-        (true, JournalStart::Resumed { .. }) => {
-            Some(std::fs::OpenOptions::new().append(true).open(journal_path).map_err(io)?)
-        }
+        (true, JournalStart::Resumed { .. }) => Some(open_append(journal_path).map_err(io)?),
         (true, _) => {
-            let mut f = File::create(journal_path).map_err(io)?;
+            let mut f = create_exclusive(journal_path).map_err(io)?;
             // One write: the header is whole or the file is empty (both known to be ours).
             f.write_all(format!("{}\n", journal_header(dev)).as_bytes()).map_err(io)?;
             Some(f)
         }
     })
+}
+
+/// Opens the journal a run resumes, to append to it, and makes sure it opened the file at `path`
+/// itself: a link put there since the run began (it checked that the journal was a regular file)
+/// is refused before anything is written, and what it points to is left as it is.
+fn open_append(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::MetadataExt as _;
+    let f = std::fs::OpenOptions::new().append(true).open(path)?;
+    let (opened, named) = (f.metadata()?, std::fs::symlink_metadata(path)?);
+    if !named.file_type().is_file() || (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+        return Err(std::io::Error::other("not the regular file the run began with (a link put there since?)"));
+    }
+    Ok(f)
 }
 
 /// What phase 1 made: each variant's SPIR-V (program, variant, key), in corpus order.
@@ -561,5 +572,56 @@ pub fn parse_vm_hwm(status: &str) -> Option<u64> {
     match (f.next(), f.next()) {
         (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> DeviceInfo {
+        DeviceInfo {
+            name: "test".into(),
+            vendor_id: 0x10de,
+            device_id: 0x2335,
+            driver_version: 1,
+            pipeline_cache_uuid: [7; 16],
+            api_version: 0,
+            max_workgroup_invocations: 1024,
+            max_workgroup_size: [1024, 1024, 64],
+            creation_feedback: true,
+        }
+    }
+
+    /// A link planted at `FILE.journal` after the start-of-run check, to a user's file: a new
+    /// journal is made in its place, a resumed one is refused; the user's file is never written.
+    #[test]
+    fn a_link_planted_at_the_journal_is_not_written_through() {
+        let dir = std::env::temp_dir().join(format!("emuhost-prepare-run-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let journal = dir.join("c.vkpc.journal");
+        let precious = dir.join("precious");
+        std::fs::write(&precious, b"a user's file\n").unwrap();
+        for start in [JournalStart::None, JournalStart::Discarded("test".into())] {
+            std::os::unix::fs::symlink(&precious, &journal).unwrap();
+            let f = open_journal(true, &start, &journal, &dev()).unwrap();
+            drop(f);
+            assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file\n", "{start:?}");
+            assert!(std::fs::symlink_metadata(&journal).unwrap().file_type().is_file(), "{start:?}");
+            assert_eq!(std::fs::read_to_string(&journal).unwrap(), format!("{}\n", journal_header(&dev())));
+            std::fs::remove_file(&journal).unwrap();
+        }
+        std::os::unix::fs::symlink(&precious, &journal).unwrap();
+        let e = open_journal(true, &JournalStart::Resumed { skipped: 0 }, &journal, &dev()).unwrap_err();
+        assert!(e.to_string().contains(journal.to_str().unwrap()), "{e}");
+        assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file\n");
+        // A journal that is a file is appended to, as before.
+        std::fs::remove_file(&journal).unwrap();
+        std::fs::write(&journal, format!("{}\n", journal_header(&dev()))).unwrap();
+        let f = open_journal(true, &JournalStart::Resumed { skipped: 0 }, &journal, &dev()).unwrap();
+        writeln!(f.unwrap(), "{:016x}", 5).unwrap();
+        assert!(std::fs::read_to_string(&journal).unwrap().ends_with("\n0000000000000005\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

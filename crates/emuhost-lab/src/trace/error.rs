@@ -96,6 +96,9 @@ pub enum TraceError {
     /// An event handed to a writer or recorder that no reader would accept.
     #[error("event {number} rejected: {what}")]
     Rejected { number: u64, what: Malformed },
+    /// A header handed to a writer that no reader would accept.
+    #[error("header rejected: {what}")]
+    HeaderRejected { what: Malformed },
     #[error("synthetic session: {what}")]
     BadConfig { what: String },
     #[error("the trace was already finished")]
@@ -111,10 +114,12 @@ impl TraceError {
         }
     }
 
-    /// What was wrong, for a malformed line or a rejected event.
+    /// What was wrong, for a malformed line or a rejected event or header.
     pub fn malformed(&self) -> Option<&Malformed> {
         match self {
-            TraceError::Malformed { what, .. } | TraceError::Rejected { what, .. } => Some(what),
+            TraceError::Malformed { what, .. }
+            | TraceError::Rejected { what, .. }
+            | TraceError::HeaderRejected { what } => Some(what),
             _ => None,
         }
     }

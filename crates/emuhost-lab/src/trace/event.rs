@@ -148,9 +148,14 @@ impl Default for Header {
 }
 
 impl Header {
-    /// Adds a `KEY=VALUE` option (neither may hold whitespace or `=` in the key).
+    /// Adds a `KEY=VALUE` option, or sets its value where the header has it already (an option
+    /// is written once). Neither may hold whitespace, nor the key `=`; the key is not `window`
+    /// (the field): a writer refuses a header a reader would not read.
     pub fn option(mut self, key: &str, value: impl fmt::Display) -> Self {
-        self.options.push((key.to_owned(), value.to_string()));
+        match self.options.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = value.to_string(),
+            None => self.options.push((key.to_owned(), value.to_string())),
+        }
         self
     }
 

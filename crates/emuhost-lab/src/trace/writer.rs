@@ -67,6 +67,8 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn start(mut sink: Sink<W>, header: Header) -> Result<Self, TraceError> {
+        // What is written always reads back: the header too.
+        Header::parse(&header.to_string()).map_err(|what| TraceError::HeaderRejected { what })?;
         writeln!(sink.out(), "{header}").map_err(|source| TraceError::Write { source })?;
         Ok(Self { sink: Some(sink), header, seq: Sequence::default(), line: String::with_capacity(128) })
     }
@@ -240,6 +242,21 @@ mod tests {
         let out = String::from_utf8(w.finish().unwrap()).unwrap();
         assert_eq!(out, "emuhost-trace 1 window=0x8000000000\n5 r frame 0\nend 1\n");
         assert_eq!(read_str(&out).unwrap().1.len(), 1);
+    }
+
+    #[test]
+    fn a_header_option_is_written_once_and_a_header_no_reader_reads_is_refused() {
+        // Set twice: the later value, written once.
+        let h = Header::default().option("seed", 1).option("source", "synth").option("seed", 2);
+        let out = String::from_utf8(TraceWriter::new(Vec::new(), h).unwrap().finish().unwrap()).unwrap();
+        assert_eq!(out, "emuhost-trace 1 window=0x8000000000 seed=2 source=synth\nend 0\n");
+        assert_eq!(read_str(&out).unwrap().0.get("seed"), Some("2"));
+        // `window` is the header's field: as an option it would be given twice.
+        let e = TraceWriter::new(Vec::new(), Header::default().option("window", "0x1000")).err().unwrap();
+        assert!(e.to_string().contains("header option \"window\" is given twice"), "{e}");
+        assert!(matches!(e.malformed(), Some(Malformed::HeaderOptionTwice(k)) if k == "window"), "{e}");
+        let e = TraceWriter::new(Vec::new(), Header::default().option("a b", 1)).err().unwrap();
+        assert!(e.malformed().is_some(), "{e}");
     }
 
     #[test]

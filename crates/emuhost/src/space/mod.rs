@@ -1058,14 +1058,21 @@ impl Space {
         self.res.write(addr.0 as usize, data).map_err(|e| SpaceError::os("write", addr.0, len, e))
     }
 
-    /// Stores `data` at `addr` with the CPU, as guest code would (one atomic byte store at a
-    /// time), after checking that the store cannot kill the process: every page must be the
-    /// space's own and committed writable (a write tracker may have taken write access away for
-    /// now: its handler gives it back). An error where not. The check is a region query, and no
-    /// decommit or protection runs until the store is done (it works inside
-    /// [`crate::watch::Tracker::host_write`] too); hot paths that know their pages use
-    /// [`Space::store_unchecked`].
-    #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
+    /// Stores `data` at `addr` as a guest store would land, without ever faulting: every page
+    /// must be the space's own and committed writable (a write tracker may have taken write
+    /// access away for now), else an error and nothing is stored. The check is a region query, and
+    /// no decommit or protection runs until the store is done (it works inside
+    /// [`crate::watch::Tracker::host_write`] too).
+    ///
+    /// The bytes are copied by the kernel (`process_vm_writev`, as [`Space::write`] does), which
+    /// refuses a page without write access instead of faulting. A page an `mprotect` write
+    /// tracker armed is made writable and marked written there, as its fault handler does for a
+    /// store by the CPU, so the next collect reports it, whatever the thread's signal mask and
+    /// whether or not a handler is installed yet; with uffd the kernel records the write itself.
+    /// Any other page the kernel refuses (its access was taken away behind the space's back, by
+    /// the embedder's own `mprotect`, say) is [`SpaceError::NotWritable`]: the bytes before that
+    /// page are stored, none after. Hot paths that know their pages use
+    /// [`Space::store_unchecked`] (a store by the CPU).
     pub fn store(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
         let len = data.len() as u64;
         self.check_bytes(addr, len)?;
@@ -1082,13 +1089,15 @@ impl Space {
         if !writable || !covers(&regions, base + a as usize, base + b as usize) {
             return Err(SpaceError::NotWritable { addr: addr.0, len });
         }
-        // SAFETY: every page is the space's own and committed writable (checked just above); a
-        // page without write access now is one a write tracker armed, whose handler gives access
-        // back. The record's lock, held until this returns, keeps every decommit and protection
-        // out.
-        let stored = unsafe { self.res.store(addr.0 as usize, data) };
+        // The record's lock, held until this returns, keeps every decommit and protection out. A
+        // page the kernel refuses goes to the write trackers' fault handling, which makes it
+        // writable only where a tracker armed it and the guest may write it.
+        let stored = self.res.write_claiming(addr.0 as usize, data, crate::sys::segv::fault);
         drop(rec);
-        stored.map_err(|e| SpaceError::os("store", addr.0, len, e))
+        stored.map_err(|e| match e.raw_os_error() {
+            Some(libc::EFAULT) => SpaceError::NotWritable { addr: addr.0, len },
+            _ => SpaceError::os("store", addr.0, len, e),
+        })
     }
 
     /// Stores `data` at `addr` with the CPU, as guest code would (one atomic byte store at a time),

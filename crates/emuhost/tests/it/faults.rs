@@ -352,7 +352,9 @@ child_test!(a_foreign_sigsegv_reaches_the_handler_installed_before_ours, &[], |l
         t.arm(whole).unwrap();
         assert_eq!(foreign.touch(0xa5).unwrap(), 0xa5, "the store completed");
         assert_eq!((foreign.calls(), foreign.resolved()), (1, 1), "the prior handler ran once");
-        space.store(GuestAddr(2 * p), &[1]).unwrap();
+        // A store by the CPU (`Space::store` never faults).
+        // SAFETY: the page is committed read-write and armed; emuhost's handler takes its fault.
+        unsafe { space.store_unchecked(GuestAddr(2 * p), &[1]) }.unwrap();
         assert_eq!(t.collect(whole).unwrap().runs, vec![PageRun { start: GuestAddr(2 * p), pages: 1 }]);
         assert_eq!(foreign.calls(), 1, "a write to an armed page is ours and not passed on");
         assert_eq!(foreign.touch(0x5a).unwrap(), 0x5a);

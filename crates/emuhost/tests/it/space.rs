@@ -2,6 +2,7 @@ use std::io::{Read, Seek, SeekFrom};
 
 use emuhost::counters;
 use emuhost::space::{CommitPath, GuestAddr, GuestRange, Prot, Space, SpaceConfig, SpaceError, page_size};
+use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -480,6 +481,108 @@ fn store_checks_that_it_cannot_fault() {
     s.decommit(pages(&s, 0, 2)).unwrap();
     assert!(matches!(s.store(GuestAddr(0), &[1]), Err(SpaceError::NotWritable { .. })));
     assert!(s.store(GuestAddr(0), &[]).is_ok());
+}
+
+/// Runs the test `space::<name>` alone in a child process (a `SIGSEGV` there fails this test, not
+/// the test binary); returns true in the child, where the caller runs the body.
+fn in_child(name: &str) -> bool {
+    if std::env::var_os(crate::watch_gate::ALONE).is_some() {
+        return true;
+    }
+    crate::watch_gate::in_child_alone(&format!("space::{name}"));
+    false
+}
+
+/// The host address of guest address `at`, as a pointer for a system call.
+fn host_ptr(s: &Space, at: u64) -> *mut libc::c_void {
+    s.host_addr(GuestAddr(at)).unwrap() as *mut libc::c_void
+}
+
+/// Issue 33, item 5: the embedder made a page read-only itself (inside [`Space::changing`]) where
+/// the space committed it read-write: a store to it raised `SIGSEGV`. It is an error naming the
+/// store, and the pages around it take stores as before.
+#[test]
+fn store_to_a_page_the_embedder_made_read_only_is_an_error() {
+    if !in_child("store_to_a_page_the_embedder_made_read_only_is_an_error") {
+        return;
+    }
+    let s = space();
+    s.commit(pages(&s, 0, 4), Prot::READ_WRITE).unwrap();
+    {
+        let _change = s.changing();
+        // SAFETY: page 1 is committed in this test's own space and no reference points into it.
+        assert_eq!(unsafe { libc::mprotect(host_ptr(&s, page()), page() as usize, libc::PROT_READ) }, 0);
+    }
+    for (at, len) in [(page() + 8, 1), (page() - 2, 4), (0, 4 * page())] {
+        let e = s.store(GuestAddr(at), &vec![1; len as usize]).unwrap_err();
+        assert!(matches!(e, SpaceError::NotWritable { .. }), "{e}");
+        assert!(e.to_string().starts_with(&format!("store {at:#x}+{len:#x} refused")), "{e}");
+    }
+    assert_eq!(first_byte(&s, page()).unwrap(), 0, "nothing was stored on the read-only page");
+    s.store(GuestAddr(2 * page() + 3), b"still").unwrap();
+    let mut b = [0u8; 5];
+    s.read(GuestAddr(2 * page() + 3), &mut b).unwrap();
+    assert_eq!(&b, b"still");
+}
+
+/// Issue 33, item 5: with the mprotect backend, a store to an armed page from a thread that blocks
+/// `SIGSEGV` killed the process (the kernel forces a blocked fault signal to its default action).
+/// It lands, and the next collect reports it.
+#[test]
+fn store_to_an_armed_page_from_a_thread_that_blocks_sigsegv_lands_and_is_reported() {
+    if !in_child("store_to_an_armed_page_from_a_thread_that_blocks_sigsegv_lands_and_is_reported") {
+        return;
+    }
+    let s = std::sync::Arc::new(space());
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
+    t.arm(r).unwrap();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // SAFETY: a mask built with sigemptyset/sigaddset, set for this thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGSEGV);
+                assert_eq!(libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()), 0);
+            }
+            s.store(GuestAddr(3 * page() + 5), &[7]).unwrap();
+            s.store(GuestAddr(6 * page() - 1), &[8, 9]).unwrap();
+        });
+    });
+    let runs: Vec<(u64, u64)> = t.collect(r).unwrap().runs.iter().map(|r| (r.start.0 / page(), r.pages)).collect();
+    assert_eq!(runs, vec![(3, 1), (5, 2)]);
+    assert_eq!(first_byte(&s, 3 * page() + 5).unwrap(), 7);
+    assert_eq!(first_byte(&s, 6 * page()).unwrap(), 9);
+    assert_eq!(t.collect(r).unwrap().pages(), 0, "armed again");
+}
+
+/// Issue 33, item 5: a tracker whose embedder handles the faults (no handler of emuhost's): a
+/// store to an armed page before the embedder's handler is installed raised `SIGSEGV`. It lands,
+/// and the next collect reports it.
+#[test]
+fn store_to_an_armed_page_before_the_embedders_handler_is_in_lands_and_is_reported() {
+    if !in_child("store_to_an_armed_page_before_the_embedders_handler_is_in_lands_and_is_reported") {
+        return;
+    }
+    let s = std::sync::Arc::new(space());
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    let config = TrackerConfig::default().backend(Some(BackendKind::Mprotect)).embedder_handles_faults(true);
+    let t = Tracker::with_config(&s, &config).unwrap();
+    t.arm(r).unwrap();
+    s.store(GuestAddr(2 * page() + 1), b"no handler").unwrap();
+    let runs: Vec<(u64, u64)> = t.collect(r).unwrap().runs.iter().map(|r| (r.start.0 / page(), r.pages)).collect();
+    assert_eq!(runs, vec![(2, 1)]);
+    let mut b = [0u8; 10];
+    s.read(GuestAddr(2 * page() + 1), &mut b).unwrap();
+    assert_eq!(&b, b"no handler");
+    // Still armed: the next store is reported too, and a page the guest made read-only is refused.
+    s.store(GuestAddr(2 * page()), &[1]).unwrap();
+    assert_eq!(t.collect(r).unwrap().pages(), 1);
+    s.protect(pages(&s, 4, 1), Prot::READ).unwrap();
+    assert!(matches!(s.store(GuestAddr(4 * page()), &[1]), Err(SpaceError::NotWritable { .. })));
 }
 
 #[cfg(feature = "faults")]

@@ -358,7 +358,29 @@ impl Reservation {
     /// Copies `data` into the reservation at `off` (any alignment). Fails with `EFAULT`, never
     /// faults, where a page is not writable.
     pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
-        self.copy(off, data.as_ptr() as *mut u8, data.len(), true)
+        self.write_claiming(off, data, |_| false)
+    }
+
+    /// [`Reservation::write`] that, where a page refuses the write (`EFAULT`), asks `claim` with
+    /// the host address it stopped at whether the page can be made writable now (a write
+    /// tracker's armed page: what its fault handler does for a store by the CPU), and goes on
+    /// from there if so. Fails with `EFAULT` where `claim` says no: the bytes before that page are
+    /// written, none after. Never faults.
+    pub fn write_claiming(&self, off: usize, data: &[u8], mut claim: impl FnMut(usize) -> bool) -> io::Result<()> {
+        let end = off.checked_add(data.len()).ok_or_else(einval)?;
+        if end > self.len {
+            return Err(einval());
+        }
+        let mut done = 0;
+        loop {
+            // SAFETY: `data` is a live slice of its length (only read from); the remote range was
+            // checked to lie inside this reservation, which no Rust reference points into.
+            let r = unsafe { vm_copy(data.as_ptr() as *mut u8, self.base + off, data.len(), true, &mut done) };
+            match r {
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) && claim(self.base + off + done) => continue,
+                r => return r,
+            }
+        }
     }
 
     /// Stores `data` at `off` with the CPU, as guest code would, one atomic byte store at a time
@@ -386,7 +408,7 @@ impl Reservation {
     /// Copies bytes out of the reservation at `off` into `buf`. Fails with `EFAULT` where a page
     /// is not readable.
     pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
-        self.copy(off, buf.as_mut_ptr(), buf.len(), false)
+        self.copy(off, buf.as_mut_ptr(), buf.len())
     }
 
     /// Writes zeros over `off..off + len` in place: the pages stay mapped (and pinned pages stay
@@ -422,30 +444,31 @@ impl Reservation {
         Ok(())
     }
 
-    fn copy(&self, off: usize, local: *mut u8, len: usize, write: bool) -> io::Result<()> {
+    fn copy(&self, off: usize, local: *mut u8, len: usize) -> io::Result<()> {
         let end = off.checked_add(len).ok_or_else(einval)?;
         if end > self.len {
             return Err(einval());
         }
-        // SAFETY: `local` points to `len` bytes the caller borrowed (mutably for a read); the
-        // remote range was checked to lie inside this reservation, which no Rust reference points
-        // into.
-        unsafe { vm_copy(local, self.base + off, len, write) }
+        // SAFETY: `local` points to `len` bytes the caller borrowed mutably; the remote range was
+        // checked to lie inside this reservation, and a read changes none of it.
+        unsafe { vm_copy(local, self.base + off, len, false, &mut 0) }
     }
 }
 
 /// Copies `len` bytes between `local` and host address `remote` of this process through the page
 /// tables (`process_vm_readv`/`process_vm_writev`): a page the protection forbids or that is not
-/// mapped fails with `EFAULT` instead of faulting.
+/// mapped fails with `EFAULT` instead of faulting. Starts at byte `*done` and keeps it at the
+/// bytes copied so far, so that after a failure it names where the copy stopped (in the page
+/// that refused it) and a call again goes on from there.
 ///
 /// # Safety
 /// `local` must point to `len` bytes valid for the copy's direction. For a write, `remote..+len`
 /// must be memory no Rust reference points into (guest memory of a reservation).
-unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let l = libc::iovec { iov_base: local.wrapping_add(done) as *mut libc::c_void, iov_len: len - done };
-        let r_iov = libc::iovec { iov_base: (remote + done) as *mut libc::c_void, iov_len: len - done };
+unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool, done: &mut usize) -> io::Result<()> {
+    while *done < len {
+        let done_now = *done;
+        let l = libc::iovec { iov_base: local.wrapping_add(done_now) as *mut libc::c_void, iov_len: len - done_now };
+        let r_iov = libc::iovec { iov_base: (remote + done_now) as *mut libc::c_void, iov_len: len - done_now };
         count(Call::Copy);
         // SAFETY: the caller's contract covers both iovecs; the kernel copies through the page
         // tables and fails with EFAULT on a page the protection forbids.
@@ -462,7 +485,7 @@ unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool) -> io:
         if r == 0 {
             return Err(io::Error::from_raw_os_error(libc::EFAULT));
         }
-        done += r as usize;
+        *done += r as usize;
     }
     Ok(())
 }
@@ -471,7 +494,7 @@ unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool) -> io:
 /// fault, where a page is not readable or not mapped.
 pub fn read_host(remote: usize, buf: &mut [u8]) -> io::Result<()> {
     // SAFETY: `buf` is a live, writable slice of its length, and a read changes no remote memory.
-    unsafe { vm_copy(buf.as_mut_ptr(), remote, buf.len(), false) }
+    unsafe { vm_copy(buf.as_mut_ptr(), remote, buf.len(), false, &mut 0) }
 }
 
 impl Drop for Reservation {

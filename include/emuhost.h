@@ -72,6 +72,19 @@
 // Anything else (the message says what).
 #define EMUHOST_ERROR_OTHER 11
 
+// Pages the space has not committed (reserved: never committed, or decommitted) where the call
+// needs committed ones: a zero, populate, read or write there, a binding over them (the message
+// names the first run of them).
+#define EMUHOST_ERROR_NOT_COMMITTED 12
+
+// Committed pages whose protection does not allow the call: a write to read-only pages, a read
+// of inaccessible ones (the message names the first run of them and their protection).
+#define EMUHOST_ERROR_PROTECTION 13
+
+// Something is mapped where the call would map: `emuhost_space_reserve_at` over a mapping
+// (the message names it).
+#define EMUHOST_ERROR_EXISTS 14
+
 // Readable by the guest.
 #define EMUHOST_PROT_READ 1
 
@@ -390,7 +403,8 @@ struct emuhost_error_t *emuhost_importer_delete(struct emuhost_importer_t *impor
 // `gpu` is NULL or writable; `buf` points to `cap` writable bytes; `len` is NULL or writable.
 struct emuhost_error_t *emuhost_importer_backend(const struct emuhost_importer_t *importer, uint32_t *gpu, char *buf, size_t cap, size_t *len);
 
-// Registers a game pool `lo..lo + size` (pools may overlap); `id` receives its id.
+// Registers a game pool `lo..lo + size` (pools may overlap); `id` receives its id. A pool that
+// runs past the window's end is `EMUHOST_ERROR_OUT_OF_RANGE`.
 //
 // # Safety
 // `id` is NULL or writable.
@@ -405,7 +419,9 @@ struct emuhost_error_t *emuhost_importer_remove_pool(const struct emuhost_import
 // pools (`pools` policy; a part first where the pools would take too long) or their chunks
 // (`chunks`: spanned over the pools across the ends). `out` receives the device objects and the
 // offset. A refused import (the driver failed, or the range is cooling) is
-// `EMUHOST_ERROR_REFUSED`: go on without it.
+// `EMUHOST_ERROR_REFUSED`: go on without it. Bytes outside the window are
+// `EMUHOST_ERROR_OUT_OF_RANGE`, and bytes over pages not committed `EMUHOST_ERROR_NOT_COMMITTED`:
+// nothing is tried, and nothing is held cooling.
 //
 // # Safety
 // `out` is NULL or writable.
@@ -509,7 +525,7 @@ struct emuhost_error_t *emuhost_space_reserve(uint64_t window, uint64_t guard, s
 
 // Reserves a window of `window` bytes at host address `base` (page-aligned), with `guard`
 // bytes of guard pages below and above it. Never replaces a mapping: where anything is mapped
-// in the range (guards included) it fails naming it.
+// in the range (guards included) it fails naming it (`EMUHOST_ERROR_EXISTS`).
 //
 // # Safety
 // `out` is NULL or writable.
@@ -555,6 +571,7 @@ struct emuhost_error_t *emuhost_space_decommit(const struct emuhost_space_t *spa
 struct emuhost_error_t *emuhost_space_protect(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits);
 
 // Zeroes the range in place (pages stay committed and mapped, so GPU imports of them stay valid).
+// Pages not committed are `EMUHOST_ERROR_NOT_COMMITTED`, read-only ones `EMUHOST_ERROR_PROTECTION`.
 struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Marks a change of the mappings of the space's window that the caller makes itself (its own
@@ -590,19 +607,23 @@ struct emuhost_error_t *emuhost_space_long_read_begin(const struct emuhost_space
 // is `EMUHOST_ERROR_BAD_HANDLE`).
 struct emuhost_error_t *emuhost_long_read_end(struct emuhost_long_read_t *read);
 
-// Faults the range's pages in ahead of use (they must be committed writable), so a later GPU
-// import pays for pinning only.
+// Faults the range's pages in ahead of use (they must be committed writable, else
+// `EMUHOST_ERROR_NOT_COMMITTED` or `EMUHOST_ERROR_PROTECTION`), so a later GPU import pays for
+// pinning only.
 struct emuhost_error_t *emuhost_space_populate(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Copies `len` bytes from `data` into guest memory at `addr` (any alignment), through the kernel:
-// an error, never a fault, where a page is not writable or outside the window.
+// an error, never a fault, where a page is not writable or outside the window (pages not
+// committed: `EMUHOST_ERROR_NOT_COMMITTED`; committed without write access:
+// `EMUHOST_ERROR_PROTECTION`; the bytes before such a page are written).
 //
 // # Safety
 // `data` points to `len` readable bytes (may be NULL when `len` is 0).
 struct emuhost_error_t *emuhost_space_write(const struct emuhost_space_t *space, uint64_t addr, const void *data, size_t len);
 
 // Copies `len` bytes of guest memory at `addr` into `buf`: an error, never a fault, where a page
-// is not readable or outside the window.
+// is not readable or outside the window (pages not committed: `EMUHOST_ERROR_NOT_COMMITTED`;
+// committed without read access: `EMUHOST_ERROR_PROTECTION`).
 //
 // # Safety
 // `buf` points to `len` writable bytes (may be NULL when `len` is 0).

@@ -34,6 +34,16 @@ pub const EMUHOST_ERROR_SETTING: u32 = 9;
 pub const EMUHOST_ERROR_PANIC: u32 = 10;
 /// Anything else (the message says what).
 pub const EMUHOST_ERROR_OTHER: u32 = 11;
+/// Pages the space has not committed (reserved: never committed, or decommitted) where the call
+/// needs committed ones: a zero, populate, read or write there, a binding over them (the message
+/// names the first run of them).
+pub const EMUHOST_ERROR_NOT_COMMITTED: u32 = 12;
+/// Committed pages whose protection does not allow the call: a write to read-only pages, a read
+/// of inaccessible ones (the message names the first run of them and their protection).
+pub const EMUHOST_ERROR_PROTECTION: u32 = 13;
+/// Something is mapped where the call would map: `emuhost_space_reserve_at` over a mapping
+/// (the message names it).
+pub const EMUHOST_ERROR_EXISTS: u32 = 14;
 
 /// An error a call returned (opaque). Owned by the caller: delete it with `emuhost_error_delete`.
 ///
@@ -95,6 +105,9 @@ fn space_code(e: &SpaceError) -> u32 {
         | SpaceError::Held { .. }
         | SpaceError::Foreign { .. }
         | SpaceError::NotWritable { .. } => EMUHOST_ERROR_REFUSED,
+        SpaceError::NotCommitted { .. } => EMUHOST_ERROR_NOT_COMMITTED,
+        SpaceError::Protection { .. } => EMUHOST_ERROR_PROTECTION,
+        SpaceError::Exists { .. } => EMUHOST_ERROR_EXISTS,
         SpaceError::Reserve { .. } | SpaceError::ReserveAt { .. } | SpaceError::Os { .. } => EMUHOST_ERROR_OS,
         // What the space module may add (its errors are `#[non_exhaustive]`).
         _ => EMUHOST_ERROR_OTHER,
@@ -128,6 +141,8 @@ impl From<WatchError> for Error {
 fn import_code(e: &ImportError) -> u32 {
     match e {
         ImportError::Space(s) => space_code(s),
+        ImportError::OutOfWindow { .. } => EMUHOST_ERROR_OUT_OF_RANGE,
+        ImportError::NotCommitted { .. } => EMUHOST_ERROR_NOT_COMMITTED,
         ImportError::BadChunk { .. }
         | ImportError::EmptyBinding { .. }
         | ImportError::BindingWraps { .. }

@@ -266,7 +266,8 @@ pub unsafe extern "C" fn emuhost_importer_backend(
     })
 }
 
-/// Registers a game pool `lo..lo + size` (pools may overlap); `id` receives its id.
+/// Registers a game pool `lo..lo + size` (pools may overlap); `id` receives its id. A pool that
+/// runs past the window's end is `EMUHOST_ERROR_OUT_OF_RANGE`.
 ///
 /// # Safety
 /// `id` is NULL or writable.
@@ -305,7 +306,9 @@ pub extern "C" fn emuhost_importer_remove_pool(importer: *const emuhost_importer
 /// pools (`pools` policy; a part first where the pools would take too long) or their chunks
 /// (`chunks`: spanned over the pools across the ends). `out` receives the device objects and the
 /// offset. A refused import (the driver failed, or the range is cooling) is
-/// `EMUHOST_ERROR_REFUSED`: go on without it.
+/// `EMUHOST_ERROR_REFUSED`: go on without it. Bytes outside the window are
+/// `EMUHOST_ERROR_OUT_OF_RANGE`, and bytes over pages not committed `EMUHOST_ERROR_NOT_COMMITTED`:
+/// nothing is tried, and nothing is held cooling.
 ///
 /// # Safety
 /// `out` is NULL or writable.

@@ -94,7 +94,7 @@ pub unsafe extern "C" fn emuhost_space_reserve(
 
 /// Reserves a window of `window` bytes at host address `base` (page-aligned), with `guard`
 /// bytes of guard pages below and above it. Never replaces a mapping: where anything is mapped
-/// in the range (guards included) it fails naming it.
+/// in the range (guards included) it fails naming it (`EMUHOST_ERROR_EXISTS`).
 ///
 /// # Safety
 /// `out` is NULL or writable.
@@ -228,6 +228,7 @@ pub extern "C" fn emuhost_space_protect(
 }
 
 /// Zeroes the range in place (pages stay committed and mapped, so GPU imports of them stay valid).
+/// Pages not committed are `EMUHOST_ERROR_NOT_COMMITTED`, read-only ones `EMUHOST_ERROR_PROTECTION`.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_zero(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_zero", addr, len, |s, r| Ok(s.zero(r)?))
@@ -324,15 +325,18 @@ pub extern "C" fn emuhost_long_read_end(read: *mut emuhost_long_read_t) -> *mut 
     entry(|| handle::delete::<OwnedLongRead>(read))
 }
 
-/// Faults the range's pages in ahead of use (they must be committed writable), so a later GPU
-/// import pays for pinning only.
+/// Faults the range's pages in ahead of use (they must be committed writable, else
+/// `EMUHOST_ERROR_NOT_COMMITTED` or `EMUHOST_ERROR_PROTECTION`), so a later GPU import pays for
+/// pinning only.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_populate(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_populate", addr, len, |s, r| Ok(s.populate(r)?))
 }
 
 /// Copies `len` bytes from `data` into guest memory at `addr` (any alignment), through the kernel:
-/// an error, never a fault, where a page is not writable or outside the window.
+/// an error, never a fault, where a page is not writable or outside the window (pages not
+/// committed: `EMUHOST_ERROR_NOT_COMMITTED`; committed without write access:
+/// `EMUHOST_ERROR_PROTECTION`; the bytes before such a page are written).
 ///
 /// # Safety
 /// `data` points to `len` readable bytes (may be NULL when `len` is 0).
@@ -352,7 +356,8 @@ pub unsafe extern "C" fn emuhost_space_write(
 }
 
 /// Copies `len` bytes of guest memory at `addr` into `buf`: an error, never a fault, where a page
-/// is not readable or outside the window.
+/// is not readable or outside the window (pages not committed: `EMUHOST_ERROR_NOT_COMMITTED`;
+/// committed without read access: `EMUHOST_ERROR_PROTECTION`).
 ///
 /// # Safety
 /// `buf` points to `len` writable bytes (may be NULL when `len` is 0).

@@ -528,7 +528,7 @@ fn an_adopted_window_goes_back_to_the_caller_reserved() {
         ok(emuhost_space_delete(s));
         // Still mapped (reserved): a window cannot be reserved over it.
         let mut again = null_mut();
-        fails(emuhost_space_reserve_at(base, len, 0, &mut again), EMUHOST_ERROR_OS, "reserving host range");
+        fails(emuhost_space_reserve_at(base, len, 0, &mut again), EMUHOST_ERROR_EXISTS, "is mapped there");
         assert_eq!(libc::munmap(base, len as usize), 0);
         // Unmapped now: not a reservation to adopt.
         fails(emuhost_space_adopt(base, len, &mut again), EMUHOST_ERROR_REFUSED, "adopting host range");
@@ -553,7 +553,7 @@ fn protect_zero_populate_and_commit_reserved() {
         ok(emuhost_space_read(s, 16, back.as_mut_ptr().cast(), 5));
         assert_eq!(back, [0; 5]);
         ok(emuhost_space_protect(s, 0, p, EMUHOST_PROT_READ));
-        assert!(outcome(emuhost_space_write(s, 16, b"x".as_ptr().cast(), 1)).is_some(), "a read-only page was written");
+        fails(emuhost_space_write(s, 16, b"x".as_ptr().cast(), 1), EMUHOST_ERROR_PROTECTION, "are r--");
         fails(emuhost_space_protect(s, 8 * p, p, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
         ok(emuhost_space_delete(s));
     }
@@ -598,5 +598,46 @@ fn fault_switches_are_installed_once() {
             fails(e, EMUHOST_ERROR_SETTING, "no fault injection");
         }
         ok(emuhost_settings_delete(st));
+    }
+}
+
+/// Issue 33, item 11: caller mistakes have codes of their own, not `EMUHOST_ERROR_OS` with errno
+/// text (nor OK, nor REFUSED): a pool or binding outside the window (`OUT_OF_RANGE`), a zero,
+/// populate, read or write over pages not committed and a binding over them (`NOT_COMMITTED`), a
+/// write to read-only pages (`PROTECTION`), a window reserved over a mapping (`EXISTS`).
+#[test]
+fn caller_mistakes_have_codes_of_their_own() {
+    let p = page();
+    let s = space(4096);
+    // SAFETY: out-pointers and buffers are locals with their lengths.
+    unsafe {
+        let rw = EMUHOST_PROT_READ | EMUHOST_PROT_WRITE;
+        ok(emuhost_space_commit(s, 0, 512 * p, rw));
+        ok(emuhost_space_protect(s, 8 * p, p, EMUHOST_PROT_READ));
+        let nc = EMUHOST_ERROR_NOT_COMMITTED;
+        fails(emuhost_space_zero(s, 512 * p, p), nc, "not committed");
+        fails(emuhost_space_populate(s, 511 * p, 2 * p), nc, "not committed");
+        let mut buf = [0u8; 8];
+        fails(emuhost_space_read(s, 512 * p - 4, buf.as_mut_ptr().cast(), 8), nc, "not committed");
+        fails(emuhost_space_write(s, 600 * p, buf.as_ptr().cast(), 8), nc, "not committed");
+        fails(emuhost_space_write(s, 8 * p + 1, buf.as_ptr().cast(), 8), EMUHOST_ERROR_PROTECTION, "are r--");
+        let imp = pin_importer(s, &[(c"EMUHOST_IMPORT_CHUNK_MB", c"1")]);
+        let mut pool = 0;
+        fails(emuhost_importer_add_pool(imp, 4095 * p, 2 * p, &mut pool), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        let mut b = emuhost_binding_t::default();
+        fails(emuhost_importer_bind(imp, 4096 * p, 16, &mut b), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+        fails(emuhost_importer_bind(imp, 600 * p, 16, &mut b), nc, "not committed");
+        let mut stats = emuhost_import_stats_t::default();
+        ok(emuhost_importer_stats(imp, &mut stats));
+        assert_eq!((stats.imports, stats.live), (0, 0), "nothing imported");
+        ok(emuhost_importer_bind(imp, 4 * p, 16, &mut b));
+        ok(emuhost_importer_delete(imp));
+        let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+        ok(emuhost_space_info(s, &mut info));
+        let mut again = null_mut();
+        let e = emuhost_space_reserve_at(info.host_base, 16 * p, 0, &mut again);
+        fails(e, EMUHOST_ERROR_EXISTS, "is mapped there");
+        assert!(again.is_null());
+        ok(emuhost_space_delete(s));
     }
 }

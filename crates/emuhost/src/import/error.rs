@@ -32,6 +32,15 @@ pub enum ImportError {
         #[source]
         source: Box<ImportError>,
     },
+    /// A pool or binding `addr+size` that runs past the end of the guest window.
+    #[error("guest range {addr:#x}+{size:#x} is outside the guest window 0x0..{window:#x}")]
+    #[non_exhaustive]
+    OutOfWindow { addr: u64, size: u64, window: u64 },
+    /// A binding `addr+size` over pages the space has not committed: `lo..hi` is the first run
+    /// of them. Nothing is imported.
+    #[error("binding {addr:#x}+{size:#x} refused: pages {lo:#x}..{hi:#x} are not committed")]
+    #[non_exhaustive]
+    NotCommitted { addr: u64, size: u64, lo: u64, hi: u64 },
     #[error(transparent)]
     Space(#[from] SpaceError),
     #[error("host range {addr:#x}+{len:#x} is not aligned to the backend's {align:#x} bytes")]

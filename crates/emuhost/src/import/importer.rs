@@ -881,7 +881,13 @@ impl<B: Backend + 'static> Importer<B> {
     /// Registers a game pool `lo..lo + size`. With populate ahead on, its pages (or its chunks) are
     /// faulted in on the background thread. Under the pools policy, a pool in a region where a
     /// binding was made is imported ahead on another.
+    ///
+    /// A pool that runs past the window's end is refused ([`ImportError::OutOfWindow`]).
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
+        let window = self.core.space.window();
+        if size > 0 && lo.checked_add(size).is_some_and(|end| end > window) {
+            return Err(ImportError::OutOfWindow { addr: lo, size, window });
+        }
         let (id, epoch, hot) = {
             let mut st = self.state();
             let id = st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
@@ -957,6 +963,10 @@ impl<B: Backend + 'static> Importer<B> {
     }
 
     /// Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports.
+    /// The bytes must lie in the window ([`ImportError::OutOfWindow`]) and their pages be
+    /// committed ([`ImportError::NotCommitted`]): either is refused before anything is tried,
+    /// and holds nothing cooling. (The reserved pages of the rest of an import's range are
+    /// committed for it: [`ImportConfig::commit`].)
     pub fn bind(&self, addr: u64, size: u64) -> Result<Bound, ImportError> {
         self.bind_at(addr, size, Instant::now())
     }
@@ -969,6 +979,7 @@ impl<B: Backend + 'static> Importer<B> {
     /// [`Stats::wait_worst`]): under the chunks policy, its own import; under the pools policy,
     /// the import in flight it waited for, or its own import of its pools, or of its part of them.
     pub fn bind_at(&self, addr: u64, size: u64, now: Instant) -> Result<Bound, ImportError> {
+        self.check_binding(addr, size)?;
         let t0 = Instant::now();
         let core = &*self.core;
         let mut st = self.state();
@@ -1024,6 +1035,26 @@ impl<B: Backend + 'static> Importer<B> {
             );
         }
         bound
+    }
+
+    /// Refuses a binding that is the caller's mistake, before any lock of the importer's: one
+    /// that is empty or wraps (its own errors), runs past the window's end, or lies over pages
+    /// the space has not committed (the first run of them named; one record read).
+    fn check_binding(&self, addr: u64, size: u64) -> Result<(), ImportError> {
+        binding_cover(addr, size, self.core.cfg.plan.chunk)?;
+        let space = &self.core.space;
+        let window = space.window();
+        let end = addr + size; // no wrap: checked just above
+        if end > window {
+            return Err(ImportError::OutOfWindow { addr, size, window });
+        }
+        let page = page_size();
+        let lo = addr / page * page;
+        let pages = space.range(lo, end.next_multiple_of(page) - lo)?;
+        match space.uncommitted(pages) {
+            Some(r) => Err(ImportError::NotCommitted { addr, size, lo: r.start().0, hi: r.end().0 }),
+            None => Ok(()),
+        }
     }
 
     /// The pools policy's binding with nothing ready: waits for an import in flight that should

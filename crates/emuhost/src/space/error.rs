@@ -1,5 +1,7 @@
 use std::io;
 
+use super::Prot;
+
 /// What went wrong in the guest address space. Addresses and lengths are guest addresses
 /// (offsets into the window), in hex; an OS failure keeps the OS error as its source.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,11 @@ pub enum SpaceError {
         #[source]
         source: io::Error,
     },
+    /// Reserving at a fixed base ([`super::Placement::At`]) met a mapping in the range (guard
+    /// pages included): `found` names the first one, which is left as it was.
+    #[error("reserving host range {start:#x}..{end:#x} for the guest window (guard pages included) refused: {found}")]
+    #[non_exhaustive]
+    Exists { start: u64, end: u64, found: String },
     #[error("adopting host range {base:#x}+{len:#x} as the guest window refused: {why}")]
     Adopt { base: u64, len: u64, why: String },
     #[error("{op} {addr:#x}+{len:#x} failed")]
@@ -50,6 +57,17 @@ pub enum SpaceError {
         "this space was made in process {made_in}; process {now} (a fork's child) cannot query or change its mappings"
     )]
     OtherProcess { made_in: u32, now: u32 },
+    /// `op` over guest range `addr+len` met pages the space has not committed (reserved: never
+    /// committed, or decommitted): `lo..hi` is the first run of them.
+    #[error("{op} {addr:#x}+{len:#x} refused: pages {lo:#x}..{hi:#x} are not committed")]
+    #[non_exhaustive]
+    NotCommitted { op: &'static str, addr: u64, len: u64, lo: u64, hi: u64 },
+    /// `op` over guest range `addr+len` met committed pages whose protection does not allow it
+    /// (a write to read-only pages, a read of inaccessible ones): `lo..hi` is the first run of
+    /// them, committed `prot`.
+    #[error("{op} {addr:#x}+{len:#x} refused: pages {lo:#x}..{hi:#x} are {prot:?}, which does not allow it")]
+    #[non_exhaustive]
+    Protection { op: &'static str, addr: u64, len: u64, lo: u64, hi: u64, prot: Prot },
     #[error("section {0} does not exist")]
     NoSection(u64),
     #[error("section {section}: pages at offset {offset:#x}+{len:#x} run past its end {size:#x}")]

@@ -456,7 +456,7 @@ impl Space {
                     return Err(bad("the window and its guards run past either end of the address space"));
                 };
                 Reservation::at(b as usize, window as usize, guard as usize)
-                    .map_err(|source| SpaceError::ReserveAt { start, end, source })?
+                    .map_err(|source| reserve_at_failed(start, end, source, &config))?
             }
         };
         Self::with_reservation(res, &config)
@@ -986,7 +986,7 @@ impl Space {
     pub fn zero(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         self.own_regions(&self.record(), "zero", range)?;
-        self.res.zero(off, len).map_err(|e| SpaceError::os("zero", range.start().0, range.len(), e))
+        self.res.zero(off, len).map_err(|e| self.failed("zero", range.start().0, range.len(), e, |p| p.write))
     }
 
     /// Sets the protection of committed pages in `range` (one `mprotect`). A mapping in the range
@@ -1022,7 +1022,7 @@ impl Space {
     #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
     pub fn populate(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
-        let err = |e| SpaceError::os("populate", range.start().0, range.len(), e);
+        let err = |e| self.failed("populate", range.start().0, range.len(), e, |p| p.write);
         if !crate::faults::no_populate_write() && self.res.populate_write(off, len).map_err(err)? {
             return Ok(());
         }
@@ -1031,6 +1031,7 @@ impl Space {
         let regions = self.own_regions(&rec, "populate", range)?;
         let base = self.res.base();
         if !covers(&regions, base + off, base + off + len) || regions.iter().any(|r| !r.write) {
+            drop(rec);
             return Err(err(std::io::Error::from_raw_os_error(libc::EFAULT))); // as the advice answers
         }
         // SAFETY: every page of the range is mapped writable (checked just above, by a region
@@ -1055,7 +1056,7 @@ impl Space {
     pub fn write(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
         let len = data.len() as u64;
         self.check_bytes(addr, len)?;
-        self.res.write(addr.0 as usize, data).map_err(|e| SpaceError::os("write", addr.0, len, e))
+        self.res.write(addr.0 as usize, data).map_err(|e| self.failed("write", addr.0, len, e, |p| p.write))
     }
 
     /// Stores `data` at `addr` as a guest store would land, without ever faulting: every page
@@ -1123,7 +1124,44 @@ impl Space {
     pub fn read(&self, addr: GuestAddr, buf: &mut [u8]) -> Result<(), SpaceError> {
         let len = buf.len() as u64;
         self.check_bytes(addr, len)?;
-        self.res.read(addr.0 as usize, buf).map_err(|e| SpaceError::os("read", addr.0, len, e))
+        self.res.read(addr.0 as usize, buf).map_err(|e| self.failed("read", addr.0, len, e, |p| p.read))
+    }
+
+    /// The first run of pages of `range` the space has not committed (reserved: never committed,
+    /// or decommitted), if any. Committed pages of any protection (`---` too) and shared views
+    /// count as committed.
+    pub fn uncommitted(&self, range: GuestRange) -> Option<GuestRange> {
+        let gap = first_gap(&self.record().prots, range.start().0, range.end().0)?;
+        Some(GuestRange::from_bounds(gap.0, gap.1).expect("the record is page-aligned"))
+    }
+
+    /// The error for `op` over the bytes `addr..addr + len`, which failed with `e`: where the
+    /// space's record tells a caller's mistake, the first run of pages that were not committed
+    /// ([`SpaceError::NotCommitted`]) or were committed with a protection `allows` refuses
+    /// ([`SpaceError::Protection`]), whichever comes first; else the OS failure. Read after the
+    /// failure, so the calls that work pay nothing for it.
+    fn failed(&self, op: &'static str, addr: u64, len: u64, e: std::io::Error, allows: fn(Prot) -> bool) -> SpaceError {
+        let page = page_size();
+        let (a, b) = (addr / page * page, addr.saturating_add(len).next_multiple_of(page));
+        let rec = self.record();
+        let gap = first_gap(&rec.prots, a, b);
+        let mut refused: Option<(u64, u64, Prot)> = None;
+        for (s, t, p) in rec.prots.overlapping(a, b) {
+            let (s, t) = (s.max(a), t.min(b));
+            match refused {
+                None if !allows(*p) => refused = Some((s, t, *p)),
+                None => {}
+                Some((lo, hi, q)) if hi == s && q == *p => refused = Some((lo, t, q)),
+                Some(_) => break,
+            }
+        }
+        match (gap, refused) {
+            (Some((lo, hi)), r) if r.is_none_or(|(s, _, _)| lo < s) => {
+                SpaceError::NotCommitted { op, addr, len, lo, hi }
+            }
+            (_, Some((lo, hi, prot))) => SpaceError::Protection { op, addr, len, lo, hi, prot },
+            _ => SpaceError::os(op, addr, len, e),
+        }
     }
 
     fn check_bytes(&self, addr: GuestAddr, len: u64) -> Result<(), SpaceError> {
@@ -1383,6 +1421,28 @@ impl Space {
     }
 }
 
+/// The error of a reservation at host `start..end` that failed with `source`: where something is
+/// mapped there (`EEXIST`), [`SpaceError::Exists`] naming the first mapping (one region query).
+fn reserve_at_failed(start: u64, end: u64, source: std::io::Error, config: &SpaceConfig) -> SpaceError {
+    if source.raw_os_error() != Some(libc::EEXIST) {
+        return SpaceError::ReserveAt { start, end, source };
+    }
+    let first = Maps::open(config.maps_text || crate::faults::no_procmap_query())
+        .and_then(|maps| maps.regions(start as usize, end as usize))
+        .ok()
+        .and_then(|regions| regions.into_iter().next());
+    let found = match first {
+        Some(r) => {
+            let prot = Prot { read: r.read, write: r.write, exec: r.exec };
+            let kind = if r.file { "file" } else { "anonymous" };
+            let shared = if r.shared { "shared" } else { "private" };
+            format!("{:#x}..{:#x} is mapped there (a {prot:?} {shared} {kind} mapping)", r.start, r.end)
+        }
+        None => "something is mapped there".to_string(),
+    };
+    SpaceError::Exists { start, end, found }
+}
+
 /// Why the kernel's `regions` over host `a..b` (clipped, in address order) are not one
 /// reservation (mapped entirely, `PROT_NONE`, private, anonymous), if they are not.
 fn not_a_reservation(regions: &[Region], a: usize, b: usize) -> Option<String> {
@@ -1429,6 +1489,18 @@ impl Drop for Hold {
     fn drop(&mut self) {
         self.space.state().holds.remove(&self.id);
     }
+}
+
+/// The first part of `a..b` that `map` has no entry over, if any.
+fn first_gap<V: Clone>(map: &RangeMap<V>, a: u64, b: u64) -> Option<(u64, u64)> {
+    let mut at = a;
+    for (s, e, _) in map.overlapping(a, b) {
+        if s > at {
+            return Some((at, s));
+        }
+        at = at.max(e);
+    }
+    (at < b).then_some((at, b))
 }
 
 /// Whether `regions` (in address order, clipped to `a..b`) leave no hole in host `a..b`.

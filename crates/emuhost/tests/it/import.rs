@@ -199,7 +199,7 @@ mod conformance {
         space.write(GuestAddr(lo), b"read only").unwrap();
         space.protect(space.range(lo, page).unwrap(), Prot::READ).unwrap();
         commit(lo + page, Prot::READ_WRITE);
-        let bound = imp.bind(lo + 4 * page, 0x10).unwrap();
+        let bound = imp.bind(lo + page + 0x10, 0x10).unwrap();
         assert_eq!((bound.range, bound.made), (Planned { lo, hi: lo + MIB }, true));
         let p = prots(&space, lo, MIB);
         assert_eq!((p[0].as_str(), p[1].as_str()), ("r--", "rw-"), "{:?}", &p[..4]);
@@ -216,7 +216,7 @@ mod conformance {
         // Chunk 3: a --- page.
         let lo = base + 3 * MIB;
         commit(lo, Prot::NONE);
-        match imp.bind(lo + 4 * page, 0x10) {
+        match imp.bind(lo + 0x10, 0x10) {
             Ok(b) => assert!(b.made && kind != BackendKind::Pin, "{kind:?}"),
             Err(e) => assert!(e.is_refused() && kind == BackendKind::Pin, "{kind:?}: {}", error_chain(&e)),
         }
@@ -521,9 +521,12 @@ fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Fault
     faulty_with(cfg)
 }
 
-/// An importer over a 64 MiB space around [`Faulty`], with `cfg`.
+/// An importer over a 64 MiB space around [`Faulty`], with `cfg`. The lower 32 MiB are committed
+/// read-write (bindings must be over committed pages); the rest is reserved, for the tests of
+/// commits.
 fn faulty_with(cfg: ImportConfig) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    space.commit(space.range(0, 32 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
     let f = Arc::new(Faulty::default());
     f.base.store(space.host_base() as u64, Ordering::Relaxed);
     (Importer::new(space, f.clone(), cfg).unwrap(), f)
@@ -637,14 +640,51 @@ fn empty_and_wrapping_pools_are_refused() {
 #[test]
 fn imports_outside_the_window_fail_without_leaking() {
     let (imp, f) = faulty(4 * MIB, Duration::ZERO);
-    assert!(matches!(imp.bind(64 * MIB + 0x10, 0x10), Err(ImportError::Import { .. })));
+    assert!(matches!(imp.bind(64 * MIB + 0x10, 0x10), Err(ImportError::OutOfWindow { .. })));
     assert_eq!((f.calls.lock().unwrap().len(), f.budget().get().count, imp.stats().live), (0, 0, 0));
+}
+
+/// Issue 33, item 11: a pool or a binding outside the window, and a binding over pages the space
+/// has not committed, are caller mistakes with errors of their own naming the range: the pool was
+/// taken, the binding outside was an import refused by the driver (cooling after it), and the
+/// one over reserved pages was imported (its reserved pages committed under it).
+#[test]
+fn pools_and_bindings_outside_the_window_or_over_reserved_pages_are_refused_naming_them() {
+    let (imp, f) = faulty(4 * MIB, Duration::from_secs(60));
+    let e = imp.add_pool(63 * MIB, 2 * MIB).unwrap_err();
+    assert!(
+        matches!(e, ImportError::OutOfWindow { addr, size, window, .. } if (addr, size, window) == (63 * MIB, 2 * MIB, 64 * MIB)),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!("guest range {:#x}+{:#x} is outside the guest window 0x0..{:#x}", 63 * MIB, 2 * MIB, 64 * MIB)
+    );
+    let e = imp.bind(64 * MIB - 0x10, 0x20).unwrap_err();
+    assert!(matches!(e, ImportError::OutOfWindow { .. }), "{e}");
+    // Pages 8 MiB + 64 KiB on reserved again: a binding over them is refused, naming the first run.
+    let space = imp.space().clone();
+    space.decommit(space.range(8 * MIB + 0x10000, 0x20000).unwrap()).unwrap();
+    let e = imp.bind(8 * MIB + 0xff00, 0x200).unwrap_err();
+    match e {
+        ImportError::NotCommitted { addr, size, lo, hi, .. } => {
+            assert_eq!((addr, size, lo, hi), (8 * MIB + 0xff00, 0x200, 8 * MIB + 0x10000, 8 * MIB + 0x11000))
+        }
+        ref e => panic!("{e}"),
+    }
+    assert!(e.to_string().contains("refused: pages 0x810000..0x811000 are not committed"), "{e}");
+    assert!(!e.is_refused(), "a caller's mistake, not the driver's refusal");
+    assert_eq!((f.calls.lock().unwrap().len(), imp.stats().live, imp.stats().failures), (0, 0, 0), "nothing tried");
+    // Not held cooling: once committed, the binding imports.
+    space.commit(space.range(8 * MIB + 0x10000, 0x20000).unwrap(), Prot::READ_WRITE).unwrap();
+    assert!(imp.bind(8 * MIB + 0xff00, 0x200).unwrap().made);
 }
 
 #[test]
 fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
     // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
     let space = Arc::new(Space::with_window(40 * MIB).unwrap());
+    space.commit(space.range(0, 40 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
     let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB)).policy(ImportPolicy::Chunks);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
@@ -782,6 +822,9 @@ fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() 
 fn the_importer_commits_reserved_gaps_before_importing() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default().policy(ImportPolicy::Chunks)).unwrap();
+    // The binding's own page is committed (a binding over reserved pages is refused); the rest of
+    // its chunk is reserved.
+    space.commit(space.range(16 * MIB, page_size()).unwrap(), Prot::READ_WRITE).unwrap();
     let b = imp.bind(16 * MIB + 0x10, 0x10).unwrap();
     assert_eq!(b.range, Planned { lo: 16 * MIB, hi: 32 * MIB });
     assert!(present(&space, 20 * MIB), "pinned, so present");
@@ -944,7 +987,8 @@ fn pools_a_background_import_is_a_long_read_that_changes_wait_for() {
     assert!(!made_meanwhile, "the commit went ahead of the background pin");
     imp.settle();
     assert_eq!((space.long_reads_in_flight(), space.allocations_in(r).len()), (0, 1));
-    // A binding's own import.
+    // A binding's own import (over pages committed first: a binding over reserved ones is refused).
+    space.commit(space.range(40 * MIB, page_size()).unwrap(), Prot::READ_WRITE).unwrap();
     f.set_hold(true);
     let entered = f.entered.load(Ordering::SeqCst);
     let reads = std::thread::scope(|sc| {

@@ -160,7 +160,62 @@ fn populate_faults_pages_in_ahead() {
     // Populating reserved pages is an error naming the range, not a crash.
     let err = s.populate(pages(&s, 1024, 2)).unwrap_err();
     assert!(err.to_string().starts_with("populate 0x400000+0x2000"), "{err}");
-    assert!(std::error::Error::source(&err).is_some());
+    assert!(matches!(err, SpaceError::NotCommitted { .. }), "{err}");
+}
+
+/// What a refusal names: its op, the first and end page of the run, the run's protection (none
+/// where not committed).
+type Refused = (&'static str, u64, u64, Option<Prot>);
+
+/// The first run of pages a [`SpaceError::NotCommitted`] or [`SpaceError::Protection`] names, as
+/// page numbers, with its op; panics on any other error.
+fn refused_pages(e: &SpaceError) -> Refused {
+    match *e {
+        SpaceError::NotCommitted { op, lo, hi, .. } => (op, lo / page(), hi / page(), None),
+        SpaceError::Protection { op, lo, hi, prot, .. } => (op, lo / page(), hi / page(), Some(prot)),
+        ref e => panic!("not a refusal naming pages: {e:?}"),
+    }
+}
+
+/// Issue 33, item 11: a zero, populate, read or write over pages the space has not committed, a
+/// write to read-only pages and a read of inaccessible ones are caller mistakes: errors of their
+/// own naming the first run of such pages (`NotCommitted`, `Protection`), not OS failures with
+/// errno text. An OS failure over pages the space has committed as needed stays one.
+#[test]
+fn caller_mistakes_are_errors_of_their_own_naming_the_pages() {
+    let s = space();
+    let p = page();
+    s.commit(pages(&s, 0, 2), Prot::READ_WRITE).unwrap();
+    s.commit(pages(&s, 2, 1), Prot::READ).unwrap();
+    s.commit(pages(&s, 3, 1), Prot::NONE).unwrap();
+    // Pages 4 on are reserved.
+    let mut buf = [0u8; 16];
+    let cases: Vec<(Result<(), SpaceError>, Refused)> = vec![
+        (s.zero(pages(&s, 4, 2)), ("zero", 4, 6, None)),
+        (s.zero(pages(&s, 0, 3)), ("zero", 2, 3, Some(Prot::READ))),
+        (s.populate(pages(&s, 5, 3)), ("populate", 5, 8, None)),
+        (s.populate(pages(&s, 1, 2)), ("populate", 2, 3, Some(Prot::READ))),
+        (s.read(GuestAddr(4 * p - 8), &mut buf), ("read", 3, 4, Some(Prot::NONE))),
+        (s.read(GuestAddr(6 * p), &mut buf), ("read", 6, 7, None)),
+        (s.write(GuestAddr(2 * p + 1), b"x"), ("write", 2, 3, Some(Prot::READ))),
+        (s.write(GuestAddr(2 * p - 2), b"abcd"), ("write", 2, 3, Some(Prot::READ))),
+        (s.write(GuestAddr(9 * p), b"x"), ("write", 9, 10, None)),
+    ];
+    for (got, want) in cases {
+        let e = got.unwrap_err();
+        assert_eq!(refused_pages(&e), want, "{e}");
+        let (lo, hi) = (want.1 * p, want.2 * p);
+        assert!(e.to_string().contains(&format!("refused: pages {lo:#x}..{hi:#x} are ")), "{e}");
+        assert!(std::error::Error::source(&e).is_none(), "no errno text: {e}");
+    }
+    let e = s.write(GuestAddr(2 * p), b"x").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("write {:#x}+0x1 refused: pages {:#x}..{:#x} are r--, which does not allow it", 2 * p, 2 * p, 3 * p)
+    );
+    // Over pages committed as needed, the calls work.
+    s.zero(pages(&s, 0, 2)).unwrap();
+    s.read(GuestAddr(2 * p), &mut buf).unwrap();
 }
 
 #[test]
@@ -352,10 +407,9 @@ fn bad_ranges_are_errors_not_crashes() {
     assert!(matches!(s.host_addr(GuestAddr(w)), Err(SpaceError::OutOfWindow { .. })));
     assert!(matches!(s.write(GuestAddr(w - 1), b"ab"), Err(SpaceError::OutOfWindow { .. })));
     assert!(matches!(s.read(GuestAddr(u64::MAX), &mut [0]), Err(SpaceError::OutOfWindow { .. })));
-    // Reading reserved memory is an error with the OS error kept as its source.
+    // Reading reserved memory is an error naming the pages.
     let e = s.read(GuestAddr(0), &mut [0]).unwrap_err();
-    let src = std::error::Error::source(&e).unwrap().to_string();
-    assert!(src.contains("Bad address"), "{src}");
+    assert!(matches!(e, SpaceError::NotCommitted { lo: 0, .. }), "{e}");
 }
 
 #[test]
@@ -686,7 +740,7 @@ fn at_free_base(config: SpaceConfig, slot: usize) -> Space {
         let base = low_base(slot, i);
         match config.clone().at(base).build() {
             Ok(s) => return s,
-            Err(SpaceError::ReserveAt { ref source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(SpaceError::Exists { .. }) => continue,
             Err(e) => panic!("{e}"),
         }
     }
@@ -787,13 +841,13 @@ fn an_occupied_base_is_refused_naming_it_and_left_intact() {
     ];
     for (base, guard, start, end) in cases {
         let e = SpaceConfig::default().window(window).guard(guard).at(base).build().unwrap_err();
-        assert!(
-            matches!(&e, SpaceError::ReserveAt { source, .. } if source.raw_os_error() == Some(libc::EEXIST)),
-            "{e:?}"
-        );
+        // Issue 33, item 11: its own error (it was an OS failure, `EEXIST`), naming the mapping.
+        assert!(matches!(&e, SpaceError::Exists { .. }), "{e:?}");
         assert!(e.to_string().starts_with(&format!("reserving host range {start:#x}..{end:#x}")), "{e}");
-        let said = std::error::Error::source(&e).unwrap().to_string();
-        assert!(said.contains("File exists"), "{said}");
+        let first = start.max(mine);
+        let found =
+            format!("{first:#x}..{:#x} is mapped there (a rw- private anonymous mapping)", (mine + len).min(end));
+        assert!(e.to_string().ends_with(&found), "{e}");
     }
     assert_eq!(maps(mine, mine + len), vec![(mine, mine + len, "rw-p".to_string())], "still mapped as it was");
     // SAFETY: the test's own mapping, still mapped read-write (checked just above).

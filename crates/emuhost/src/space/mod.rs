@@ -982,7 +982,8 @@ impl Space {
 
     /// Zeroes `range` in place: the pages stay mapped and committed (so a GPU import of them keeps
     /// seeing the same pages), unlike [`Space::decommit`]. A mapping in the range that the space
-    /// did not make is an error naming it.
+    /// did not make is an error naming it; so are pages not committed
+    /// ([`SpaceError::NotCommitted`]) and read-only ones ([`SpaceError::Protection`]).
     pub fn zero(&self, range: GuestRange) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         self.own_regions(&self.record(), "zero", range)?;
@@ -1017,7 +1018,7 @@ impl Space {
 
     /// Faults the pages of `range` in, writable, ahead of use (`MADV_POPULATE_WRITE`), so that a
     /// later GPU import pays for pinning only, not for first-touch faults. The pages must be
-    /// committed writable. On a kernel without `MADV_POPULATE_WRITE` (before 5.14) each page is
+    /// committed writable ([`SpaceError::NotCommitted`], [`SpaceError::Protection`]). On a kernel without `MADV_POPULATE_WRITE` (before 5.14) each page is
     /// touched instead (a write of the byte it holds), after checking that all are writable.
     #[allow(unsafe_code)] // guest memory through the CPU: see the SAFETY comment
     pub fn populate(&self, range: GuestRange) -> Result<(), SpaceError> {
@@ -1052,7 +1053,9 @@ impl Space {
     }
 
     /// Copies `data` into guest memory at `addr` (any alignment). An error, never a fault, where
-    /// a page is not writable or outside the window.
+    /// a page is not writable or outside the window: [`SpaceError::NotCommitted`] or
+    /// [`SpaceError::Protection`] naming the first such pages where the space did not commit them
+    /// writable (the bytes before them are written).
     pub fn write(&self, addr: GuestAddr, data: &[u8]) -> Result<(), SpaceError> {
         let len = data.len() as u64;
         self.check_bytes(addr, len)?;
@@ -1120,7 +1123,8 @@ impl Space {
     }
 
     /// Copies guest memory at `addr` into `buf`. An error, never a fault, where a page is not
-    /// readable or outside the window.
+    /// readable or outside the window: [`SpaceError::NotCommitted`] or [`SpaceError::Protection`]
+    /// naming the first such pages where the space did not commit them readable.
     pub fn read(&self, addr: GuestAddr, buf: &mut [u8]) -> Result<(), SpaceError> {
         let len = buf.len() as u64;
         self.check_bytes(addr, len)?;

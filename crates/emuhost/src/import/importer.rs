@@ -2021,6 +2021,8 @@ mod tests {
     #[test]
     fn a_landing_does_not_start_a_bindings_wait_for_an_import_in_flight_over() {
         let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        // Bindings are over committed pages.
+        space.commit(space.range(0, 64 << 20).unwrap(), Prot::READ_WRITE).unwrap();
         let ms20 = Duration::from_millis(20);
         let cost = ImportCost { fixed: ms20, untouched_per_mib: Duration::ZERO, populated_per_mib: Duration::ZERO };
         let cfg = ImportConfig::default().plan(PlanConfig::new(1 << 20, 0)).ahead(0).cost(Some(cost)).ahead_threads(1);

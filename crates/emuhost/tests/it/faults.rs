@@ -153,6 +153,8 @@ fn imports_fail_and_recover<B: Backend + 'static>(b: B, scoped: bool, driver: &s
             None => faults::process_tally().expect("the switches set a plan"),
         };
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+        // Bindings are over committed pages.
+        space.commit(space.range(0, 64 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
         // Chunks are aligned in guest addresses (the host base is 2 MiB-aligned on 6.18, not on 6.1).
         let base = 0;
         let cooling = Duration::from_secs(30);

@@ -1288,6 +1288,8 @@ fn pools_a_pool_released_while_in_flight_keeps_no_import_and_release_all_waits_f
 fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
     let Some(v) = vulkan() else { return };
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
+    // The pools' pages are committed (a binding over reserved pages is refused).
+    space.commit(space.range(4 * MIB, 4 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
     let imp = Importer::new(space.clone(), v, ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0))).unwrap();
     imp.add_pool(4 * MIB + 0x1000, 0x2000).unwrap();
     imp.bind(4 * MIB + 0x1000, 0x100).unwrap();

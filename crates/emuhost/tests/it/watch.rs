@@ -32,8 +32,13 @@ fn written(c: &Collected) -> Vec<u64> {
     c.page_addrs().iter().map(|a| a.0 / p()).collect()
 }
 
+/// A guest write: a store by the CPU, so the mprotect backend's `SIGSEGV` handler takes its fault
+/// (`Space::store` copies through the kernel and never faults).
 fn poke(s: &Space, page: u64) {
-    s.store(GuestAddr(page * p() + 8), &[0x5a]).unwrap();
+    // SAFETY: every test pokes pages committed writable (or armed by a tracker whose handler is
+    // installed), with no decommit or protection of them running meanwhile.
+    #[allow(unsafe_code)]
+    unsafe { s.store_unchecked(GuestAddr(page * p() + 8), &[0x5a]) }.unwrap();
 }
 
 fn calls() -> counters::Counts {
@@ -1185,7 +1190,7 @@ fn fork_leaves_the_parent_its_writes(kind: BackendKind, name: &str) {
         let mut bad = 0;
         let other = |e: &WatchError| matches!(e, WatchError::OtherProcess { .. });
         let space_other = |e: &emuhost::space::SpaceError| matches!(e, emuhost::space::SpaceError::OtherProcess { .. });
-        poke_unchecked(&s, 4);
+        poke(&s, 4);
         bad |= (!t.collect(r).as_ref().is_err_and(other)) as i32;
         bad |= (!t.query_into(r, p(), &mut [0u64; 1]).as_ref().is_err_and(other)) as i32 * 2;
         bad |= (!c.collect_into(r, p(), &mut [0u64; 1]).as_ref().is_err_and(other)) as i32 * 4;
@@ -1213,15 +1218,6 @@ fn fork_leaves_the_parent_its_writes(kind: BackendKind, name: &str) {
     assert_eq!(words[0], (1 << 3) | (1 << 5), "the parent's consumer lost a write to the child");
     poke(&s, 6);
     assert_eq!(written(&t.collect(r).unwrap()), vec![6], "the parent's pages are still armed");
-}
-
-/// A store that cannot fault in the child (the page is the child's copy, writable or armed by
-/// the mprotect backend, whose handler is the child's too).
-fn poke_unchecked(s: &Space, page: u64) {
-    // SAFETY: the page is committed read-write in this space, and the tracker's handler (if any)
-    // takes the fault of an armed page.
-    #[allow(unsafe_code)]
-    unsafe { s.store_unchecked(GuestAddr(page * p() + 8), &[0x5a]) }.unwrap();
 }
 
 #[test]

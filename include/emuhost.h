@@ -149,6 +149,10 @@
 // [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
 #define EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS 1
 
+// The most fault handles live at once: [`emuhost_tracker_fault_handle`] past it is
+// `EMUHOST_ERROR_REFUSED`.
+#define EMUHOST_FAULT_HANDLES_MAX 1024
+
 // A change of the mappings in the space's window that the caller makes itself, in flight
 // (opaque): from `emuhost_space_change_begin` to `emuhost_change_end`.
 typedef struct emuhost_change_t emuhost_change_t;
@@ -165,8 +169,11 @@ typedef struct emuhost_consumer_t emuhost_consumer_t;
 // Thread safety: an error may be read from several threads at once and deleted from any thread.
 typedef struct emuhost_error_t emuhost_error_t;
 
-// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque; a
-// plain value, valid after its tracker is deleted, when it takes no fault).
+// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque). Like
+// every handle it is a number, not an address: an encoded slot and generation in a fixed table
+// that [`emuhost_fault_handle_handle`] reads with atomics only (no lock), so a handle deleted
+// already (twice), of another kind, or made up takes no fault and is never read through. It
+// stays valid after its tracker is deleted, when it takes no fault.
 typedef struct emuhost_fault_handle_t emuhost_fault_handle_t;
 
 // An importer (opaque): game pools, chunked and spanned imports, figures.
@@ -718,28 +725,25 @@ struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *
 // and it returns 0.
 int32_t emuhost_handle_fault(size_t addr, int32_t is_write);
 
-// The tracker's fault handle, for [`emuhost_fault_handle_handle`]; free it with
-// [`emuhost_fault_handle_delete`] once no handler can use it.
+// A new fault handle of the tracker, for [`emuhost_fault_handle_handle`]; delete it with
+// [`emuhost_fault_handle_delete`]. Each call gives a handle of its own; at most
+// [`EMUHOST_FAULT_HANDLES_MAX`] are live at once.
 //
 // # Safety
 // `out` is NULL or writable.
 struct emuhost_error_t *emuhost_tracker_fault_handle(const struct emuhost_tracker_t *tracker, struct emuhost_fault_handle_t **out);
 
-// [`emuhost_handle_fault`] for this handle's tracker only. A NULL handle returns 0.
-// Async-signal-safe.
-//
-// # Safety
-// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`] not deleted yet (it is a
-// pointer, so that the signal handler reads it without a lock: delete it only once no handler
-// can run with it).
+// [`emuhost_handle_fault`] for this handle's tracker only. Returns 0 for NULL, a deleted
+// handle, or anything that is not a live fault handle (another kind of handle, a made-up value):
+// it is checked, never read through. Async-signal-safe (atomics only: no lock, no allocation,
+// no panic).
 int32_t emuhost_fault_handle_handle(const struct emuhost_fault_handle_t *handle, size_t addr, int32_t is_write);
 
-// Frees a fault handle. NULL does nothing.
-//
-// # Safety
-// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`], deleted once, that no
-// signal handler is using or will use.
-void emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
+// Deletes a fault handle: true where it did, or where `handle` is NULL (nothing to do); false
+// where `handle` is not a live fault handle (deleted already, another kind of handle, a made-up
+// value), and then nothing changes, so a second delete is harmless. A handler that runs with
+// the handle meanwhile takes no fault through it. Async-signal-safe.
+bool emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
 
 // Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
 // pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit

@@ -205,6 +205,17 @@ int main(void) {
     if (lost || extra || got.pages != WRITTEN || queried != WRITTEN) return 1;
     if (backend == EMUHOST_WATCH_MPROTECT && __atomic_load_n(&faults_handed, __ATOMIC_RELAXED) < WRITTEN) return 1;
 
+    /* Fault handles are checked like every handle: one deleted twice, or a tracker passed as
+     * one, takes no fault and is refused (0, false), never read through. */
+    emuhost_fault_handle_t *fh;
+    CHECK(emuhost_tracker_fault_handle(tracker, &fh));
+    const uintptr_t first = (uintptr_t)info.host_base;
+    if (emuhost_fault_handle_handle((const emuhost_fault_handle_t *)tracker, first, 1) != 0) return 1;
+    if (emuhost_fault_handle_delete((emuhost_fault_handle_t *)tracker)) return 1;
+    if (!emuhost_fault_handle_delete(fh) || emuhost_fault_handle_delete(fh)) return 1;
+    if (emuhost_fault_handle_handle(fh, first, 1) != 0) return 1;
+    printf("fault handle: deleted twice and a tracker passed as one: refused\n");
+
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings, info.host_base);
 #else

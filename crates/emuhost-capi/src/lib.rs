@@ -24,6 +24,7 @@
 #![allow(non_camel_case_types)]
 
 mod error;
+mod fault;
 mod ffi;
 mod handle;
 mod import;

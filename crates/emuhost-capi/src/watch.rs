@@ -4,7 +4,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 use emuhost::space::{GuestAddr, GuestRange, page_size};
-use emuhost::watch::{BackendKind, Consumer, FaultHandle, Tracker, TrackerConfig, Written};
+use emuhost::watch::{BackendKind, Consumer, Tracker, TrackerConfig, Written};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -223,14 +223,22 @@ pub extern "C" fn emuhost_handle_fault(addr: usize, is_write: i32) -> i32 {
     emuhost::watch::handle_fault(addr, is_write != 0) as i32
 }
 
-/// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque; a
-/// plain value, valid after its tracker is deleted, when it takes no fault).
+/// One tracker's fault entry, for a handler that routes faults to trackers itself (opaque). Like
+/// every handle it is a number, not an address: an encoded slot and generation in a fixed table
+/// that [`emuhost_fault_handle_handle`] reads with atomics only (no lock), so a handle deleted
+/// already (twice), of another kind, or made up takes no fault and is never read through. It
+/// stays valid after its tracker is deleted, when it takes no fault.
 pub struct emuhost_fault_handle_t {
-    handle: FaultHandle,
+    _private: [u8; 0],
 }
 
-/// The tracker's fault handle, for [`emuhost_fault_handle_handle`]; free it with
-/// [`emuhost_fault_handle_delete`] once no handler can use it.
+/// The most fault handles live at once: [`emuhost_tracker_fault_handle`] past it is
+/// `EMUHOST_ERROR_REFUSED`.
+pub const EMUHOST_FAULT_HANDLES_MAX: u32 = 1024;
+
+/// A new fault handle of the tracker, for [`emuhost_fault_handle_handle`]; delete it with
+/// [`emuhost_fault_handle_delete`]. Each call gives a handle of its own; at most
+/// [`EMUHOST_FAULT_HANDLES_MAX`] are live at once.
 ///
 /// # Safety
 /// `out` is NULL or writable.
@@ -242,44 +250,44 @@ pub unsafe extern "C" fn emuhost_tracker_fault_handle(
     entry(|| {
         let t = get(tracker, "emuhost_tracker_fault_handle")?;
         crate::ffi::check_ptr(out, "the out-pointer")?;
-        let h = Box::into_raw(Box::new(emuhost_fault_handle_t { handle: t.fault_handle() }));
+        let h = crate::fault::insert(t.fault_handle()).ok_or_else(|| {
+            Error::new(
+                crate::error::EMUHOST_ERROR_REFUSED,
+                format!(
+                    "emuhost_tracker_fault_handle: {EMUHOST_FAULT_HANDLES_MAX} fault handles are live \
+                     (EMUHOST_FAULT_HANDLES_MAX): delete one first"
+                ),
+            )
+        })?;
         // SAFETY: checked non-NULL and aligned; the caller vouches that it is writable.
-        unsafe { out.write(h) };
+        unsafe { out.write(std::ptr::without_provenance_mut(h)) };
         Ok(())
     })
 }
 
-/// [`emuhost_handle_fault`] for this handle's tracker only. A NULL handle returns 0.
-/// Async-signal-safe.
-///
-/// # Safety
-/// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`] not deleted yet (it is a
-/// pointer, so that the signal handler reads it without a lock: delete it only once no handler
-/// can run with it).
+/// [`emuhost_handle_fault`] for this handle's tracker only. Returns 0 for NULL, a deleted
+/// handle, or anything that is not a live fault handle (another kind of handle, a made-up value):
+/// it is checked, never read through. Async-signal-safe (atomics only: no lock, no allocation,
+/// no panic).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn emuhost_fault_handle_handle(
+pub extern "C" fn emuhost_fault_handle_handle(
     handle: *const emuhost_fault_handle_t,
     addr: usize,
     is_write: i32,
 ) -> i32 {
-    // SAFETY: NULL or live, as the caller vouches.
-    match unsafe { handle.as_ref() } {
-        Some(h) => h.handle.handle_fault(addr, is_write != 0) as i32,
+    match crate::fault::get(handle.addr()) {
+        Some(h) => h.handle_fault(addr, is_write != 0) as i32,
         None => 0,
     }
 }
 
-/// Frees a fault handle. NULL does nothing.
-///
-/// # Safety
-/// `handle` is NULL or a handle from [`emuhost_tracker_fault_handle`], deleted once, that no
-/// signal handler is using or will use.
+/// Deletes a fault handle: true where it did, or where `handle` is NULL (nothing to do); false
+/// where `handle` is not a live fault handle (deleted already, another kind of handle, a made-up
+/// value), and then nothing changes, so a second delete is harmless. A handler that runs with
+/// the handle meanwhile takes no fault through it. Async-signal-safe.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn emuhost_fault_handle_delete(handle: *mut emuhost_fault_handle_t) {
-    if !handle.is_null() {
-        // SAFETY: made by Box::into_raw in emuhost_tracker_fault_handle, deleted once (as vouched).
-        drop(unsafe { Box::from_raw(handle) });
-    }
+pub extern "C" fn emuhost_fault_handle_delete(handle: *mut emuhost_fault_handle_t) -> bool {
+    handle.is_null() || crate::fault::remove(handle.addr())
 }
 
 /// What a collect or query into words found.

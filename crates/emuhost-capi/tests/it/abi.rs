@@ -641,3 +641,76 @@ fn caller_mistakes_have_codes_of_their_own() {
         ok(emuhost_space_delete(s));
     }
 }
+
+/// A fault handle is checked as every handle is, with atomics only (it is used from a signal
+/// handler): deleted twice, or another kind of handle or a made-up value passed as one, it takes
+/// no fault and its delete says false; a live one hands its tracker's fault over.
+#[test]
+fn fault_handles_are_checked_deleted_twice_or_mistyped() {
+    let p = page();
+    let s = space(4);
+    let mut t = null_mut();
+    // SAFETY: out-pointers are locals; the fault is handed over by a direct call (no signal).
+    unsafe {
+        ok(emuhost_space_commit(s, 0, 4 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_MPROTECT, 0, &mut t));
+        let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+        ok(emuhost_space_info(s, &mut info));
+        ok(emuhost_tracker_arm(t, 0, 4 * p));
+        let mut fh = null_mut();
+        ok(emuhost_tracker_fault_handle(t, &mut fh));
+        let mut other = null_mut();
+        ok(emuhost_tracker_fault_handle(t, &mut other));
+        assert_ne!(fh, other, "each call gives its own handle");
+        let at = info.host_base.addr() + 2 * p as usize;
+        // A handle of another kind, a made-up value, a pointer to the caller's own memory: no
+        // fault taken, nothing read through them.
+        let local = [0u64; 8];
+        for bogus in [t.addr(), s.addr(), 0xdead_0000, 0xdead_0009, usize::MAX, local.as_ptr().addr()] {
+            let h = std::ptr::without_provenance::<emuhost_fault_handle_t>(bogus);
+            assert_eq!(emuhost_fault_handle_handle(h, at, 1), 0, "{bogus:#x} taken as a fault handle");
+            assert!(!emuhost_fault_handle_delete(h.cast_mut()), "{bogus:#x} deleted as a fault handle");
+        }
+        assert_eq!(emuhost_fault_handle_handle(fh, at, 0), 0, "a read fault is not the tracker's");
+        assert_eq!(emuhost_fault_handle_handle(fh, at, 1), 1, "the armed page's write fault");
+        // The tracker survived being passed as a fault handle, and the handed fault is a write.
+        let mut pages = [0u64; 4];
+        let mut r = emuhost_collect_t::default();
+        ok(emuhost_tracker_collect(t, 0, 4 * p, pages.as_mut_ptr(), 4, &mut r));
+        assert_eq!(&pages[..r.pages], &[2 * p]);
+        // Deleted once: true; twice: false, and nothing else changes (the other handle works).
+        assert!(emuhost_fault_handle_delete(fh));
+        assert!(!emuhost_fault_handle_delete(fh));
+        assert_eq!(emuhost_fault_handle_handle(fh, at, 1), 0, "a deleted handle took a fault");
+        assert_eq!(emuhost_fault_handle_handle(other, at, 1), 1);
+        // A new handle may take the freed slot: the old value still says no.
+        let mut again = null_mut();
+        ok(emuhost_tracker_fault_handle(t, &mut again));
+        assert_ne!(again, fh);
+        assert_eq!(emuhost_fault_handle_handle(fh, at, 1), 0);
+        assert!(!emuhost_fault_handle_delete(fh));
+        // A fault handle passed as another kind of handle is a stale handle too.
+        fails(emuhost_tracker_arm(again.cast(), 0, p), EMUHOST_ERROR_BAD_HANDLE, "not a live tracker");
+        assert!(emuhost_fault_handle_delete(again) && emuhost_fault_handle_delete(other));
+        assert!(emuhost_fault_handle_delete(null_mut()), "NULL is nothing to delete");
+        // The table is fixed: past its size a new handle is refused, and a delete makes room.
+        let mut live = Vec::new();
+        let refused = loop {
+            let mut h = null_mut();
+            match outcome(emuhost_tracker_fault_handle(t, &mut h)) {
+                None => live.push(h),
+                Some(e) => break e,
+            }
+            assert!(live.len() <= EMUHOST_FAULT_HANDLES_MAX as usize);
+        };
+        assert_eq!(refused.0, EMUHOST_ERROR_REFUSED, "{}", refused.1);
+        assert!(refused.1.contains("EMUHOST_FAULT_HANDLES_MAX"), "{}", refused.1);
+        assert!(emuhost_fault_handle_delete(live.pop().unwrap()));
+        let mut h = null_mut();
+        ok(emuhost_tracker_fault_handle(t, &mut h));
+        live.push(h);
+        assert!(live.into_iter().all(|h| emuhost_fault_handle_delete(h)));
+        ok(emuhost_tracker_delete(t));
+        ok(emuhost_space_delete(s));
+    }
+}

@@ -138,7 +138,7 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
 
 #[test]
 fn the_c_program_runs_against_both_libraries() {
-    let [_, static_run] = build_and_run("tests/c/smoke.c", false);
+    let [shared_run, static_run] = build_and_run("tests/c/smoke.c", false);
     // The environment reached the settings: the static run was told to use mprotect. Its
     // faults went through the program's own handler to emuhost_handle_fault (256 writes, at
     // least one fault each).
@@ -146,6 +146,9 @@ fn the_c_program_runs_against_both_libraries() {
     let handed =
         static_run.split("lost; ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<u32>().ok());
     assert!(handed.is_some_and(|n| n >= 256), "{static_run}");
+    for run in [&shared_run, &static_run] {
+        assert!(run.contains("fault handle: deleted twice and a tracker passed as one: refused\n"), "{run}");
+    }
 }
 
 #[test]

@@ -134,6 +134,12 @@
 // The allocator scales with threads (per-thread heaps: mimalloc).
 #define EMUHOST_ALLOCATOR_SCALES 1
 
+// The longest sleep [`emuhost_sleeper_sleep`] takes: 1 s (the replay's cap on one sleep too).
+// It is a short-sleep call, and a sleep cannot be cut short: longer waits belong on the
+// caller's own timer or in several calls. A longer one, most often a negative count cast to
+// unsigned, is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+#define EMUHOST_SLEEP_MAX_NS 1000000000
+
 // The backend the self-test picks (userfaultfd, then mprotect), or the one `EMUHOST_WATCH` in
 // the settings forces.
 #define EMUHOST_WATCH_AUTO 0
@@ -469,7 +475,8 @@ struct emuhost_error_t *emuhost_sleeper_new(const struct emuhost_settings_t *set
 struct emuhost_error_t *emuhost_sleeper_delete(struct emuhost_sleeper_t *sleeper);
 
 // Sleeps `ns` nanoseconds for `caller` (`EMUHOST_CALLER_*`): under a millisecond by the rule,
-// longer on the timer.
+// longer on the timer. `ns` over [`EMUHOST_SLEEP_MAX_NS`] (1 s) is
+// `EMUHOST_ERROR_INVALID_ARGUMENT`, at once.
 struct emuhost_error_t *emuhost_sleeper_sleep(const struct emuhost_sleeper_t *sleeper, uint32_t caller, uint64_t ns);
 
 // The short-sleep rule (decided now if no sleep has decided it yet), and why in words in `why`

@@ -376,6 +376,7 @@ private:
 };
 
 // Short sleeps for the guest and the host, by the rule.
+// A sleep over EMUHOST_SLEEP_MAX_NS (1 s) throws (EMUHOST_ERROR_INVALID_ARGUMENT).
 class Sleeper : public detail::Handle<emuhost_sleeper_t, emuhost_sleeper_delete> {
 public:
     explicit Sleeper(const Settings *settings = nullptr) : Handle(make(settings)) {}

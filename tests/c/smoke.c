@@ -236,6 +236,8 @@ int main(void) {
 
     /* Misuse: a NULL handle, a range outside the window, a double delete. */
     expect("arm on a NULL tracker", emuhost_tracker_arm(NULL, 0, page), EMUHOST_ERROR_NULL);
+    expect("a sleep of -1 ns cast to unsigned", emuhost_sleeper_sleep(sleeper, EMUHOST_CALLER_GUEST, (uint64_t)-1),
+           EMUHOST_ERROR_INVALID_ARGUMENT);
     expect("commit past the window", emuhost_space_commit(space, WINDOW, page, EMUHOST_PROT_READ), EMUHOST_ERROR_OUT_OF_RANGE);
     CHECK(emuhost_tracker_delete(tracker));
     expect("tracker deleted twice", emuhost_tracker_delete(tracker), EMUHOST_ERROR_BAD_HANDLE);

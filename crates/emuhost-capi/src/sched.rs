@@ -89,8 +89,15 @@ pub extern "C" fn emuhost_sleeper_delete(sleeper: *mut emuhost_sleeper_t) -> *mu
     entry(|| handle::delete::<Sleep>(sleeper))
 }
 
+/// The longest sleep [`emuhost_sleeper_sleep`] takes: 1 s (the replay's cap on one sleep too).
+/// It is a short-sleep call, and a sleep cannot be cut short: longer waits belong on the
+/// caller's own timer or in several calls. A longer one, most often a negative count cast to
+/// unsigned, is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+pub const EMUHOST_SLEEP_MAX_NS: u64 = 1_000_000_000;
+
 /// Sleeps `ns` nanoseconds for `caller` (`EMUHOST_CALLER_*`): under a millisecond by the rule,
-/// longer on the timer.
+/// longer on the timer. `ns` over [`EMUHOST_SLEEP_MAX_NS`] (1 s) is
+/// `EMUHOST_ERROR_INVALID_ARGUMENT`, at once.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_sleeper_sleep(
     sleeper: *const emuhost_sleeper_t,
@@ -104,6 +111,17 @@ pub extern "C" fn emuhost_sleeper_sleep(
             EMUHOST_CALLER_HOST => Caller::Host,
             _ => return Err(Error::invalid(format!("caller {caller} is not EMUHOST_CALLER_GUEST or _HOST"))),
         };
+        if ns > EMUHOST_SLEEP_MAX_NS {
+            return Err(Error::invalid(format!(
+                "emuhost_sleeper_sleep: a sleep of {ns} ns is longer than EMUHOST_SLEEP_MAX_NS ({EMUHOST_SLEEP_MAX_NS} ns, \
+                 1 s){}",
+                if ns > i64::MAX as u64 {
+                    format!(" (as signed: {} ns, a negative count cast?)", ns as i64)
+                } else {
+                    String::new()
+                }
+            )));
+        }
         s.0.sleep(caller, Duration::from_nanos(ns));
         Ok(())
     })

@@ -714,3 +714,37 @@ fn fault_handles_are_checked_deleted_twice_or_mistyped() {
         ok(emuhost_space_delete(s));
     }
 }
+
+/// A sleep longer than `EMUHOST_SLEEP_MAX_NS` (a negative count cast to unsigned, most often)
+/// is an error naming it and the bound, at once; it does not sleep for centuries. A watchdog
+/// fails the test where the call sleeps instead.
+#[test]
+fn a_sleep_past_the_bound_is_an_error_not_centuries() {
+    let mut sl = null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { ok(emuhost_sleeper_new(null(), &mut sl)) };
+    let addr = sl as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sl = addr as *const emuhost_sleeper_t;
+        let mut got = Vec::new();
+        for (caller, ns) in [
+            (EMUHOST_CALLER_GUEST, u64::MAX),
+            (EMUHOST_CALLER_HOST, -1_000_000i64 as u64),
+            (EMUHOST_CALLER_GUEST, EMUHOST_SLEEP_MAX_NS + 1),
+        ] {
+            got.push((ns, outcome(emuhost_sleeper_sleep(sl, caller, ns))));
+        }
+        let _ = tx.send(got);
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("a huge sleep slept (60 s and counting)");
+    for (ns, outcome) in got {
+        let (code, message) = outcome.unwrap_or_else(|| panic!("a sleep of {ns} ns succeeded"));
+        assert_eq!(code, EMUHOST_ERROR_INVALID_ARGUMENT, "{message}");
+        assert!(
+            message.contains(&ns.to_string()) && message.contains("EMUHOST_SLEEP_MAX_NS (1000000000 ns"),
+            "{message}"
+        );
+    }
+    ok(emuhost_sleeper_delete(sl));
+}

@@ -113,6 +113,10 @@
 
 #define EMUHOST_LOG_TRACE 5
 
+// How many lines wait for the callback at most: a line logged while the queue is full is
+// dropped (never waited for), and the callback's next line says how many were.
+#define EMUHOST_LOG_QUEUE 1024
+
 // A sleep of the game's own (`emuhost_sleeper_sleep`).
 #define EMUHOST_CALLER_GUEST 0
 
@@ -454,11 +458,26 @@ struct emuhost_error_t *emuhost_importer_release_all(const struct emuhost_import
 // process's global `tracing` subscriber: where the process has one already, that is
 // `EMUHOST_ERROR_REFUSED` (the lines go to that one).
 //
+// The callback is called on one thread of emuhost's ("emuhost-log"), one line at a time, in
+// the order they were logged, and never while emuhost holds a lock: it may call any emuhost
+// function, these included. The thread that logs never waits for it: where
+// [`EMUHOST_LOG_QUEUE`] lines wait already, a line is dropped, and the next line delivered is a
+// warning saying how many were. This call first waits until the lines logged before it were
+// delivered (to the callback it replaces), and, once it returns, the callback it replaced is
+// not called again (its `user` may be freed). Called from the callback itself it waits for
+// nothing (its own thread delivers). See [`emuhost_log_flush`].
+//
 // # Safety
-// `callback` may be called from any thread, several at once, until it is replaced, including
-// during the call that replaces it: it and `user` must stay valid and thread-safe that long. It
-// must not call back into emuhost's log functions.
+// `callback` is called from emuhost's delivery thread until it is replaced: it and `user` must
+// stay valid that long, and be callable from that thread.
 struct emuhost_error_t *emuhost_set_log_callback(emuhost_log_callback_t callback, void *user);
+
+// Waits until every line logged before this call has been handed to the log callback (and the
+// callback returned). Call it before reading what the callback collected, and before the
+// process exits (lines still queued then are lost). It returns at once where no callback was
+// ever set, when called from the callback itself, and in a forked child (no delivery thread
+// there: the child's lines are not delivered).
+void emuhost_log_flush(void);
 
 // The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default
 // `EMUHOST_LOG_INFO`).

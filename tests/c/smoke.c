@@ -245,6 +245,7 @@ int main(void) {
     CHECK(emuhost_sleeper_delete(sleeper));
     CHECK(emuhost_space_delete(space));
     CHECK(emuhost_settings_delete(settings));
+    emuhost_log_flush(); /* the lines reach the callback on emuhost's delivery thread */
     if (__atomic_load_n(&log_lines, __ATOMIC_RELAXED) == 0) {
         fprintf(stderr, "smoke: the log callback received no line\n");
         return 1;

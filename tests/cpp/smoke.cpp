@@ -174,6 +174,7 @@ int run() {
     emuhost::detail::check(emuhost_tracker_delete(raw));
     expect("tracker deleted twice", EMUHOST_ERROR_BAD_HANDLE, [&] { emuhost::detail::check(emuhost_tracker_delete(raw)); });
 
+    emuhost::log_flush();  // the lines reach the callback on emuhost's delivery thread
     if (log_lines.load() == 0) {
         std::fprintf(stderr, "smoke: the log callback received no line\n");
         return 1;

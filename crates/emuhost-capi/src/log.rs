@@ -2,10 +2,20 @@
 //! embedder's function. The first `emuhost_set_log_callback` installs a subscriber as the
 //! process's global default (refused where the process has one already, e.g. a Rust embedder's);
 //! later calls change or clear the function.
+//!
+//! The function is never called on the thread that logs: emuhost logs while it holds its locks
+//! (an importer's, a space's), and a callback that calls back into emuhost (the importer's
+//! figures on an import's warning) would wait for a lock its own thread holds. The layer formats
+//! the line and queues it (bounded: [`EMUHOST_LOG_QUEUE`]; a full queue drops the line and counts
+//! it, and never holds up the thread that logs); one delivery thread calls the function, in
+//! order, holding no lock of emuhost's. `emuhost_log_flush` and `emuhost_set_log_callback` wait
+//! for the lines queued before them.
 
+use std::cell::Cell;
 use std::ffi::{CString, c_char, c_void};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{OnceLock, RwLock};
 
 use tracing::field::{Field, Visit};
@@ -14,7 +24,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
 
 use crate::entry;
-use crate::error::{EMUHOST_ERROR_REFUSED, Error, emuhost_error_t};
+use crate::error::{EMUHOST_ERROR_OTHER, EMUHOST_ERROR_REFUSED, Error, emuhost_error_t};
 
 pub const EMUHOST_LOG_ERROR: u32 = 1;
 pub const EMUHOST_LOG_WARN: u32 = 2;
@@ -40,9 +50,95 @@ unsafe impl Send for Sink {}
 // SAFETY: as above.
 unsafe impl Sync for Sink {}
 
+/// How many lines wait for the callback at most: a line logged while the queue is full is
+/// dropped (never waited for), and the callback's next line says how many were.
+pub const EMUHOST_LOG_QUEUE: u32 = 1024;
+
 static SINK: RwLock<Option<Sink>> = RwLock::new(None);
 static MAX_LEVEL: AtomicU32 = AtomicU32::new(EMUHOST_LOG_INFO);
 static INSTALLED: OnceLock<bool> = OnceLock::new();
+/// The delivery thread's queue (or why it could not start).
+static DELIVERY: OnceLock<Result<Delivery, String>> = OnceLock::new();
+/// Lines dropped since the last one queued.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Whether this thread is the delivery thread (the callback's own calls into emuhost).
+    static DELIVERING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// What the delivery thread is given, in order.
+enum Msg {
+    /// A line, and how many were dropped just before it.
+    Line { level: u32, target: CString, message: CString, dropped: u64 },
+    /// Answered once every message before it was delivered.
+    Flush(SyncSender<()>),
+}
+
+struct Delivery {
+    queue: SyncSender<Msg>,
+    /// The process the thread runs in: a forked child has no delivery thread to wait for.
+    pid: u32,
+}
+
+fn delivery() -> Result<&'static Delivery, Error> {
+    let d = DELIVERY.get_or_init(|| {
+        let (queue, lines) = sync_channel(EMUHOST_LOG_QUEUE as usize);
+        std::thread::Builder::new()
+            .name("emuhost-log".into())
+            .spawn(move || deliver(lines))
+            .map(|_| Delivery { queue, pid: std::process::id() })
+            .map_err(|e| e.to_string())
+    });
+    d.as_ref().map_err(|e| Error::new(EMUHOST_ERROR_OTHER, format!("starting the log delivery thread: {e}")))
+}
+
+/// The delivery thread: calls the function that is set when each line's turn comes, with no lock
+/// held.
+fn deliver(lines: Receiver<Msg>) {
+    DELIVERING.with(|d| d.set(true));
+    let call = |level: u32, target: &CString, message: &CString| {
+        let Some(sink) = *SINK.read().unwrap_or_else(|p| p.into_inner()) else { return };
+        // SAFETY: the embedder's function, with its `user` and two strings that live across the
+        // call (the contract of `emuhost_set_log_callback`).
+        unsafe { (sink.f)(sink.user, level, target.as_ptr(), message.as_ptr()) };
+    };
+    let report = |dropped: u64| {
+        if dropped > 0 {
+            let message = format!(
+                "{dropped} log lines dropped: the log callback was slower than emuhost logged \
+                 (EMUHOST_LOG_QUEUE: {EMUHOST_LOG_QUEUE} lines wait at most)"
+            );
+            call(EMUHOST_LOG_WARN, &c"emuhost_capi::log".into(), &CString::new(message).unwrap_or_default());
+        }
+    };
+    for msg in lines {
+        match msg {
+            Msg::Line { level, target, message, dropped } => {
+                report(dropped);
+                call(level, &target, &message);
+            }
+            Msg::Flush(done) => {
+                report(DROPPED.swap(0, Ordering::Relaxed));
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// Waits until every line queued before it was delivered. Not on the delivery thread (the
+/// callback's own call would wait for itself), nor in a forked child (no delivery thread there).
+fn wait_for_delivery() {
+    let Some(Ok(d)) = DELIVERY.get() else { return };
+    if DELIVERING.with(Cell::get) || d.pid != std::process::id() {
+        return;
+    }
+    let (done, wait) = sync_channel(1);
+    // Blocks while the queue is full: the delivery thread empties it.
+    if d.queue.send(Msg::Flush(done)).is_ok() {
+        let _ = wait.recv();
+    }
+}
 
 fn code(level: &Level) -> u32 {
     match *level {
@@ -92,16 +188,22 @@ impl<S: Subscriber> Layer<S> for Forward {
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        let Some(sink) = *SINK.read().unwrap_or_else(|p| p.into_inner()) else { return };
+        if SINK.read().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return;
+        }
+        let Some(Ok(d)) = DELIVERY.get() else { return };
         let mut line = Line::default();
         event.record(&mut line);
         line.message.push_str(&line.fields);
         // Interior NULs cannot pass as C strings: shown as U+FFFD.
         let text = |s: &str| CString::new(s.replace('\0', "\u{fffd}")).unwrap_or_default();
         let (target, message) = (text(event.metadata().target()), text(&line.message));
-        // SAFETY: the embedder's function, with its `user` and two strings that live across the
-        // call (the contract of `emuhost_set_log_callback`).
-        unsafe { (sink.f)(sink.user, code(event.metadata().level()), target.as_ptr(), message.as_ptr()) };
+        let dropped = DROPPED.swap(0, Ordering::Relaxed);
+        let level = code(event.metadata().level());
+        // Never waits: a full queue drops the line (the callback is told how many).
+        if let Err(TrySendError::Full(_)) = d.queue.try_send(Msg::Line { level, target, message, dropped }) {
+            DROPPED.fetch_add(dropped + 1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -110,10 +212,18 @@ impl<S: Subscriber> Layer<S> for Forward {
 /// process's global `tracing` subscriber: where the process has one already, that is
 /// `EMUHOST_ERROR_REFUSED` (the lines go to that one).
 ///
+/// The callback is called on one thread of emuhost's ("emuhost-log"), one line at a time, in
+/// the order they were logged, and never while emuhost holds a lock: it may call any emuhost
+/// function, these included. The thread that logs never waits for it: where
+/// [`EMUHOST_LOG_QUEUE`] lines wait already, a line is dropped, and the next line delivered is a
+/// warning saying how many were. This call first waits until the lines logged before it were
+/// delivered (to the callback it replaces), and, once it returns, the callback it replaced is
+/// not called again (its `user` may be freed). Called from the callback itself it waits for
+/// nothing (its own thread delivers). See [`emuhost_log_flush`].
+///
 /// # Safety
-/// `callback` may be called from any thread, several at once, until it is replaced, including
-/// during the call that replaces it: it and `user` must stay valid and thread-safe that long. It
-/// must not call back into emuhost's log functions.
+/// `callback` is called from emuhost's delivery thread until it is replaced: it and `user` must
+/// stay valid that long, and be callable from that thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_set_log_callback(
     callback: emuhost_log_callback_t,
@@ -129,9 +239,24 @@ pub unsafe extern "C" fn emuhost_set_log_callback(
                 "the process has a global tracing subscriber already: emuhost's lines go to it",
             ));
         }
+        delivery()?;
+        // The lines logged before this call go to the callback set when they were logged.
+        wait_for_delivery();
         *SINK.write().unwrap_or_else(|p| p.into_inner()) = callback.map(|f| Sink { f, user });
+        // A delivery to the replaced callback that was under way has returned.
+        wait_for_delivery();
         Ok(())
     })
+}
+
+/// Waits until every line logged before this call has been handed to the log callback (and the
+/// callback returned). Call it before reading what the callback collected, and before the
+/// process exits (lines still queued then are lost). It returns at once where no callback was
+/// ever set, when called from the callback itself, and in a forked child (no delivery thread
+/// there: the child's lines are not delivered).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_log_flush() {
+    crate::entry_or((), wait_for_delivery);
 }
 
 /// The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default

@@ -1,13 +1,13 @@
 //! The C ABI called as C calls it: results, and misuse (NULL, stale and mistyped handles, ranges
 //! outside the window, bad constants and text, small buffers) coming back as errors.
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_char};
 use std::ptr::{null, null_mut};
 
 use emuhost_capi::*;
 
 /// The code and message of `e` (deleted), or `None` for success.
-fn outcome(e: *mut emuhost_error_t) -> Option<(u32, String)> {
+pub(crate) fn outcome(e: *mut emuhost_error_t) -> Option<(u32, String)> {
     if e.is_null() {
         return None;
     }
@@ -24,25 +24,25 @@ fn outcome(e: *mut emuhost_error_t) -> Option<(u32, String)> {
 }
 
 #[track_caller]
-fn ok(e: *mut emuhost_error_t) {
+pub(crate) fn ok(e: *mut emuhost_error_t) {
     if let Some((code, message)) = outcome(e) {
         panic!("error {code}: {message}");
     }
 }
 
 #[track_caller]
-fn fails(e: *mut emuhost_error_t, code: u32, says: &str) -> String {
+pub(crate) fn fails(e: *mut emuhost_error_t, code: u32, says: &str) -> String {
     let (got, message) = outcome(e).expect("the call succeeded");
     assert_eq!(got, code, "{message}");
     assert!(message.contains(says), "{message:?} does not say {says:?}");
     message
 }
 
-fn page() -> u64 {
+pub(crate) fn page() -> u64 {
     emuhost::space::page_size()
 }
 
-fn space(pages: u64) -> *mut emuhost_space_t {
+pub(crate) fn space(pages: u64) -> *mut emuhost_space_t {
     let mut s = null_mut();
     // SAFETY: an out-pointer to a local.
     ok(unsafe { emuhost_space_reserve(pages * page(), 0, &mut s) });
@@ -320,7 +320,7 @@ fn sections_map_views_that_alias() {
 }
 
 /// An importer on `s` with the pin backend and `more` switches.
-fn pin_importer(s: *mut emuhost_space_t, more: &[(&CStr, &CStr)]) -> *mut emuhost_importer_t {
+pub(crate) fn pin_importer(s: *mut emuhost_space_t, more: &[(&CStr, &CStr)]) -> *mut emuhost_importer_t {
     let mut st = null_mut();
     let mut imp = null_mut();
     // SAFETY: out-pointers are locals; NUL-terminated strings.
@@ -453,32 +453,6 @@ fn a_change_the_caller_marks_holds_the_background_imports_back() {
         ok(emuhost_importer_delete(imp));
         ok(emuhost_space_delete(s));
     }
-}
-
-static LINES: std::sync::Mutex<Vec<(u32, String, String)>> = std::sync::Mutex::new(Vec::new());
-
-unsafe extern "C" fn keep(user: *mut c_void, level: u32, target: *const c_char, message: *const c_char) {
-    assert_eq!(user as usize, 0x5eed);
-    // SAFETY: the strings live across the call (the callback's contract).
-    let (target, message) = unsafe { (CStr::from_ptr(target), CStr::from_ptr(message)) };
-    let line = (level, target.to_string_lossy().into_owned(), message.to_string_lossy().into_owned());
-    LINES.lock().unwrap().push(line);
-}
-
-#[test]
-fn the_log_callback_receives_emuhosts_lines() {
-    // SAFETY: `keep` is thread-safe and lives for the process.
-    unsafe { ok(emuhost_set_log_callback(Some(keep), std::ptr::without_provenance_mut(0x5eed))) };
-    let mut count = 0;
-    // SAFETY: out-pointers to locals.
-    unsafe { ok(emuhost_prepare_workers(EMUHOST_ALLOCATOR_LOCKED, &mut count, null_mut(), 0, null_mut())) };
-    assert!(count >= 1);
-    let lines = LINES.lock().unwrap().clone();
-    let line = lines.iter().find(|(_, _, m)| m.contains("sched: prepare_workers:"));
-    let (level, target, _) = line.unwrap_or_else(|| panic!("no prepare_workers line in {lines:?}"));
-    assert_eq!((*level, target.as_str()), (EMUHOST_LOG_INFO, "emuhost::sched::workers"));
-    // SAFETY: NULL stops the lines.
-    unsafe { ok(emuhost_set_log_callback(None, null_mut())) };
 }
 
 /// A panic inside the runtime (injected in `Space::commit`) comes back as an error, and the space

@@ -3,4 +3,5 @@
 
 mod abi;
 mod header;
+mod log;
 mod programs;

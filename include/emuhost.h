@@ -186,6 +186,11 @@ typedef struct emuhost_error_t emuhost_error_t;
 // stays valid after its tracker is deleted, when it takes no fault.
 typedef struct emuhost_fault_handle_t emuhost_fault_handle_t;
 
+// A write of the embedder's own through the kernel into the tracker's memory, in flight (opaque):
+// from [`emuhost_tracker_host_write_begin`] to [`emuhost_host_write_end`]. It keeps its tracker
+// alive.
+typedef struct emuhost_host_write_t emuhost_host_write_t;
+
 // An importer (opaque): game pools, chunked and spanned imports, figures.
 //
 // Thread safety: every call may be made from any thread, concurrently. The importer keeps its
@@ -490,6 +495,18 @@ struct emuhost_error_t *emuhost_set_log_level(uint32_t level);
 // `out` is NULL or writable.
 struct emuhost_error_t *emuhost_sleeper_new(const struct emuhost_settings_t *settings, struct emuhost_sleeper_t **out);
 
+// [`emuhost_sleeper_new`] with the host's exact wait chosen: how the host's short sleeps wait
+// where the settings leave it to the rule (`EMUHOST_SHORT_SLEEP_TIMER` unset; set, it decides
+// every short sleep). `host_wait` (`EMUHOST_WAIT_*`): `EMUHOST_WAIT_YIELD`, the default of
+// `emuhost_sleeper_new` (exact, keeps a CPU busy); `EMUHOST_WAIT_HYBRID`, a timer wait until a
+// margin before the deadline that the sleeper learns from the timer's lateness, then yields
+// (nearly exact at a fraction of the CPU; the host's sleeps of a millisecond or more wait so too:
+// docs/sched.md has the measurements); or `EMUHOST_WAIT_TIMER`.
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_sleeper_new_host_wait(const struct emuhost_settings_t *settings, uint32_t host_wait, struct emuhost_sleeper_t **out);
+
 // Deletes a sleeper. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
 struct emuhost_error_t *emuhost_sleeper_delete(struct emuhost_sleeper_t *sleeper);
 
@@ -770,6 +787,25 @@ int32_t emuhost_fault_handle_handle(const struct emuhost_fault_handle_t *handle,
 // value), and then nothing changes, so a second delete is harmless. A handler that runs with
 // the handle meanwhile takes no fault through it. Async-signal-safe.
 bool emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
+
+// Begins a write of the embedder's own into guest `addr..addr + len` that the kernel makes (a
+// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write): with the mprotect
+// backend such a write into armed pages fails with `EFAULT`, since the kernel does not fault
+// as the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
+// and every collect reports them written (and leaves them writable); after it, they are armed
+// again, and the next collect reports them once more (the write may have ended just before).
+// No lock is held in between: the write may block (a pipe another thread feeds), and collects,
+// commits and arms go on meanwhile (an arm of the range waits for the end). The other backends
+// need nothing of this and record nothing (their tracking sees the kernel's writes as it sees
+// the guest's; the begin and end are cheap there).
+//
+// # Safety
+// `out` is NULL or writable.
+struct emuhost_error_t *emuhost_tracker_host_write_begin(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, struct emuhost_host_write_t **out);
+
+// Ends a host write begun by [`emuhost_tracker_host_write_begin`]: its pages are armed again.
+// NULL does nothing; one ended already is `EMUHOST_ERROR_BAD_HANDLE`.
+struct emuhost_error_t *emuhost_host_write_end(struct emuhost_host_write_t *write);
 
 // Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
 // pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit

@@ -164,6 +164,13 @@ public:
     explicit LongRead(emuhost_long_read_t *raw) : Handle(raw) {}
 };
 
+// The program's own kernel write into armed memory (a read(2) into guest memory) in flight
+// while this lives (see emuhost_tracker_host_write_begin): Tracker::host_write().
+class HostWrite : public detail::Handle<emuhost_host_write_t, emuhost_host_write_end> {
+public:
+    explicit HostWrite(emuhost_host_write_t *raw) : Handle(raw) {}
+};
+
 // The guest address space.
 class Space : public detail::Handle<emuhost_space_t, emuhost_space_delete> {
 public:
@@ -280,6 +287,13 @@ public:
     std::string backend_name() const { return emuhost_watch_backend_name(backend()); }
     void arm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_arm(get(), addr, len)); }
     void disarm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_disarm(get(), addr, len)); }
+    // Marks the program's own kernel write into addr..addr + len (a read(2) there) while the
+    // guard lives; with mprotect such a write fails with EFAULT otherwise.
+    HostWrite host_write(std::uint64_t addr, std::uint64_t len) const {
+        emuhost_host_write_t *raw = nullptr;
+        detail::check(emuhost_tracker_host_write_begin(get(), addr, len, &raw));
+        return HostWrite(raw);
+    }
     // The written pages' guest addresses go to the front of `pages` (room for len / page size).
     emuhost_collect_t collect(std::uint64_t addr, std::uint64_t len, span<std::uint64_t> pages) const {
         emuhost_collect_t r{};
@@ -380,6 +394,13 @@ private:
 class Sleeper : public detail::Handle<emuhost_sleeper_t, emuhost_sleeper_delete> {
 public:
     explicit Sleeper(const Settings *settings = nullptr) : Handle(make(settings)) {}
+    // With the host's exact wait chosen (EMUHOST_WAIT_HYBRID, _YIELD or _TIMER; see
+    // emuhost_sleeper_new_host_wait).
+    static Sleeper with_host_wait(std::uint32_t host_wait, const Settings *settings = nullptr) {
+        emuhost_sleeper_t *raw = nullptr;
+        detail::check(emuhost_sleeper_new_host_wait(emuhost::raw(settings), host_wait, &raw));
+        return Sleeper(raw);
+    }
     void sleep_guest(std::chrono::nanoseconds d) const { sleep(EMUHOST_CALLER_GUEST, d); }
     void sleep_host(std::chrono::nanoseconds d) const { sleep(EMUHOST_CALLER_HOST, d); }
     emuhost_sleep_rule_t rule() const {
@@ -393,6 +414,7 @@ public:
     }
 
 private:
+    explicit Sleeper(emuhost_sleeper_t *raw) : Handle(raw) {}
     static emuhost_sleeper_t *make(const Settings *settings) {
         emuhost_sleeper_t *raw = nullptr;
         detail::check(emuhost_sleeper_new(emuhost::raw(settings), &raw));

@@ -7,12 +7,15 @@
  * Vulkan headers; without a device the Vulkan part is skipped unless EMUHOST_REQUIRE_VULKAN=1. */
 #include "emuhost.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef SMOKE_NO_VULKAN
 #include "vkdev.h"
@@ -87,6 +90,58 @@ static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* `n` bytes of `fill` into a new pipe, then read(2) from it into `at`: what read returned
+ * (errno as it left it). */
+static ssize_t read_pipe_into(uint8_t *at, size_t n, uint8_t fill) {
+    static uint8_t data[2 * 65536];
+    int fds[2];
+    if (n > sizeof data || pipe(fds) != 0) exit(1);
+    memset(data, fill, n);
+    if (write(fds[1], data, n) != (ssize_t)n) exit(1);
+    ssize_t got = read(fds[0], at, n);
+    int err = errno;
+    close(fds[0]);
+    close(fds[1]);
+    errno = err;
+    return got;
+}
+
+/* The program's own kernel writes into armed memory (a read(2) from a pipe) between
+ * emuhost_tracker_host_write_begin and emuhost_host_write_end (with mprotect, EFAULT without
+ * them), collected after; and its own mprotect in the window marked as a change in flight. */
+static void host_write_part(emuhost_space_t *space, emuhost_tracker_t *tracker, uint32_t backend,
+                            const emuhost_space_info_t *info) {
+    const uint64_t page = info->page_size, at = 300 * page, n = 2 * page;
+    uint8_t *host = (uint8_t *)info->host_base + at;
+    if (backend == EMUHOST_WATCH_MPROTECT && (read_pipe_into(host, n, 1) != -1 || errno != EFAULT)) {
+        fprintf(stderr, "smoke: a read(2) into armed memory did not fail with EFAULT\n");
+        exit(1);
+    }
+    emuhost_host_write_t *w;
+    CHECK(emuhost_tracker_host_write_begin(tracker, at, n, &w));
+    ssize_t got = read_pipe_into(host, n, 0x5a);
+    CHECK(emuhost_host_write_end(w));
+    expect("host write ended twice", emuhost_host_write_end(w), EMUHOST_ERROR_BAD_HANDLE);
+    uint64_t words[ARMED / 4096 / 64] = {0};
+    emuhost_written_t r;
+    CHECK(emuhost_tracker_collect_into(tracker, 0, ARMED, page, words, (size_t)(ARMED / page + 63) / 64, 0, &r));
+    int both = ((words[300 / 64] >> (300 % 64)) & 1) && ((words[301 / 64] >> (301 % 64)) & 1);
+    printf("host write: read(2) of %zd bytes into armed memory; %llu pages collected%s\n", got,
+           (unsigned long long)r.pages, both ? ", its 2 among them" : "");
+    if (got != (ssize_t)n || host[0] != 0x5a || host[n - 1] != 0x5a || !both || r.pages != 2) exit(1);
+
+    CHECK(emuhost_space_commit(space, ARMED, page, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE)); /* not armed */
+    emuhost_change_t *change;
+    CHECK(emuhost_space_change_begin(space, &change));
+    uint8_t *own = (uint8_t *)info->host_base + ARMED;
+    int changed = mprotect(own, page, PROT_READ) == 0 && mprotect(own, page, PROT_READ | PROT_WRITE) == 0;
+    CHECK(emuhost_change_end(change));
+    expect("change ended twice", emuhost_change_end(change), EMUHOST_ERROR_BAD_HANDLE);
+    own[0] = 1;
+    printf("change: the program's own mprotect marked in flight: %s\n", changed ? "ok" : "failed");
+    if (!changed) exit(1);
 }
 
 #ifndef SMOKE_NO_VULKAN
@@ -216,6 +271,8 @@ int main(void) {
     if (emuhost_fault_handle_handle(fh, first, 1) != 0) return 1;
     printf("fault handle: deleted twice and a tracker passed as one: refused\n");
 
+    host_write_part(space, tracker, backend, &info);
+
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings, info.host_base);
 #else
@@ -233,6 +290,15 @@ int main(void) {
     printf("sleep: 20 us guest sleep took %.1f us; rule: guest %s, host %s: %s\n", slept, emuhost_wait_name(rule.guest),
            emuhost_wait_name(rule.host), why);
     if (slept < 20.0) return 1;
+    emuhost_sleeper_t *hybrid; /* the hybrid as the host's exact wait */
+    CHECK(emuhost_sleeper_new_host_wait(NULL, EMUHOST_WAIT_HYBRID, &hybrid));
+    t0 = now_us();
+    CHECK(emuhost_sleeper_sleep(hybrid, EMUHOST_CALLER_HOST, 1500000));
+    slept = now_us() - t0;
+    CHECK(emuhost_sleeper_rule(hybrid, &rule, NULL, 0, NULL));
+    printf("hybrid: 1.5 ms host sleep took %.1f us; host wait %s\n", slept, emuhost_wait_name(rule.host));
+    if (slept < 1500.0 || rule.host != EMUHOST_WAIT_HYBRID) return 1;
+    CHECK(emuhost_sleeper_delete(hybrid));
 
     /* Misuse: a NULL handle, a range outside the window, a double delete. */
     expect("arm on a NULL tracker", emuhost_tracker_arm(NULL, 0, page), EMUHOST_ERROR_NULL);

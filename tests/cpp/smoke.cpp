@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #ifndef SMOKE_NO_VULKAN
 #include "vkdev.h"
 #endif
@@ -148,6 +150,24 @@ int run() {
     std::printf("collect: %u lost\n", lost);
     if (lost) return 1;
 
+    // The program's own read(2) from a pipe into armed memory, marked as a host write.
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    std::vector<std::uint8_t> data(page, 0x5a);
+    if (write(fds[1], data.data(), page) != static_cast<ssize_t>(page)) return 1;
+    ssize_t got = 0;
+    {
+        auto w = tracker.host_write(300 * page, page);
+        got = read(fds[0], static_cast<std::uint8_t *>(info.host_base) + 300 * page, page);
+    }
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<std::uint64_t> words((ARMED / page + 63) / 64);
+    buffers.collect_into(0, ARMED, page, words);
+    std::printf("host write: read(2) of %zd bytes into armed memory, page 300 %s\n", got,
+                (words[300 / 64] >> (300 % 64)) & 1 ? "collected" : "lost");
+    if (got != static_cast<ssize_t>(page) || !((words[300 / 64] >> (300 % 64)) & 1)) return 1;
+
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings);
 #else
@@ -162,6 +182,10 @@ int run() {
     std::printf("sleep: 20 us guest sleep took %.1f us; rule: guest %s, host %s: %s\n", slept,
                 emuhost_wait_name(rule.guest), emuhost_wait_name(rule.host), sleeper.why().c_str());
     if (slept < 20.0) return 1;
+    auto hybrid = emuhost::Sleeper::with_host_wait(EMUHOST_WAIT_HYBRID);
+    hybrid.sleep_host(std::chrono::milliseconds(1));
+    std::printf("hybrid: host wait %s\n", emuhost_wait_name(hybrid.rule().host));
+    if (hybrid.rule().host != EMUHOST_WAIT_HYBRID) return 1;
     auto workers = emuhost::prepare_workers(EMUHOST_ALLOCATOR_LOCKED);
     std::printf("workers: %s\n", workers.why.c_str());
 

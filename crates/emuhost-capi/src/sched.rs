@@ -83,6 +83,40 @@ pub unsafe extern "C" fn emuhost_sleeper_new(
     })
 }
 
+/// [`emuhost_sleeper_new`] with the host's exact wait chosen: how the host's short sleeps wait
+/// where the settings leave it to the rule (`EMUHOST_SHORT_SLEEP_TIMER` unset; set, it decides
+/// every short sleep). `host_wait` (`EMUHOST_WAIT_*`): `EMUHOST_WAIT_YIELD`, the default of
+/// `emuhost_sleeper_new` (exact, keeps a CPU busy); `EMUHOST_WAIT_HYBRID`, a timer wait until a
+/// margin before the deadline that the sleeper learns from the timer's lateness, then yields
+/// (nearly exact at a fraction of the CPU; the host's sleeps of a millisecond or more wait so too:
+/// docs/sched.md has the measurements); or `EMUHOST_WAIT_TIMER`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_sleeper_new_host_wait(
+    settings: *const emuhost_settings_t,
+    host_wait: u32,
+    out: *mut *mut emuhost_sleeper_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let s = crate::settings::read(settings, "emuhost_sleeper_new_host_wait")?;
+        let wait = match host_wait {
+            EMUHOST_WAIT_TIMER => Wait::Timer,
+            EMUHOST_WAIT_YIELD => Wait::Yield,
+            EMUHOST_WAIT_HYBRID => Wait::Hybrid,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "host wait {host_wait} is not one of EMUHOST_WAIT_TIMER (0), _YIELD (1), _HYBRID (2)"
+                )));
+            }
+        };
+        let sleeper = SleeperBuilder::from_settings(&s).host_exact(wait).build(OsHost);
+        // SAFETY: as the caller vouches.
+        unsafe { handle::give(out, Arc::new(Sleep(sleeper))) }
+    })
+}
+
 /// Deletes a sleeper. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_sleeper_delete(sleeper: *mut emuhost_sleeper_t) -> *mut emuhost_error_t {

@@ -4,7 +4,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 use emuhost::space::{GuestAddr, GuestRange, page_size};
-use emuhost::watch::{BackendKind, Consumer, Tracker, TrackerConfig, Written};
+use emuhost::watch::{BackendKind, Consumer, OwnedHostWrite, Tracker, TrackerConfig, Written};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -288,6 +288,54 @@ pub extern "C" fn emuhost_fault_handle_handle(
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_fault_handle_delete(handle: *mut emuhost_fault_handle_t) -> bool {
     handle.is_null() || crate::fault::remove(handle.addr())
+}
+
+/// A write of the embedder's own through the kernel into the tracker's memory, in flight (opaque):
+/// from [`emuhost_tracker_host_write_begin`] to [`emuhost_host_write_end`]. It keeps its tracker
+/// alive.
+pub struct emuhost_host_write_t {
+    _private: [u8; 0],
+}
+
+impl Kind for OwnedHostWrite {
+    type C = emuhost_host_write_t;
+    const NAME: &'static str = "host write";
+}
+
+/// Begins a write of the embedder's own into guest `addr..addr + len` that the kernel makes (a
+/// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write): with the mprotect
+/// backend such a write into armed pages fails with `EFAULT`, since the kernel does not fault
+/// as the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
+/// and every collect reports them written (and leaves them writable); after it, they are armed
+/// again, and the next collect reports them once more (the write may have ended just before).
+/// No lock is held in between: the write may block (a pipe another thread feeds), and collects,
+/// commits and arms go on meanwhile (an arm of the range waits for the end). The other backends
+/// need nothing of this and record nothing (their tracking sees the kernel's writes as it sees
+/// the guest's; the begin and end are cheap there).
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_tracker_host_write_begin(
+    tracker: *const emuhost_tracker_t,
+    addr: u64,
+    len: u64,
+    out: *mut *mut emuhost_host_write_t,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let t = get(tracker, "emuhost_tracker_host_write_begin")?;
+        crate::ffi::check_ptr(out, "the out-pointer")?;
+        let w = t.host_write_owned(GuestRange::new(GuestAddr(addr), len)?)?;
+        // SAFETY: as the caller vouches.
+        unsafe { handle::give(out, Arc::new(w)) }
+    })
+}
+
+/// Ends a host write begun by [`emuhost_tracker_host_write_begin`]: its pages are armed again.
+/// NULL does nothing; one ended already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_host_write_end(write: *mut emuhost_host_write_t) -> *mut emuhost_error_t {
+    entry(|| handle::delete::<OwnedHostWrite>(write))
 }
 
 /// What a collect or query into words found.

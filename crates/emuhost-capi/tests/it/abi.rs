@@ -722,3 +722,112 @@ fn a_sleep_past_the_bound_is_an_error_not_centuries() {
     }
     ok(emuhost_sleeper_delete(sl));
 }
+
+/// `read(2)` from a pipe into `len` bytes at `at`: the bytes read, or the OS error.
+fn read_pipe_into(at: *mut u8, len: usize, fill: u8) -> std::io::Result<usize> {
+    let mut fds = [0; 2];
+    // SAFETY: a fresh pipe the function owns and closes; `at` is memory the caller vouches for
+    // (the kernel checks its access: a page it may not write is EFAULT, not a fault).
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        let data = vec![fill; len];
+        assert_eq!(libc::write(fds[1], data.as_ptr().cast(), len), len as isize);
+        let n = libc::read(fds[0], at.cast(), len);
+        let result = if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) };
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+        result
+    }
+}
+
+/// The pages a collect of the first `pages` pages reports.
+fn collected(t: *const emuhost_tracker_t, pages: u64) -> Vec<u64> {
+    let mut out = vec![0u64; pages as usize];
+    let mut r = emuhost_collect_t::default();
+    // SAFETY: room for every page of the range; a local result.
+    ok(unsafe { emuhost_tracker_collect(t, 0, pages * page(), out.as_mut_ptr(), out.len(), &mut r) });
+    out.truncate(r.pages);
+    out
+}
+
+/// The embedder's own kernel write into armed memory (a `read(2)` from a pipe) between
+/// `emuhost_tracker_host_write_begin` and `emuhost_host_write_end`: with the mprotect backend it
+/// fails with EFAULT without them, succeeds with them, and the next collect reports its pages.
+#[test]
+fn a_read_into_armed_memory_between_host_write_begin_and_end() {
+    let p = page();
+    for backend in [EMUHOST_WATCH_MPROTECT, EMUHOST_WATCH_AUTO] {
+        let s = space(16);
+        let mut t = null_mut();
+        // SAFETY: out-pointers are locals; the reads go to the space's committed pages.
+        unsafe {
+            ok(emuhost_space_commit(s, 0, 16 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+            ok(emuhost_tracker_new(s, null(), backend, 0, &mut t));
+            let mut info = std::mem::zeroed::<emuhost_space_info_t>();
+            ok(emuhost_space_info(s, &mut info));
+            let mut kind = 0;
+            ok(emuhost_tracker_backend(t, &mut kind));
+            ok(emuhost_tracker_arm(t, 0, 16 * p));
+            let at = info.host_base.cast::<u8>().add(4 * p as usize);
+            if kind == EMUHOST_WATCH_MPROTECT {
+                let e = read_pipe_into(at, 2 * p as usize, 1).expect_err("a read into armed pages");
+                assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+            }
+            let mut w = null_mut();
+            ok(emuhost_tracker_host_write_begin(t, 4 * p, 2 * p, &mut w));
+            assert_eq!(read_pipe_into(at, 2 * p as usize, 7).expect("the read between begin and end"), 2 * p as usize);
+            ok(emuhost_host_write_end(w));
+            assert_eq!((*at, *at.add(2 * p as usize - 1)), (7, 7));
+            assert_eq!(collected(t, 16), [4 * p, 5 * p], "backend {kind}");
+            // Armed again after the end: a later guest write is reported as usual.
+            std::ptr::write_volatile(at, 9);
+            assert_eq!(collected(t, 16), [4 * p], "backend {kind}");
+            // A collect between the begin and the write reports the pages and leaves them
+            // writable; the write after it is reported by the first collect after the end.
+            // (With uffd nothing is prepared, so nothing is reported before the write.)
+            ok(emuhost_tracker_host_write_begin(t, 4 * p, 2 * p, &mut w));
+            let before: &[u64] = if kind == EMUHOST_WATCH_MPROTECT { &[4 * p, 5 * p] } else { &[] };
+            assert_eq!(collected(t, 16), before, "backend {kind}");
+            assert_eq!(read_pipe_into(at, p as usize, 8).expect("the read after a collect"), p as usize);
+            ok(emuhost_host_write_end(w));
+            assert_eq!(collected(t, 16)[..1], [4 * p], "backend {kind}");
+            // Misuse: ended twice, a range past the window, a NULL out-pointer.
+            fails(emuhost_host_write_end(w), EMUHOST_ERROR_BAD_HANDLE, "not a live host write");
+            ok(emuhost_host_write_end(null_mut()));
+            fails(emuhost_tracker_host_write_begin(t, 15 * p, 2 * p, &mut w), EMUHOST_ERROR_OUT_OF_RANGE, "outside");
+            fails(emuhost_tracker_host_write_begin(t, 0, p, null_mut()), EMUHOST_ERROR_NULL, "out-pointer");
+            // A host write keeps its tracker: deleted meanwhile, the end still arms again.
+            ok(emuhost_tracker_host_write_begin(t, 0, p, &mut w));
+            ok(emuhost_tracker_delete(t));
+            ok(emuhost_host_write_end(w));
+            ok(emuhost_space_delete(s));
+        }
+    }
+}
+
+/// The hybrid wait (a timer wait, then yields) as the host's exact wait, chosen from C.
+#[test]
+fn a_sleeper_with_the_hybrid_as_the_hosts_exact_wait() {
+    let mut sl = null_mut();
+    // SAFETY: out-pointers to locals.
+    unsafe {
+        ok(emuhost_sleeper_new_host_wait(null(), EMUHOST_WAIT_HYBRID, &mut sl));
+        let mut rule = emuhost_sleep_rule_t::default();
+        ok(emuhost_sleeper_rule(sl, &mut rule, null_mut(), 0, null_mut()));
+        assert_eq!(rule.host, EMUHOST_WAIT_HYBRID);
+        for ns in [200_000, 2_000_000] {
+            let t0 = std::time::Instant::now();
+            ok(emuhost_sleeper_sleep(sl, EMUHOST_CALLER_HOST, ns));
+            assert!(t0.elapsed() >= std::time::Duration::from_nanos(ns));
+        }
+        ok(emuhost_sleeper_delete(sl));
+        let mut bad = null_mut();
+        fails(emuhost_sleeper_new_host_wait(null(), 3, &mut bad), EMUHOST_ERROR_INVALID_ARGUMENT, "host wait 3");
+        assert!(bad.is_null());
+        fails(
+            emuhost_sleeper_new_host_wait(null(), EMUHOST_WAIT_HYBRID, null_mut()),
+            EMUHOST_ERROR_NULL,
+            "out-pointer",
+        );
+    }
+}

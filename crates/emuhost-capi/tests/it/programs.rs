@@ -115,6 +115,9 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
         cmd.arg("-lpthread");
         run(&mut cmd);
         let mut go = Command::new(&exe);
+        // Cargo's LD_LIBRARY_PATH for tests names target/debug too, where a `cargo build` leaves
+        // its own (maybe older) libemuhost_capi.so, and it outranks the program's run path.
+        go.env("LD_LIBRARY_PATH", &lib);
         if linkage == "static" && !cpp {
             go.env("EMUHOST_WATCH", "mprotect");
         }
@@ -148,10 +151,21 @@ fn the_c_program_runs_against_both_libraries() {
     assert!(handed.is_some_and(|n| n >= 256), "{static_run}");
     for run in [&shared_run, &static_run] {
         assert!(run.contains("fault handle: deleted twice and a tracker passed as one: refused\n"), "{run}");
+        for line in [
+            "pages collected, its 2 among them\n",
+            "change: the program's own mprotect marked in flight: ok\n",
+            "; host wait hybrid\n",
+        ] {
+            assert!(run.contains(line), "no {line:?} in:\n{run}");
+        }
     }
 }
 
 #[test]
 fn the_cpp_program_runs_against_both_libraries() {
-    build_and_run("tests/cpp/smoke.cpp", true);
+    for run in build_and_run("tests/cpp/smoke.cpp", true) {
+        for line in ["bytes into armed memory, page 300 collected\n", "hybrid: host wait hybrid\n"] {
+            assert!(run.contains(line), "no {line:?} in:\n{run}");
+        }
+    }
 }

@@ -732,10 +732,25 @@ impl Tracker {
     /// as usual.
     /// The other backends need nothing and record nothing.
     pub fn host_write<R>(&self, range: GuestRange, write: impl FnOnce() -> R) -> Result<R, WatchError> {
+        let hosting = self.begin_host_write(range)?;
+        let _end = hosting.map(|range| HostWriteEnd { tracker: self, range });
+        Ok(write())
+    }
+
+    /// [`Tracker::host_write`] as a begin and an end, for a caller that cannot pass a closure
+    /// (the C API's `emuhost_tracker_host_write_begin`): the host's write may be made while the
+    /// guard lives, and its drop ends it. The guard keeps the tracker alive.
+    pub fn host_write_owned(self: &Arc<Self>, range: GuestRange) -> Result<OwnedHostWrite, WatchError> {
+        let range = self.begin_host_write(range)?;
+        Ok(OwnedHostWrite { tracker: self.clone(), range })
+    }
+
+    /// Prepares `range` for a host write where the backend needs it: the range to end then.
+    fn begin_host_write(&self, range: GuestRange) -> Result<Option<GuestRange>, WatchError> {
         self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;
         if !self.core.backend.needs_host_write_prepare() {
-            return Ok(write());
+            return Ok(None);
         }
         self.space.with_layout(range, |_| {
             let mut inner = self.inner();
@@ -743,8 +758,7 @@ impl Tracker {
             inner.hosting.push((range.start().0, range.end().0));
             Ok::<(), WatchError>(())
         })?;
-        let _end = HostWriteEnd { tracker: self, range };
-        Ok(write())
+        Ok(Some(range))
     }
 
     /// Collects the pages of `range` written since the last collect and arms them again.
@@ -1030,9 +1044,38 @@ struct HostWriteEnd<'a> {
 
 impl Drop for HostWriteEnd<'_> {
     fn drop(&mut self) {
-        let t = self.tracker;
-        let (a, b) = (self.range.start().0, self.range.end().0);
-        t.space.with_layout(self.range, |_| {
+        self.tracker.end_host_write(self.range);
+    }
+}
+
+/// A host write in flight ([`Tracker::host_write_owned`]), ended when it drops. It keeps its
+/// tracker alive.
+pub struct OwnedHostWrite {
+    tracker: Arc<Tracker>,
+    /// `None` where the backend needed no preparation.
+    range: Option<GuestRange>,
+}
+
+impl std::fmt::Debug for OwnedHostWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedHostWrite").field("range", &self.range).finish()
+    }
+}
+
+impl Drop for OwnedHostWrite {
+    fn drop(&mut self) {
+        if let Some(range) = self.range {
+            self.tracker.end_host_write(range);
+        }
+    }
+}
+
+impl Tracker {
+    /// Ends the host write of `range` begun by [`Tracker::begin_host_write`].
+    fn end_host_write(&self, range: GuestRange) {
+        let t = self;
+        let (a, b) = (range.start().0, range.end().0);
+        t.space.with_layout(range, |_| {
             let mut inner = t.inner();
             if let Some(i) = inner.hosting.iter().position(|h| *h == (a, b)) {
                 inner.hosting.swap_remove(i);
@@ -1046,7 +1089,7 @@ impl Drop for HostWriteEnd<'_> {
             if due.is_empty() {
                 return;
             }
-            let armed = t.space.kernel_regions(self.range).map_err(WatchError::from).and_then(|regions| {
+            let armed = t.space.kernel_regions(range).map_err(WatchError::from).and_then(|regions| {
                 for &(s, e) in &due {
                     inner.deferred.remove(s, e, |_, _, _| ());
                     // The host may have written them: report them once.
@@ -1057,7 +1100,7 @@ impl Drop for HostWriteEnd<'_> {
                 Ok(())
             });
             if let Err(e) = armed {
-                tracing::warn!("write tracking: arming {} after a host write failed: {}", self.range, chain(&e));
+                tracing::warn!("write tracking: arming {range} after a host write failed: {}", chain(&e));
             }
         });
     }

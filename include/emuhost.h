@@ -481,7 +481,8 @@ struct emuhost_error_t *emuhost_set_log_callback(emuhost_log_callback_t callback
 // callback returned). Call it before reading what the callback collected, and before the
 // process exits (lines still queued then are lost). It returns at once where no callback was
 // ever set, when called from the callback itself, and in a forked child (no delivery thread
-// there: the child's lines are not delivered).
+// there: the child's lines are not delivered). The callback runs on another thread meanwhile:
+// call this (and `emuhost_set_log_callback`) holding no lock of yours that the callback takes.
 void emuhost_log_flush(void);
 
 // The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default

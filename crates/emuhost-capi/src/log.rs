@@ -253,7 +253,8 @@ pub unsafe extern "C" fn emuhost_set_log_callback(
 /// callback returned). Call it before reading what the callback collected, and before the
 /// process exits (lines still queued then are lost). It returns at once where no callback was
 /// ever set, when called from the callback itself, and in a forked child (no delivery thread
-/// there: the child's lines are not delivered).
+/// there: the child's lines are not delivered). The callback runs on another thread meanwhile:
+/// call this (and `emuhost_set_log_callback`) holding no lock of yours that the callback takes.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_log_flush() {
     crate::entry_or((), wait_for_delivery);

@@ -47,8 +47,10 @@ fn run(cmd: &mut Command) -> String {
 
 /// Whether `cc` finds the Vulkan headers; where not, a missing device's rule decides (skip, or
 /// fail with `EMUHOST_REQUIRE_VULKAN=1`).
-fn vulkan_headers(cc: &str) -> bool {
-    let probe = out_dir().join("probe.c");
+/// `name`: the probe's own file (the C and the C++ tests run at once: with one file, one's write
+/// could empty it under the other's compile, which then found headers that are not there).
+fn vulkan_headers(cc: &str, name: &str) -> bool {
+    let probe = out_dir().join(format!("probe-{name}.c"));
     std::fs::write(&probe, "#include <vulkan/vulkan.h>\nint main(void) { return 0; }\n").unwrap();
     let ok = Command::new(cc).args(["-fsyntax-only"]).arg(&probe).status().is_ok_and(|s| s.success());
     if !ok {
@@ -68,7 +70,7 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
     let (root, lib, out) = (root(), lib_dir(), out_dir());
     let name = if cpp { "cpp" } else { "c" };
     let std = if cpp { "-std=c++17" } else { "-std=c11" };
-    let vk = vulkan_headers(&cc);
+    let vk = vulkan_headers(&cc, name);
     let mut extra: Vec<PathBuf> = Vec::new();
     if vk {
         let obj = out.join(format!("vkdev-{name}.o"));

@@ -761,9 +761,13 @@ struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *
 
 // Hands the fault at host address `addr` (the signal's `si_addr`) to whichever tracker of the
 // process has the page armed; call it first in the embedder's `SIGSEGV` handler. `is_write`:
-// nonzero for a write fault (pass 1 where the handler cannot tell). Returns 1 where the fault was
-// emuhost's (the page is writable now and marked written: return from the handler and the CPU
-// retries the write), 0 where it is not (handle it, or chain to the previous handler).
+// nonzero for a write fault (pass 1 where the handler cannot tell). Returns 1 in exactly two
+// cases: the page is armed by a tracker (it is writable now and marked written), or a disarm
+// (or a tracker's delete) gave this page its writable protection back and this is the first
+// fault on it since (a write that faulted before). Return from the handler then: the CPU
+// retries the write. 0 for everything else (a page never armed, one the guest or the space
+// changed after its disarm, a repeat, a page of a deleted space): handle it, or chain to the
+// previous handler.
 //
 // Async-signal-safe: no allocation, no lock, no panic. With the uffd backend writes never fault,
 // and it returns 0.

@@ -3,9 +3,11 @@
 //! with frames kept in step: every thread finishes frame N before any starts frame N + 1.
 //!
 //! The reading thread dispatches records to the threads as it streams them (the session never
-//! sits in memory as objects), and checks what would otherwise crash the process: a guest write
-//! is a real CPU store, so it must fall in memory the trace committed writable in an earlier frame
-//! (or earlier on the same thread). Freed pages under a live GPU import are zeroed, not
+//! sits in memory as objects), and checks what a bad trace gets wrong: a guest write must fall
+//! in memory the trace committed writable in an earlier frame (or earlier on the same thread). The
+//! write itself goes through [`Space::store`], which checks again and copies through the kernel
+//! (an armed page is marked written as the tracker's fault handler would; with uffd the kernel
+//! records the write), so it never faults. Freed pages under a live GPU import are zeroed, not
 //! decommitted. Guest writes are checked against the collects that cover them: each must be
 //! reported by the first collect of its page that started after the store ended (or one before
 //! it that ran beside the store); those that are not are lost writes.

@@ -266,6 +266,7 @@ fn process() -> &'static Process {
 /// process). Only the first call, made before any hook ran, takes effect: false where the
 /// process's plan was already fixed (and is not this one).
 pub fn install(settings: &FaultSettings) -> bool {
+    install_hooks();
     let FaultSettings { plan, foreign } = settings.clone();
     let plan = (plan != Plan::default()).then_some(plan);
     let p = PROCESS.get_or_init(|| {
@@ -307,9 +308,16 @@ impl Drop for Scope {
 
 /// Puts `plan` in force on this thread (over the process's plan) until the scope drops.
 pub fn scoped(plan: Plan) -> Scope {
+    install_hooks();
     let active = Arc::new(Active { plan, ..Active::default() });
     let before = SCOPED.with(|s| s.borrow_mut().replace(active.clone()));
     Scope { active, before }
+}
+
+/// Installs the hooks through which `sys/` asks whether to fail a call (`sys/` names nothing
+/// above it): before any plan can be in force.
+fn install_hooks() {
+    crate::sys::hooks::install(crate::sys::hooks::Hooks { fail_import, uffd_errno, before_segv_install });
 }
 
 fn active() -> Option<Arc<Active>> {

@@ -30,6 +30,7 @@ pub fn install(_settings: &FaultSettings) -> bool {
 }
 
 #[inline(always)]
+#[cfg_attr(not(any(feature = "vulkan", feature = "cuda")), allow(dead_code))] // the GPU backends' calls
 pub(crate) fn fail_import(_len: u64) -> bool {
     false
 }
@@ -52,18 +53,12 @@ pub(crate) fn no_populate_write() -> bool {
 #[inline(always)]
 pub(crate) fn panic_at_commit() {}
 
-#[inline(always)]
-pub(crate) fn uffd_errno() -> Option<i32> {
-    None
-}
 
 #[inline(always)]
 pub(crate) fn unfaulted<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-#[inline(always)]
-pub(crate) fn before_segv_install() {}
 
 #[inline(always)]
 pub(crate) fn at_collect() -> io::Result<()> {

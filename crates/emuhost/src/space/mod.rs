@@ -1363,6 +1363,9 @@ impl Drop for Space {
     /// in a hole, or another space's reservation there.
     fn drop(&mut self) {
         if !self.res.adopted() {
+            // Dead write-tracking tables over the window go first: a fault there from now on is on
+            // memory mapped anew, never a tracker's.
+            crate::sys::segv::unmapped(self.res.base(), self.res.base() + self.window() as usize);
             return self.unmap_own();
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();

@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 mod counts;
+pub mod hooks;
 
 #[cfg(feature = "counters")]
 pub mod counters;

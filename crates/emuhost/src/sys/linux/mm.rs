@@ -134,9 +134,6 @@ impl Reservation {
     pub fn unmap_parts(&self, parts: &[(usize, usize)]) {
         let (lo, hi) = self.mapping();
         self.unmapped.store(true, Relaxed);
-        // Dead write-tracking tables over the window go first: a fault there from now on is on
-        // memory mapped anew, never a tracker's.
-        super::segv::unmapped(self.base, self.base + self.len);
         for &(s, e) in parts {
             if s < lo || e > hi || s >= e {
                 continue;

@@ -6,7 +6,7 @@ use std::io;
 /// Locks `addr..addr + len` in memory (faulting its pages in).
 pub fn lock(addr: usize, len: usize) -> io::Result<()> {
     // Over RLIMIT_MEMLOCK the kernel says ENOMEM: an injected failure says the same.
-    if crate::faults::fail_import(len as u64) {
+    if crate::sys::hooks::fail_import(len as u64) {
         return Err(io::Error::from_raw_os_error(libc::ENOMEM));
     }
     // SAFETY: mlock only faults in and pins pages of the range; it reads or writes no byte through

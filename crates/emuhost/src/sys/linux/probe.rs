@@ -28,7 +28,7 @@ pub fn strict_overcommit() -> bool {
 
 /// Opens a userfaultfd that handles user-mode faults only (no privilege needed for that).
 pub fn userfaultfd() -> io::Result<OwnedFd> {
-    if let Some(errno) = crate::faults::uffd_errno() {
+    if let Some(errno) = crate::sys::hooks::uffd_errno() {
         return Err(io::Error::from_raw_os_error(errno));
     }
     // SAFETY: the userfaultfd system call takes flags only and returns a new descriptor or -1.

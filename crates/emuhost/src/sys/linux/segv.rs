@@ -318,7 +318,7 @@ fn install() -> io::Result<()> {
     INSTALL
         .get_or_init(|| {
             // Fault injection may put a foreign handler in first, to be chained to.
-            crate::faults::before_segv_install();
+            crate::sys::hooks::before_segv_install();
             // SAFETY: a zeroed `sigaction` is a valid value to fill in; `on_segv` has the
             // SA_SIGINFO signature; the previous action is stored (leaked, so it lives forever)
             // before it can be read by the handler, since sigaction installs ours atomically after.

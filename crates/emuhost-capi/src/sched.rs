@@ -5,7 +5,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 use std::time::Duration;
 
-use emuhost::sched::{Allocator, Caller, Machine, OsHost, Sleeper, SleeperBuilder, Wait};
+use emuhost::sched::{Allocator, Caller, Machine, OsHost, Sleeper, Wait};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn emuhost_sleeper_new(
 ) -> *mut emuhost_error_t {
     entry(|| {
         let s = crate::settings::read(settings, "emuhost_sleeper_new")?;
-        let sleeper = SleeperBuilder::from_settings(&s).build(OsHost);
+        let sleeper = s.sleeper_builder().build(OsHost);
         // SAFETY: as the caller vouches.
         unsafe { handle::give(out, Arc::new(Sleep(sleeper))) }
     })
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn emuhost_sleeper_new_host_wait(
                 )));
             }
         };
-        let sleeper = SleeperBuilder::from_settings(&s).host_exact(wait).build(OsHost);
+        let sleeper = s.sleeper_builder().host_exact(wait).build(OsHost);
         // SAFETY: as the caller vouches.
         unsafe { handle::give(out, Arc::new(Sleep(sleeper))) }
     })

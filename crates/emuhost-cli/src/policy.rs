@@ -4,7 +4,7 @@
 //! what the machine would say. Bad values are refused by the argument parser: exit 2, naming them.
 
 use emuhost::sched::{
-    Allocator, HOST_EXACT_WAIT, Machine, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, prepare_workers, switch_on,
+    Allocator, HOST_EXACT_WAIT, Machine, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, prepare_workers,
 };
 
 use crate::Outcome;
@@ -44,8 +44,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         Some(n) => Some(n as usize),
         None => OsHost.affinity_cpus(),
     };
-    let rule =
-        ShortSleepRule::decide(a.short_sleep_timer.as_deref().map(switch_on), cpus, TIMER_MAX_CPUS, HOST_EXACT_WAIT);
+    let rule = ShortSleepRule::decide(
+        a.short_sleep_timer.as_deref().map(emuhost::settings::switch_on),
+        cpus,
+        TIMER_MAX_CPUS,
+        HOST_EXACT_WAIT,
+    );
     let allocator = match a.allocator {
         Some(AllocatorArg::Scales) => Allocator::Scales,
         Some(AllocatorArg::Locked) => Allocator::Locked,

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
-use emuhost::sched::{self, Caller, OsHost, Sleeper, SleeperBuilder};
+use emuhost::sched::{self, Caller, OsHost, Sleeper};
 use emuhost::settings::Settings;
 use emuhost::space::ranges::RangeMap;
 use emuhost::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
@@ -867,7 +867,7 @@ fn replay_with(
         collects: Mutex::new(BTreeMap::new()),
         paced_start: Instant::now(),
         paced: cfg.paced,
-        sleeper: SleeperBuilder::from_settings(&cfg.settings).build(OsHost),
+        sleeper: cfg.settings.sleeper_builder().build(OsHost),
         failed: AtomicBool::new(false),
         committed: AtomicU64::new(0),
         committed_peak: AtomicU64::new(0),

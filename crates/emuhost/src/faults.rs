@@ -178,38 +178,6 @@ pub struct FaultSettings {
     pub foreign: bool,
 }
 
-impl FaultSettings {
-    /// Sets the fault switch `name` to `value` (empty: unset); a bad value is an error naming both.
-    pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), FaultError> {
-        let bad = |why: String| FaultError::BadSwitch { name, value: value.to_string(), why };
-        let v = value.trim();
-        let flag = || crate::settings::on_off(v).ok_or_else(|| bad("expected 1 or 0".into()));
-        let plan = &mut self.plan;
-        match name {
-            IMPORT_SWITCH => plan.import = v.parse().map_err(bad)?,
-            IMPORT_ABOVE_SWITCH if v.is_empty() => plan.import_above = None,
-            IMPORT_ABOVE_SWITCH => {
-                let mb: u64 = v.parse().map_err(|_| bad("MiB as an integer".into()))?;
-                plan.import_above = Some(mb.checked_mul(1 << 20).ok_or_else(|| bad("too large".into()))?);
-            }
-            COMMIT_SWITCH => plan.commit_enomem = v.parse().map_err(bad)?,
-            UFFD_SWITCH => {
-                plan.uffd = match v.to_ascii_lowercase().as_str() {
-                    "" => None,
-                    "eperm" => Some(UffdFault::Eperm),
-                    "enosys" => Some(UffdFault::Enosys),
-                    _ => return Err(bad("expected eperm or enosys".into())),
-                }
-            }
-            FOREIGN_SEGV_SWITCH => self.foreign = flag()?,
-            NO_PROCMAP_QUERY_SWITCH => plan.no_procmap_query = flag()?,
-            NO_POPULATE_WRITE_SWITCH => plan.no_populate_write = flag()?,
-            _ => return Err(bad("not a fault switch".into())),
-        }
-        Ok(())
-    }
-}
-
 /// What a plan has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -441,35 +409,6 @@ mod tests {
         for bad in ["0", "x", "%0", "4-2", "-3", "1-x"] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn switches_make_a_plan_and_a_bad_value_is_named() {
-        let set = |pairs: &[(&'static str, &str)]| {
-            let mut f = FaultSettings::default();
-            pairs.iter().try_for_each(|&(k, v)| f.set(k, v)).map(|()| f)
-        };
-        assert_eq!(set(&[]).unwrap(), FaultSettings::default());
-        let f = set(&[
-            (IMPORT_SWITCH, "3"),
-            (IMPORT_ABOVE_SWITCH, "16"),
-            (COMMIT_SWITCH, "1-2"),
-            (UFFD_SWITCH, "ENOSYS"),
-            (FOREIGN_SEGV_SWITCH, "1"),
-        ])
-        .unwrap();
-        let plan = f.plan;
-        assert!(f.foreign);
-        assert_eq!(plan.import, Schedule::nth(3));
-        assert_eq!(plan.import_above, Some(16 << 20));
-        assert_eq!(plan.commit_enomem, Schedule::calls(1, 2));
-        assert_eq!(plan.uffd, Some(UffdFault::Enosys));
-        let e = set(&[(UFFD_SWITCH, "sometimes")]).unwrap_err();
-        assert!(e.to_string().contains("EMUHOST_FAULT_UFFD=\"sometimes\""), "{e}");
-        let e = set(&[(IMPORT_SWITCH, "0")]).unwrap_err();
-        assert!(e.to_string().contains("EMUHOST_FAULT_IMPORT=\"0\""), "{e}");
-        // Empty is unset.
-        assert_eq!(set(&[(UFFD_SWITCH, "eperm"), (UFFD_SWITCH, " ")]).unwrap(), FaultSettings::default());
     }
 
     #[test]

@@ -16,14 +16,6 @@ pub const ENABLED: bool = false;
 #[non_exhaustive]
 pub struct FaultSettings {}
 
-impl FaultSettings {
-    /// Refuses a set fault switch (naming it) so that a run meant to be under a fault does not
-    /// pass silently without one; an empty value is unset.
-    pub fn set(&mut self, name: &'static str, value: &str) -> Result<(), FaultError> {
-        if value.is_empty() { Ok(()) } else { Err(FaultError::NotBuilt { name }) }
-    }
-}
-
 /// Nothing to install in this build: always true.
 pub fn install(_settings: &FaultSettings) -> bool {
     true
@@ -53,12 +45,10 @@ pub(crate) fn no_populate_write() -> bool {
 #[inline(always)]
 pub(crate) fn panic_at_commit() {}
 
-
 #[inline(always)]
 pub(crate) fn unfaulted<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
-
 
 #[inline(always)]
 pub(crate) fn at_collect() -> io::Result<()> {

@@ -15,7 +15,7 @@ use crate::watch::{BackendKind, VERIFY_SWITCH, WATCH_SWITCH};
 pub const LOG_SWITCH: &str = "EMUHOST_LOG";
 
 /// The short-sleep switch (see [`crate::sched`]).
-pub const SHORT_SLEEP_TIMER_SWITCH: &str = "EMUHOST_SHORT_SLEEP_TIMER";
+pub const SHORT_SLEEP_TIMER_SWITCH: &str = crate::sched::SHORT_SLEEP_TIMER_VAR;
 
 /// How the host layer is set up: one typed field per switch. [`Default`] is the documented
 /// defaults (no environment is read).
@@ -93,8 +93,55 @@ pub fn on_off(value: &str) -> Option<bool> {
     }
 }
 
-fn fault(s: &mut Settings, name: &'static str, v: &str) -> Result<(), String> {
-    s.faults.set(name, v).map_err(|e| e.to_string())
+/// Whether a set switch's value means "on" (the short-sleep switch's reading): `0`, `false`,
+/// `off`, `no` and the empty string (trimmed, any case) are off; any other value is on.
+pub fn switch_on(value: &str) -> bool {
+    on_off(value) != Some(false)
+}
+
+/// Sets the fault switch `name` to `value` (empty: unset); a bad value is an error naming both.
+#[cfg(feature = "faults")]
+fn fault(s: &mut Settings, name: &'static str, value: &str) -> Result<(), String> {
+    use crate::faults::{
+        COMMIT_SWITCH, FOREIGN_SEGV_SWITCH, FaultError, IMPORT_ABOVE_SWITCH, IMPORT_SWITCH, NO_POPULATE_WRITE_SWITCH,
+        NO_PROCMAP_QUERY_SWITCH, UFFD_SWITCH, UffdFault,
+    };
+    let bad = |why: String| FaultError::BadSwitch { name, value: value.to_string(), why }.to_string();
+    let v = value.trim();
+    let flag = || on_off(v).ok_or_else(|| bad("expected 1 or 0".into()));
+    let plan = &mut s.faults.plan;
+    match name {
+        IMPORT_SWITCH => plan.import = v.parse().map_err(bad)?,
+        IMPORT_ABOVE_SWITCH if v.is_empty() => plan.import_above = None,
+        IMPORT_ABOVE_SWITCH => {
+            let mb: u64 = v.parse().map_err(|_| bad("MiB as an integer".into()))?;
+            plan.import_above = Some(mb.checked_mul(1 << 20).ok_or_else(|| bad("too large".into()))?);
+        }
+        COMMIT_SWITCH => plan.commit_enomem = v.parse().map_err(bad)?,
+        UFFD_SWITCH => {
+            plan.uffd = match v.to_ascii_lowercase().as_str() {
+                "" => None,
+                "eperm" => Some(UffdFault::Eperm),
+                "enosys" => Some(UffdFault::Enosys),
+                _ => return Err(bad("expected eperm or enosys".into())),
+            }
+        }
+        FOREIGN_SEGV_SWITCH => s.faults.foreign = flag()?,
+        NO_PROCMAP_QUERY_SWITCH => plan.no_procmap_query = flag()?,
+        NO_POPULATE_WRITE_SWITCH => plan.no_populate_write = flag()?,
+        _ => return Err(bad("not a fault switch".into())),
+    }
+    Ok(())
+}
+
+/// A build without fault injection refuses a set fault switch (naming it), so that a run meant
+/// to be under a fault does not pass silently without one; an empty value is unset.
+#[cfg(not(feature = "faults"))]
+fn fault(_: &mut Settings, name: &'static str, value: &str) -> Result<(), String> {
+    match value.is_empty() {
+        true => Ok(()),
+        false => Err(crate::faults::FaultError::NotBuilt { name }.to_string()),
+    }
 }
 
 fn import(s: &mut Settings, name: &'static str, v: &str) -> Result<(), String> {
@@ -141,7 +188,7 @@ pub const SETTINGS: &[Switch] = &[
               value puts every one on the timer",
         // Any value means something: an off word yields, anything else the timer.
         apply: |s, v| {
-            s.short_sleep_timer = Some(on_off(v) != Some(false));
+            s.short_sleep_timer = Some(switch_on(v));
             Ok(())
         },
     },
@@ -269,6 +316,11 @@ pub fn names() -> Vec<&'static str> {
 }
 
 impl Settings {
+    /// The short-sleep builder these settings make (`EMUHOST_SHORT_SLEEP_TIMER`).
+    pub fn sleeper_builder(&self) -> crate::sched::SleeperBuilder {
+        crate::sched::SleeperBuilder::default().short_sleep_timer(self.short_sleep_timer)
+    }
+
     /// Sets the switch `name` to `value` (its parser's reading of it): an unknown name or a
     /// value the switch refuses is an error naming both.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), SettingError> {
@@ -303,6 +355,47 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn switch_values() {
+        for off in ["", " ", "0", " 0 ", "false", "FALSE", "Off", "no", "NO", "\tno\n"] {
+            assert!(!switch_on(off), "{off:?} must be off");
+        }
+        for on in ["1", "on", "true", "yes", "timer", "2", "00", "nope", "offf"] {
+            assert!(switch_on(on), "{on:?} must be on");
+        }
+    }
+
+    #[cfg(feature = "faults")]
+    #[test]
+    fn fault_switches_make_a_plan_and_a_bad_value_is_named() {
+        use crate::faults::*;
+        let set = |pairs: &[(&'static str, &str)]| {
+            let mut s = Settings::default();
+            pairs.iter().try_for_each(|&(k, v)| s.set(k, v)).map(|()| s.faults)
+        };
+        assert_eq!(set(&[]).unwrap(), FaultSettings::default());
+        let f = set(&[
+            (IMPORT_SWITCH, "3"),
+            (IMPORT_ABOVE_SWITCH, "16"),
+            (COMMIT_SWITCH, "1-2"),
+            (UFFD_SWITCH, "ENOSYS"),
+            (FOREIGN_SEGV_SWITCH, "1"),
+        ])
+        .unwrap();
+        let plan = f.plan;
+        assert!(f.foreign);
+        assert_eq!(plan.import, Schedule::nth(3));
+        assert_eq!(plan.import_above, Some(16 << 20));
+        assert_eq!(plan.commit_enomem, Schedule::calls(1, 2));
+        assert_eq!(plan.uffd, Some(UffdFault::Enosys));
+        let e = set(&[(UFFD_SWITCH, "sometimes")]).unwrap_err();
+        assert!(e.to_string().contains("EMUHOST_FAULT_UFFD=\"sometimes\""), "{e}");
+        let e = set(&[(IMPORT_SWITCH, "0")]).unwrap_err();
+        assert!(e.to_string().contains("EMUHOST_FAULT_IMPORT=\"0\""), "{e}");
+        // Empty is unset.
+        assert_eq!(set(&[(UFFD_SWITCH, "eperm"), (UFFD_SWITCH, " ")]).unwrap(), FaultSettings::default());
+    }
 
     fn check(name: &str, value: &str) -> Result<Settings, SettingError> {
         let mut s = Settings::default();

@@ -8,7 +8,7 @@
 //! So, unless `EMUHOST_SHORT_SLEEP_TIMER` is set, the guest's short sleeps wait on the timer where
 //! the affinity mask holds [`TIMER_MAX_CPUS`] logical processors or fewer and yield otherwise (or
 //! where the count is unknown); the host's keep their exact wait ([`HOST_EXACT_WAIT`]). Set, the
-//! switch's value decides for every short sleep ([`switch_on`]). The rule is decided once per
+//! switch's value decides for every short sleep ([`crate::settings::switch_on`]). The rule is decided once per
 //! [`Sleeper`] (once per process for [`sleeper`]) and logged once with the processor count.
 //! The primitives sit behind [`SchedHost`], so tests count yields and timer waits without sleeping.
 //!
@@ -24,7 +24,7 @@ pub use error::SchedError;
 pub use seam::{OsHost, SchedHost};
 pub use sleep::{
     Caller, HOST_EXACT_WAIT, HYBRID_MARGIN, LearnedMargin, SHORT_SLEEP, SHORT_SLEEP_TIMER_VAR, ShortSleepRule, Sleeper,
-    SleeperBuilder, TIMER_MAX_CPUS, Wait, sleep_guest, sleep_host, sleeper, switch_on, wait_until, wait_until_learning,
+    SleeperBuilder, TIMER_MAX_CPUS, Wait, sleep_guest, sleep_host, sleeper, wait_until, wait_until_learning,
 };
 pub use workers::{
     Allocator, BYTES_PER_EXTRA_WORKER, CpuQuota, MAX_WORKERS, Machine, RESERVE_BYTES, Workers, parse_cpu_max,

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use super::seam::{OsHost, SchedHost};
 
-/// The switch: unset, the rule by processor count; set, its value decides for every short sleep
-/// ([`Settings::short_sleep_timer`](crate::settings::Settings::short_sleep_timer)).
-pub const SHORT_SLEEP_TIMER_VAR: &str = crate::settings::SHORT_SLEEP_TIMER_SWITCH;
+/// The name of the switch that sets [`SleeperBuilder::short_sleep_timer`] (the settings' table
+/// names it so; the rule's log line does too): unset, the rule by processor count; set, its value
+/// decides for every short sleep.
+pub const SHORT_SLEEP_TIMER_VAR: &str = "EMUHOST_SHORT_SLEEP_TIMER";
 
 /// Guest short sleeps wait on the timer where the affinity mask holds this many logical
 /// processors or fewer (measured in the reference on 4 and 6; at 8 and 16 nothing was gained).
@@ -130,12 +131,6 @@ impl Wait {
     }
 }
 
-/// Whether a set switch's value means "on": `0`, `false`, `off`, `no` and the empty string
-/// (trimmed, any case) are off; any other value is on.
-pub fn switch_on(value: &str) -> bool {
-    crate::settings::on_off(value) != Some(false)
-}
-
 /// The rule for short sleeps, decided once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShortSleepRule {
@@ -143,7 +138,7 @@ pub struct ShortSleepRule {
     pub host: Wait,
     /// The processor count it was decided with (`None`: unknown).
     pub cpus: Option<usize>,
-    /// The switch: `None` where it is unset, else whether it is on ([`switch_on`]).
+    /// The switch: `None` where it is unset, else whether it is on ([`crate::settings::switch_on`]).
     pub switch: Option<bool>,
     pub timer_max_cpus: usize,
 }
@@ -262,11 +257,6 @@ impl Default for SleeperBuilder {
 }
 
 impl SleeperBuilder {
-    /// The builder with the switch `settings` give.
-    pub fn from_settings(settings: &crate::settings::Settings) -> Self {
-        Self::default().short_sleep_timer(settings.short_sleep_timer)
-    }
-
     /// The switch: `None` (unset) leaves short sleeps to the rule by processor count; `Some(on)`
     /// puts every one on the timer (on) or the yield (off).
     pub fn short_sleep_timer(mut self, switch: Option<bool>) -> Self {
@@ -394,16 +384,6 @@ pub fn sleep_host(d: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn switch_values() {
-        for off in ["", " ", "0", " 0 ", "false", "FALSE", "Off", "no", "NO", "\tno\n"] {
-            assert!(!switch_on(off), "{off:?} must be off");
-        }
-        for on in ["1", "on", "true", "yes", "timer", "2", "00", "nope", "offf"] {
-            assert!(switch_on(on), "{on:?} must be on");
-        }
-    }
 
     #[test]
     fn threshold_is_inclusive() {

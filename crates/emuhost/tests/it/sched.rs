@@ -29,7 +29,7 @@ fn builder(switch: Option<&str>) -> SleeperBuilder {
     if let Some(v) = switch {
         settings.set("EMUHOST_SHORT_SLEEP_TIMER", v).unwrap();
     }
-    SleeperBuilder::from_settings(&settings)
+    settings.sleeper_builder()
 }
 
 impl Counting {

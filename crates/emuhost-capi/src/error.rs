@@ -104,7 +104,8 @@ fn space_code(e: &SpaceError) -> u32 {
         SpaceError::Adopt { .. }
         | SpaceError::Held { .. }
         | SpaceError::Foreign { .. }
-        | SpaceError::NotWritable { .. } => EMUHOST_ERROR_REFUSED,
+        | SpaceError::NotWritable { .. }
+        | SpaceError::OtherProcess { .. } => EMUHOST_ERROR_REFUSED,
         SpaceError::NotCommitted { .. } => EMUHOST_ERROR_NOT_COMMITTED,
         SpaceError::Protection { .. } => EMUHOST_ERROR_PROTECTION,
         SpaceError::Exists { .. } => EMUHOST_ERROR_EXISTS,
@@ -124,12 +125,11 @@ impl From<WatchError> for Error {
     fn from(e: WatchError) -> Self {
         let code = match &e {
             WatchError::Space(s) => space_code(s),
-            WatchError::BadSwitch { .. } => EMUHOST_ERROR_SETTING,
             WatchError::Unavailable { .. } | WatchError::SelfTest { .. } | WatchError::NoBackend { .. } => {
                 EMUHOST_ERROR_UNAVAILABLE
             }
             WatchError::Os { .. } => EMUHOST_ERROR_OS,
-            WatchError::SecondTracker { .. } => EMUHOST_ERROR_REFUSED,
+            WatchError::SecondTracker { .. } | WatchError::OtherProcess { .. } => EMUHOST_ERROR_REFUSED,
             WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
             // Verify mode's mismatch, and what the watch module may add.
             _ => EMUHOST_ERROR_OTHER,

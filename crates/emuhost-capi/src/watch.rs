@@ -4,7 +4,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 use emuhost::space::{GuestAddr, GuestRange, page_size};
-use emuhost::watch::{BackendKind, Consumer, OwnedHostWrite, Tracker, TrackerConfig, Written};
+use emuhost::watch::{BackendKind, Consumer, OwnedHostWrite, Tracker, Written};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
@@ -95,11 +95,11 @@ pub unsafe extern "C" fn emuhost_tracker_new(
             )));
         }
         let embedder = flags & EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS != 0;
-        let mut config = TrackerConfig::from_settings(&settings).embedder_handles_faults(embedder);
+        let mut config = settings.tracker_config().embedder_handles_faults(embedder);
         if let Some(kind) = kind_of(backend)? {
             config = config.backend(Some(kind));
         }
-        let tracker = Tracker::with_config(&s, &config)?;
+        let tracker = Tracker::new(&s, &config)?;
         // SAFETY: as the caller vouches.
         unsafe { handle::give(out, tracker) }
     })

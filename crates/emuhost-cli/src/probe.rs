@@ -24,7 +24,7 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
 
 pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let p = Probe::run();
-    let tracking = watch::choose(settings);
+    let tracking = watch::choose(&settings.tracker_config());
     let tried: Vec<(String, String)> = [watch::BackendKind::Uffd, watch::BackendKind::Mprotect]
         .into_iter()
         .map(|k| (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string())))

@@ -813,12 +813,21 @@ fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> 
     let tracker = match cfg.watch_backend {
         Some(k) => {
             watch::self_test(k)?;
-            Tracker::build(&space, k, verify)?
+            Tracker::new(
+                &space,
+                &emuhost::watch::TrackerConfig::default().backend(Some(k)).verify(verify).skip_self_test(true),
+            )?
         }
         None => {
-            let choice = watch::choose(&cfg.settings)?;
+            let choice = watch::choose(&cfg.settings.tracker_config())?;
             tracing::info!(target: "emuhost::watch", "write tracking: {} ({})", choice.kind.name(), choice.why);
-            Tracker::build(&space, choice.kind, verify)?
+            Tracker::new(
+                &space,
+                &emuhost::watch::TrackerConfig::default()
+                    .backend(Some(choice.kind))
+                    .verify(verify)
+                    .skip_self_test(true),
+            )?
         }
     };
     Ok((space, importer, import_backend, tracker))

@@ -347,7 +347,7 @@ pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport,
 fn layout(kind: BackendKind) -> Result<(Arc<Space>, Arc<Tracker>, SectionId), WatchError> {
     let p = page_size();
     let s = Arc::new(Space::with_window(1 << 30)?);
-    let t = Tracker::with_backend(&s, kind)?;
+    let t = Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true))?;
     for i in 0..5 {
         s.commit(s.range(i * 64 * p, 64 * p)?, Prot::READ_WRITE)?;
     }

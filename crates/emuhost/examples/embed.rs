@@ -159,7 +159,7 @@ fn install_handler() -> Result<(), String> {
 /// in the buffer cache's words (and its grain in the texture cache's) by the round's last collect.
 fn track(space: &Arc<Space>, kind: BackendKind) -> Result<Tracked, WatchError> {
     let config = TrackerConfig::default().backend(Some(kind)).embedder_handles_faults(true);
-    let tracker = Tracker::with_config(space, &config)?;
+    let tracker = Tracker::new(space, &config)?;
     let range = space.range(0, TRACKED)?;
     space.commit(range, Prot::READ_WRITE)?;
     tracker.arm(range)?;

@@ -8,7 +8,25 @@
 
 use crate::faults::FaultSettings;
 use crate::import::{BackendChoice, ImportConfig};
-use crate::watch::{BackendKind, VERIFY_SWITCH, WATCH_SWITCH};
+use crate::watch::{BackendKind, TrackerConfig, VERIFY_SWITCH};
+
+/// The switch that forces a write-tracking backend ([`TrackerConfig::backend`]).
+pub const WATCH_SWITCH: &str = "EMUHOST_WATCH";
+
+/// Reads an `EMUHOST_WATCH` value (trimmed, any case; empty is unset): the backend it forces.
+pub fn parse_watch(value: &str) -> Result<Option<BackendKind>, String> {
+    let bad = |why| format!("{WATCH_SWITCH}={value:?} {why}");
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "uffd" => Ok(Some(BackendKind::Uffd)),
+        "mprotect" => Ok(Some(BackendKind::Mprotect)),
+        "softdirty" => Err(bad(
+            "is no longer offered: soft-dirty bits cannot be read and cleared in one step, so it lost writes made \
+             during a collect (use mprotect on kernels without uffd WP_ASYNC)",
+        )),
+        _ => Err(bad("is not one of uffd, mprotect")),
+    }
+}
 
 /// The log filter switch (`tracing`'s `EnvFilter` syntax). The library keeps its text; the CLI
 /// checks and applies it.
@@ -164,10 +182,7 @@ pub const SETTINGS: &[Switch] = &[
         default: "unset (self-test: `uffd`, then `mprotect`)",
         doc: "force a write-tracking backend: `uffd` or `mprotect`; empty is as unset",
         apply: |s, v| {
-            s.watch = match v.trim() {
-                "" => None,
-                _ => Some(BackendKind::parse(v).map_err(|e| e.to_string())?),
-            };
+            s.watch = parse_watch(v)?;
             Ok(())
         },
     },
@@ -316,6 +331,12 @@ pub fn names() -> Vec<&'static str> {
 }
 
 impl Settings {
+    /// The write tracker's config these settings make (`EMUHOST_WATCH`,
+    /// `EMUHOST_VERIFY_COLLECT`), with emuhost's own `SIGSEGV` handler.
+    pub fn tracker_config(&self) -> TrackerConfig {
+        TrackerConfig::default().backend(self.watch).verify(self.verify_collect)
+    }
+
     /// The short-sleep builder these settings make (`EMUHOST_SHORT_SLEEP_TIMER`).
     pub fn sleeper_builder(&self) -> crate::sched::SleeperBuilder {
         crate::sched::SleeperBuilder::default().short_sleep_timer(self.short_sleep_timer)

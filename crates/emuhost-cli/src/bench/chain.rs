@@ -170,7 +170,7 @@ fn round(b: &AnyBackend, how: Pins, dur: Duration, pinned: u64) -> anyhow::Resul
     let collected = space.range(coll, COLLECTED)?;
     space.commit(collected, Prot::READ_WRITE)?;
     space.populate(collected)?;
-    let tracker = Tracker::new(&space)?;
+    let tracker = Tracker::new(&space, &emuhost::watch::TrackerConfig::default())?;
     tracker.arm(collected)?;
     let stop = AtomicBool::new(false);
     let p = page_size();

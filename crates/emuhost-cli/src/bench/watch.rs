@@ -63,7 +63,7 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> a
     if bare && bare_first {
         bare_round(&s, size, out)?;
     }
-    let t = Tracker::with_backend(&s, kind)?;
+    let t = Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true))?;
     t.arm(r)?;
     let mut put = |k: &str, v: f64| out.entry(k.to_string()).or_default().push(v);
     let start = Instant::now();
@@ -101,7 +101,7 @@ fn round(kind: BackendKind, size: u64, out: &mut Samples, bare_first: bool) -> a
     t.collect(r)?;
     // System calls per allocation collected: 1,024 allocations of 16 pages, one page written in each.
     let s2 = Arc::new(Space::with_window(1 << 30)?);
-    let t2 = Tracker::with_backend(&s2, kind)?;
+    let t2 = Tracker::new(&s2, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true))?;
     for i in 0..1024 {
         s2.commit(s2.range(i * 16 * p, 16 * p)?, Prot::READ_WRITE)?;
     }
@@ -230,11 +230,14 @@ fn backends(switch: Option<&str>) -> anyhow::Result<(Vec<BackendKind>, LeftOut)>
     let all = BackendKind::AUTO;
     let (mut keep, mut left) = (Vec::new(), Vec::new());
     if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
-        let kind = BackendKind::parse(v)?;
-        watch::self_test(kind).map_err(|e| anyhow::Error::from(e).context(format!("{}={v}", watch::WATCH_SWITCH)))?;
+        let switch = emuhost::settings::WATCH_SWITCH;
+        let kind = emuhost::settings::parse_watch(v)
+            .map_err(anyhow::Error::msg)?
+            .ok_or_else(|| anyhow::anyhow!("{switch}={v:?} names no backend"))?;
+        watch::self_test(kind).map_err(|e| anyhow::Error::from(e).context(format!("{switch}={v}")))?;
         keep.push(kind);
         for other in all.into_iter().filter(|o| *o != kind) {
-            left.push((other, format!("{}={v} measures {} only", watch::WATCH_SWITCH, kind.name())));
+            left.push((other, format!("{switch}={v} measures {} only", kind.name())));
         }
         return Ok((keep, left));
     }

@@ -57,7 +57,12 @@ fn given_settings_the_environment_is_not_read() {
     let space = Arc::new(Space::with_window(1 << 24).unwrap());
     // One after the other: a space has one tracker at a time.
     for with_settings in [false, true] {
-        let t = if with_settings { Tracker::new_with(&space, &settings) } else { Tracker::new(&space) }.unwrap();
+        let t = if with_settings {
+            Tracker::new(&space, &settings.tracker_config())
+        } else {
+            Tracker::new(&space, &emuhost::watch::TrackerConfig::default())
+        }
+        .unwrap();
         assert!(BackendKind::AUTO.contains(&t.kind()) && !t.verifying(), "{t:?}");
     }
     assert_eq!(ImportConfig::from_settings(&settings), ImportConfig::default());
@@ -68,7 +73,7 @@ fn given_settings_the_environment_is_not_read() {
     let r = replay(&header, records.into_iter().enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), &cfg).unwrap();
     assert!(r.sleep_rule.contains("EMUHOST_SHORT_SLEEP_TIMER unset"), "{}", r.sleep_rule);
     // The backend the self-tests choose here (mprotect on a kernel without uffd's, e.g. 6.1).
-    let auto = emuhost::watch::choose(&settings).unwrap().kind;
+    let auto = emuhost::watch::choose(&settings.tracker_config()).unwrap().kind;
     assert!(!r.verify_collect && r.watch_backend == auto.name(), "{r:?}");
     // One import or two (the pool's part, then the pool whole, as the cost measured here says).
     assert!((1..=2).contains(&r.imports) && r.bind_failures == 0 && r.lost_writes == 0, "{r:?}");

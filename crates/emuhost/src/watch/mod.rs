@@ -59,9 +59,7 @@ use crate::sys::segv::{self, TableKey};
 use backend::{Backend, Runs};
 use bitmap::Bits;
 
-/// The environment switch that forces a backend.
-pub const WATCH_SWITCH: &str = "EMUHOST_WATCH";
-/// The environment switch that checks every collect against a region query.
+/// The name of the switch that sets [`TrackerConfig::verify`] (a mismatch names it).
 pub const VERIFY_SWITCH: &str = "EMUHOST_VERIFY_COLLECT";
 
 /// A write-tracking backend.
@@ -72,30 +70,11 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// The name `EMUHOST_WATCH` takes.
+    /// Its name (the one the `EMUHOST_WATCH` switch takes).
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Uffd => "uffd",
             BackendKind::Mprotect => "mprotect",
-        }
-    }
-
-    /// Parses an `EMUHOST_WATCH` value (trimmed, any case).
-    pub fn parse(value: &str) -> Result<Self, WatchError> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "uffd" => Ok(BackendKind::Uffd),
-            "mprotect" => Ok(BackendKind::Mprotect),
-            "softdirty" => Err(WatchError::BadSwitch {
-                name: WATCH_SWITCH,
-                value: value.to_string(),
-                why: "is no longer offered: soft-dirty bits cannot be read and cleared in one step, so it lost \
-                      writes made during a collect (use mprotect on kernels without uffd WP_ASYNC)",
-            }),
-            _ => Err(WatchError::BadSwitch {
-                name: WATCH_SWITCH,
-                value: value.to_string(),
-                why: "is not one of uffd, mprotect",
-            }),
         }
     }
 
@@ -107,8 +86,6 @@ impl BackendKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WatchError {
-    #[error("{name}={value:?} {why}")]
-    BadSwitch { name: &'static str, value: String, why: &'static str },
     #[error(transparent)]
     Space(#[from] SpaceError),
     #[error("the {backend} backend is not available here")]
@@ -208,25 +185,13 @@ pub struct Choice {
     pub why: String,
 }
 
-/// Chooses a backend: the one `settings.watch` (`EMUHOST_WATCH`) forces (it must pass its
-/// self-test), else the first of [`BackendKind::AUTO`] that passes.
-pub fn choose(settings: &crate::settings::Settings) -> Result<Choice, WatchError> {
-    choose_from(settings.watch.map(BackendKind::name))
-}
-
-/// [`choose`] with the switch's value given.
-pub fn choose_from(switch: Option<&str>) -> Result<Choice, WatchError> {
-    choose_in(switch, &TrackerConfig::default(), WATCH_SWITCH)
-}
-
-/// [`choose_from`] with the self-tests run as `config` makes trackers (with the embedder's fault
-/// handling, none of them installs a handler).
-/// `by` names where a forced backend came from, for the reason given.
-fn choose_in(switch: Option<&str>, config: &TrackerConfig, by: &str) -> Result<Choice, WatchError> {
-    if let Some(v) = switch.filter(|v| !v.trim().is_empty()) {
-        let kind = BackendKind::parse(v)?;
+/// Chooses a backend as `config` says: the one [`TrackerConfig::backend`] forces (it must pass
+/// its self-test), else the first of [`BackendKind::AUTO`] that passes. The self-tests run as
+/// `config` makes trackers (with the embedder's fault handling, none of them installs a handler).
+pub fn choose(config: &TrackerConfig) -> Result<Choice, WatchError> {
+    if let Some(kind) = config.backend {
         self_test_with(kind, config)?;
-        return Ok(Choice { kind, why: format!("forced by {by}={v}; its self-test passed") });
+        return Ok(Choice { kind, why: format!("forced ({}); its self-test passed", kind.name()) });
     }
     let mut tried = Vec::new();
     for kind in BackendKind::AUTO {
@@ -355,9 +320,12 @@ enum Reader {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TrackerConfig {
-    /// The backend (it must pass its self-test); `None`: the first of [`BackendKind::AUTO`] that
-    /// passes.
+    /// The backend (it must pass its self-test, unless [`TrackerConfig::skip_self_test`]);
+    /// `None`: the first of [`BackendKind::AUTO`] that passes (`EMUHOST_WATCH` sets it).
     pub backend: Option<BackendKind>,
+    /// With a backend given, make the tracker without running its self-test first (tests and
+    /// benches that make many trackers of a backend known to work).
+    pub skip_self_test: bool,
     /// Check every collect against a region query (`EMUHOST_VERIFY_COLLECT`).
     pub verify: bool,
     /// The embedder owns `SIGSEGV`: emuhost installs no handler (not even for the self-test), and
@@ -369,10 +337,10 @@ pub struct TrackerConfig {
 }
 
 impl TrackerConfig {
-    /// The backend and verify mode `settings` give (`EMUHOST_WATCH`, `EMUHOST_VERIFY_COLLECT`),
-    /// emuhost's own handler.
-    pub fn from_settings(settings: &crate::settings::Settings) -> Self {
-        Self { backend: settings.watch, verify: settings.verify_collect, embedder_handles_faults: false }
+    /// Sets [`TrackerConfig::skip_self_test`].
+    pub fn skip_self_test(mut self, on: bool) -> Self {
+        self.skip_self_test = on;
+        self
     }
 
     /// Sets [`TrackerConfig::backend`].
@@ -511,39 +479,19 @@ impl std::fmt::Debug for Tracker {
 }
 
 impl Tracker {
-    /// A tracker with the default settings: [`Tracker::new_with`].
-    pub fn new(space: &Arc<Space>) -> Result<Arc<Tracker>, WatchError> {
-        Self::new_with(space, &crate::settings::Settings::default())
-    }
-
-    /// A tracker with the backend [`choose`] picks, and verify mode as `settings` say.
-    pub fn new_with(space: &Arc<Space>, settings: &crate::settings::Settings) -> Result<Arc<Tracker>, WatchError> {
-        Self::configured(space, &TrackerConfig::from_settings(settings), WATCH_SWITCH)
-    }
-
     /// A tracker as `config` says: its backend (or the one the self-tests choose; either way it
-    /// must pass its self-test, run as `config` makes trackers), verify mode, and who handles
-    /// faults. A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
-    pub fn with_config(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
-        Self::configured(space, config, "TrackerConfig::backend")
-    }
-
-    /// [`Tracker::with_config`]; `by` names where a forced backend came from, for the log.
-    fn configured(space: &Arc<Space>, config: &TrackerConfig, by: &str) -> Result<Arc<Tracker>, WatchError> {
-        let choice = choose_in(config.backend.map(BackendKind::name), config, by)?;
+    /// must pass its self-test, run as `config` makes trackers, unless the config skips it),
+    /// verify mode, and who handles faults. A second tracker on a space that has one is refused
+    /// ([`WatchError::SecondTracker`]). `TrackerConfig::default()`: the best backend that passes
+    /// its self-test, emuhost's own `SIGSEGV` handler.
+    pub fn new(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
+        let handler = !config.embedder_handles_faults;
+        if let (Some(kind), true) = (config.backend, config.skip_self_test) {
+            return Self::make(space, kind, config.verify, handler);
+        }
+        let choice = choose(config)?;
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
-        Self::make(space, choice.kind, config.verify, !config.embedder_handles_faults)
-    }
-
-    /// A tracker with the given backend (no self-test), verify mode off.
-    pub fn with_backend(space: &Arc<Space>, kind: BackendKind) -> Result<Arc<Tracker>, WatchError> {
-        Self::build(space, kind, false)
-    }
-
-    /// A tracker with the given backend and verify mode.
-    /// A second tracker on a space that has one is refused ([`WatchError::SecondTracker`]).
-    pub fn build(space: &Arc<Space>, kind: BackendKind, verify: bool) -> Result<Arc<Tracker>, WatchError> {
-        Self::make(space, kind, verify, true)
+        Self::make(space, choice.kind, config.verify, handler)
     }
 
     fn make(space: &Arc<Space>, kind: BackendKind, verify: bool, handler: bool) -> Result<Arc<Tracker>, WatchError> {

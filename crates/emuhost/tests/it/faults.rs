@@ -238,7 +238,9 @@ fn commit_fails_with_enomem(kind: BackendKind, log: &Log) {
 
         // A (pages 0..16) committed and B (16..32) reserved, both armed.
         space.commit(range(0, 16), Prot::READ_WRITE).unwrap();
-        let t = Tracker::with_backend(&space, kind).unwrap();
+        let t =
+            Tracker::new(&space, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true))
+                .unwrap();
         let whole = range(0, 32);
         t.arm(whole).unwrap();
         let allocations = space.allocations();
@@ -319,11 +321,11 @@ child_test!(without_userfaultfd_the_tracker_falls_back_to_mprotect_and_says_why,
         [(UffdFault::Eperm, "Operation not permitted"), (UffdFault::Enosys, "Function not implemented")]
     {
         let s = faults::scoped(Plan { uffd: Some(fault), ..Plan::default() });
-        let choice = watch::choose_from(None).unwrap();
+        let choice = watch::choose(&emuhost::watch::TrackerConfig::default()).unwrap();
         assert_eq!(choice.kind, BackendKind::Mprotect);
         assert!(choice.why.contains("not uffd:") && choice.why.contains(says), "{}", choice.why);
         let space = Arc::new(Space::with_window(16 * p).unwrap());
-        let t = Tracker::new(&space).unwrap();
+        let t = Tracker::new(&space, &emuhost::watch::TrackerConfig::default()).unwrap();
         assert_eq!(t.kind(), BackendKind::Mprotect);
         assert!(s.tally().uffd_failed >= 2, "both choices met the fault");
         let whole = space.range(0, 16 * p).unwrap();
@@ -349,7 +351,11 @@ child_test!(a_foreign_sigsegv_reaches_the_handler_installed_before_ours, &[], |l
         let space = Arc::new(Space::with_window(16 * p).unwrap());
         let whole = space.range(0, 16 * p).unwrap();
         space.commit(whole, Prot::READ_WRITE).unwrap();
-        let t = Tracker::with_backend(&space, BackendKind::Mprotect).unwrap();
+        let t = Tracker::new(
+            &space,
+            &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+        )
+        .unwrap();
         assert!(!ForeignPage::is_current_handler(), "emuhost's handler went in over it");
         t.arm(whole).unwrap();
         assert_eq!(foreign.touch(0xa5).unwrap(), 0xa5, "the store completed");
@@ -374,7 +380,11 @@ child_test!(
         let space = Arc::new(Space::with_window(16 * p).unwrap());
         let whole = space.range(0, 16 * p).unwrap();
         space.commit(whole, Prot::READ_WRITE).unwrap();
-        let t = Tracker::with_backend(&space, BackendKind::Mprotect).unwrap();
+        let t = Tracker::new(
+            &space,
+            &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+        )
+        .unwrap();
         let foreign = ForeignPage::install().unwrap();
         assert!(!ForeignPage::is_current_handler(), "the switch put the foreign handler in before emuhost's");
         t.arm(whole).unwrap();

@@ -590,7 +590,11 @@ fn store_to_an_armed_page_from_a_thread_that_blocks_sigsegv_lands_and_is_reporte
     let s = std::sync::Arc::new(space());
     let r = pages(&s, 0, 8);
     s.commit(r, Prot::READ_WRITE).unwrap();
-    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
+    let t = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+    )
+    .unwrap();
     t.arm(r).unwrap();
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -624,7 +628,7 @@ fn store_to_an_armed_page_before_the_embedders_handler_is_in_lands_and_is_report
     let r = pages(&s, 0, 8);
     s.commit(r, Prot::READ_WRITE).unwrap();
     let config = TrackerConfig::default().backend(Some(BackendKind::Mprotect)).embedder_handles_faults(true);
-    let t = Tracker::with_config(&s, &config).unwrap();
+    let t = Tracker::new(&s, &config).unwrap();
     t.arm(r).unwrap();
     s.store(GuestAddr(2 * page() + 1), b"no handler").unwrap();
     let runs: Vec<(u64, u64)> = t.collect(r).unwrap().runs.iter().map(|r| (r.start.0 / page(), r.pages)).collect();
@@ -689,7 +693,11 @@ fn region_queries_read_proc_self_maps_where_procmap_query_is_missing() {
     assert!(foreign_intact(&s, hole, foreign, 0x3c));
 
     // The mprotect tracker arms by the regions the text gives.
-    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
+    let t = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+    )
+    .unwrap();
     t.arm(r).unwrap();
     assert!(s.kernel_regions(r).unwrap().iter().all(|g| g.read && !g.write), "armed pages are read-only");
     s.store(GuestAddr(27 * page() + 5), &[9]).unwrap();
@@ -929,7 +937,7 @@ fn an_adopted_reservation_is_used_and_given_back_reserved() {
     s.map_section(pages(&s, 100, 4), sec, 0, Prot::READ_WRITE).unwrap();
     s.write(GuestAddr(100 * page()), b"view").unwrap();
     // A tracker with the backend the machine chooses works on it.
-    let t = Tracker::new(&s).unwrap();
+    let t = Tracker::new(&s, &emuhost::watch::TrackerConfig::default()).unwrap();
     let armed = pages(&s, 16, 8);
     t.arm(armed).unwrap();
     s.store(GuestAddr(20 * page() + 9), &[1]).unwrap();
@@ -938,7 +946,7 @@ fn an_adopted_reservation_is_used_and_given_back_reserved() {
         runs,
         vec![PageRun { start: GuestAddr(20 * page()), pages: 1 }],
         "{:?}",
-        watch::choose(&emuhost::settings::Settings::default()).ok()
+        watch::choose(&emuhost::settings::Settings::default().tracker_config()).ok()
     );
     assert!(!reserved(base, base + len), "in use, the pages are committed");
     drop(t);

@@ -19,7 +19,8 @@ fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>)> {
         return None;
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
-    let t = Tracker::with_backend(&s, kind).unwrap();
+    let t =
+        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
     Some((s, t))
 }
 
@@ -250,7 +251,8 @@ fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     t.disarm(r).unwrap();
     drop(t);
     let before = calls();
-    let t = Tracker::with_backend(&s, kind).unwrap();
+    let t =
+        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
     t.arm(r).unwrap();
     if uffd {
         assert_eq!(calls().since(&before).register, 1, "the window, once");
@@ -454,7 +456,11 @@ fn released_behind_the_mappings_into_words(kind: BackendKind) {
 
 fn verify_catches_a_page_decommitted_in_place(kind: BackendKind) {
     let Some((s, _)) = setup(kind) else { return };
-    let verifying = Tracker::build(&s, kind, true).unwrap();
+    let verifying = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(kind)).verify(true).skip_self_test(true),
+    )
+    .unwrap();
     let r = pages(&s, 0, 16);
     s.commit(r, Prot::READ_WRITE).unwrap();
     verifying.arm(r).unwrap();
@@ -560,7 +566,8 @@ fn a_write_at_a_host_address_equal_to_a_host_write_end_is_its_own_run(kind: Back
     };
     let s = Arc::new(s);
     let h = s.host_base() as u64;
-    let t = Tracker::with_backend(&s, kind).unwrap();
+    let t =
+        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
     let (low, hosted) = (pages(&s, 0, 8), s.range(h, 2 * p()).unwrap());
     for r in [low, hosted] {
         s.commit(r, Prot::READ_WRITE).unwrap();
@@ -579,7 +586,7 @@ fn a_write_at_a_host_address_equal_to_a_host_write_end_is_its_own_run(kind: Back
 
 #[test]
 fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
-    let choice = watch::choose_from(None).unwrap();
+    let choice = watch::choose(&emuhost::watch::TrackerConfig::default()).unwrap();
     match expected(BackendKind::Uffd) {
         Ok(()) => assert_eq!(choice.kind, BackendKind::Uffd, "{choice:?}"),
         Err(why) => {
@@ -588,19 +595,25 @@ fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
         }
     }
     watch::self_test(BackendKind::Mprotect).unwrap();
-    let e = watch::choose_from(Some("softdirty")).unwrap_err();
+    let mut settings = emuhost::settings::Settings::default();
+    let e = settings.set("EMUHOST_WATCH", "softdirty").unwrap_err();
     assert!(e.to_string().contains("is no longer offered"), "{e}");
-    let forced = watch::choose_from(Some(" MPROTECT ")).unwrap();
+    settings.set("EMUHOST_WATCH", " MPROTECT ").unwrap();
+    let forced = watch::choose(&settings.tracker_config()).unwrap();
     assert_eq!(forced.kind, BackendKind::Mprotect);
-    assert!(forced.why.contains("EMUHOST_WATCH"));
+    assert!(forced.why.contains("forced"), "{forced:?}");
 }
 
 #[test]
 fn bad_input_is_an_error_naming_it() {
-    let e = watch::choose_from(Some("fast")).unwrap_err();
+    let e = emuhost::settings::Settings::default().set("EMUHOST_WATCH", "fast").unwrap_err();
     assert_eq!(e.to_string(), "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect");
     let s = Arc::new(Space::with_window(1 << 20).unwrap());
-    let t = Tracker::with_backend(&s, BackendKind::Mprotect).unwrap();
+    let t = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+    )
+    .unwrap();
     let outside = GuestRange::new(GuestAddr(1 << 20), p()).unwrap();
     assert!(t.arm(outside).unwrap_err().to_string().contains("outside the guest window"));
     assert!(t.collect(outside).is_err());
@@ -654,7 +667,8 @@ fn dropping_the_tracker_gives_the_pages_their_protection_back(kind: BackendKind)
         poke(&s, pg);
     }
     // The space can have a tracker again, which tracks from its own arm on.
-    let t = Tracker::with_backend(&s, kind).unwrap();
+    let t =
+        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
     t.arm(r).unwrap();
     poke(&s, 9);
     assert_eq!(written(&t.collect(r).unwrap()), vec![9]);
@@ -669,7 +683,8 @@ fn a_second_tracker_on_a_space_is_refused(kind: BackendKind) {
     s.commit(r, Prot::READ_WRITE).unwrap();
     t.arm(pages(&s, 0, 8)).unwrap();
     for other in [BackendKind::Uffd, BackendKind::Mprotect] {
-        let e = Tracker::with_backend(&s, other).unwrap_err();
+        let e = Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(other)).skip_self_test(true))
+            .unwrap_err();
         assert!(matches!(e, WatchError::SecondTracker { base } if base == s.host_base()), "{e}");
         assert!(e.to_string().contains(&format!("{:#x}", s.host_base())), "{e}");
     }
@@ -1091,7 +1106,11 @@ fn a_host_write_may_block_while_collects_go_on(kind: BackendKind) {
 /// for memory released behind the space's back.
 fn verify_accepts_write_only_pages(kind: BackendKind) {
     let Some((s, _)) = setup(kind) else { return };
-    let t = Tracker::build(&s, kind, true).unwrap();
+    let t = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(kind)).verify(true).skip_self_test(true),
+    )
+    .unwrap();
     let write_only = Prot { read: false, write: true, exec: false };
     // Committed write-only before the arm, and after it.
     let (a, b) = (pages(&s, 0, 4), pages(&s, 4, 4));
@@ -1151,7 +1170,11 @@ fn a_window_registered_in_part_elsewhere_is_registered_arm_by_arm() {
     let mut reg = Register { start: host, len: theirs.len(), mode: 2, ioctls: 0 };
     // SAFETY: a live `struct uffdio_register` over committed pages of the space.
     assert_eq!(unsafe { libc::ioctl(raw, UFFDIO_REGISTER as _, &mut reg as *mut Register) }, 0);
-    let t = Tracker::with_backend(&s, BackendKind::Uffd).unwrap();
+    let t = Tracker::new(
+        &s,
+        &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Uffd)).skip_self_test(true),
+    )
+    .unwrap();
     let ours = pages(&s, 0, 8);
     let before = calls();
     t.arm(ours).unwrap();

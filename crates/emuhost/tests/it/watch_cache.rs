@@ -30,7 +30,8 @@ fn setup(kind: BackendKind, pages: u64) -> Option<(Arc<Space>, Arc<Tracker>, Gue
         return None;
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
-    let t = Tracker::with_backend(&s, kind).unwrap();
+    let t =
+        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
     let r = s.range(0, pages * p()).unwrap();
     s.commit(r, Prot::READ_WRITE).unwrap();
     t.arm(r).unwrap();
@@ -351,7 +352,7 @@ fn embedded(kind: BackendKind, name: &str, pages: u64) -> Option<(Arc<Space>, Ar
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
     let config = TrackerConfig::default().backend(Some(kind)).embedder_handles_faults(true);
-    let t = Tracker::with_config(&s, &config).unwrap();
+    let t = Tracker::new(&s, &config).unwrap();
     assert_eq!(t.kind(), kind);
     assert_eq!(current_handler(), embedder_segv as *const () as usize, "emuhost installed a SIGSEGV handler");
     HANDLE.set(t.fault_handle()).unwrap();

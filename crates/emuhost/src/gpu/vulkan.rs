@@ -1,4 +1,4 @@
-//! The one Vulkan setup of the process, used by the import backend ([`crate::import::Vulkan`]) and
+//! The one Vulkan setup of the process, used by the import backend (`import::Vulkan`) and
 //! the shader preparation (the `emuhost-prepare` crate): the process's loader and instance, the
 //! choice of a physical device ([`best`], by [`rank`]) and the mapping of an instance's failure
 //! into each one's error type. An importer built on the caller's device ([`crate::import::Vulkan::from_caller`])
@@ -48,17 +48,6 @@ pub enum InstanceError {
 
 static SHARED: Mutex<Option<&'static Shared>> = Mutex::new(None);
 static MADE: AtomicU64 = AtomicU64::new(0);
-
-impl From<InstanceError> for crate::import::ImportError {
-    fn from(e: InstanceError) -> Self {
-        match e {
-            InstanceError::Loader(e) => {
-                crate::import::ImportError::Unavailable { backend: "vulkan", why: format!("no Vulkan loader: {e}") }
-            }
-            InstanceError::Vulkan { op, code } => crate::import::ImportError::Vulkan { op, code },
-        }
-    }
-}
 
 /// The order devices are preferred in: discrete, integrated, virtual, CPU (lavapipe), other.
 pub fn rank(t: vk::PhysicalDeviceType) -> u32 {
@@ -127,33 +116,4 @@ pub fn shared() -> Result<&'static Shared, InstanceError> {
 #[cfg(test)]
 pub(crate) fn instances_made() -> u64 {
     MADE.load(Relaxed)
-}
-
-/// The rule of every test that needs a Vulkan device, shared with the integration tests.
-#[cfg(test)]
-#[path = "../../tests/support/vulkan.rs"]
-mod vulkan_gate;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::import::Vulkan;
-
-    /// Backends made and dropped one after another (and beside the other tests' ones) share one
-    /// instance: with an instance each, the loader unloads and reloads every driver per backend,
-    /// and NVIDIA's refused the 31st. Forty in a row pass that count.
-    #[test]
-    fn backends_share_one_instance_for_the_process() {
-        let Some(first) = vulkan_gate::vulkan_or_skip(Vulkan::open()) else { return };
-        drop(first);
-        for i in 1..40 {
-            if let Err(e) = Vulkan::open() {
-                panic!("backend {} of 40 failed: {e}", i + 1);
-            }
-        }
-        assert_eq!(instances_made(), 1);
-        let a: *const Shared = shared().unwrap();
-        let b: *const Shared = shared().unwrap();
-        assert_eq!(a, b);
-    }
 }

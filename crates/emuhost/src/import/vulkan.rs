@@ -681,3 +681,45 @@ impl Drop for Device {
         }
     }
 }
+
+impl From<crate::gpu::vulkan::InstanceError> for ImportError {
+    fn from(e: crate::gpu::vulkan::InstanceError) -> Self {
+        use crate::gpu::vulkan::InstanceError;
+        match e {
+            InstanceError::Loader(e) => {
+                ImportError::Unavailable { backend: "vulkan", why: format!("no Vulkan loader: {e}") }
+            }
+            InstanceError::Vulkan { op, code } => ImportError::Vulkan { op, code },
+        }
+    }
+}
+
+/// The rule of every test that needs a Vulkan device, shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/support/vulkan.rs"]
+mod vulkan_gate;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::vulkan::{Shared, instances_made, shared};
+
+    /// Backends made and dropped one after another (and beside the other tests' ones) share one
+    /// instance (the process's, `gpu::vulkan`): with an instance each, the loader unloads and
+    /// reloads every driver per backend, and NVIDIA's refused the 31st. Forty in a row pass that
+    /// count.
+    #[test]
+    fn backends_share_one_instance_for_the_process() {
+        let Some(first) = vulkan_gate::vulkan_or_skip(Vulkan::open()) else { return };
+        drop(first);
+        for i in 1..40 {
+            if let Err(e) = Vulkan::open() {
+                panic!("backend {} of 40 failed: {e}", i + 1);
+            }
+        }
+        assert_eq!(instances_made(), 1);
+        let a: *const Shared = shared().unwrap();
+        let b: *const Shared = shared().unwrap();
+        assert_eq!(a, b);
+    }
+}

@@ -18,12 +18,12 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emuhost::import::{AnyBackend, Backend, BackendChoice, ImportConfig, ImportError, Importer, PoolId};
+use emuhost::import::{AnyBackend, Backend, ImportConfig, ImportError, Importer, PoolId};
 use emuhost::sched::{self, Caller, OsHost, Sleeper};
 use emuhost::settings::Settings;
 use emuhost::space::ranges::RangeMap;
 use emuhost::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
-use emuhost::watch::{self, Tracker, WatchError};
+use emuhost::watch::{Tracker, WatchError};
 
 use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceError};
 
@@ -58,21 +58,14 @@ pub enum ReplayError {
     Import(#[from] ImportError),
 }
 
-/// How a replay runs. `None` fields come from [`ReplayConfig::settings`] (the replay reads no
-/// environment variable: a caller that wants the `EMUHOST_*` switches passes
-/// [`Settings::from_env`]).
+/// How a replay runs: the switches (the import backend and config, the write-tracking backend
+/// and verify mode, the short-sleep rule) and the pacing. The replay reads no environment
+/// variable: a caller that wants the `EMUHOST_*` switches passes [`Settings::from_env`].
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct ReplayConfig {
-    pub import_backend: Option<BackendChoice>,
-    pub import: Option<ImportConfig>,
-    pub watch_backend: Option<watch::BackendKind>,
-    /// Check every collect against a region query (`EMUHOST_VERIFY_COLLECT`).
-    pub verify_collect: Option<bool>,
     /// Keep the trace's frame times, with emuhost's host sleep as the frame limiter.
     pub paced: bool,
-    /// The switches: the import backend and config, the write-tracking backend and verify mode
-    /// where the fields above leave them, and the short-sleep rule.
     pub settings: Settings,
 }
 
@@ -795,41 +788,10 @@ type Runtime = (Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>);
 /// the write tracker, each picked by `cfg` or its settings.
 fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> {
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
-    let choice = match cfg.import_backend {
-        Some(c) => c,
-        None => cfg.settings.import_backend,
-    };
-    let picked = AnyBackend::pick(choice)?;
+    let picked = AnyBackend::pick(cfg.settings.import_backend)?;
     let import_backend = picked.backend.describe();
-    let icfg = match cfg.import {
-        Some(c) => c,
-        None => ImportConfig::from_settings(&cfg.settings),
-    };
-    let importer = Importer::new(space.clone(), picked.backend, icfg)?;
-    let verify = match cfg.verify_collect {
-        Some(v) => v,
-        None => cfg.settings.verify_collect,
-    };
-    let tracker = match cfg.watch_backend {
-        Some(k) => {
-            watch::self_test(k)?;
-            Tracker::new(
-                &space,
-                &emuhost::watch::TrackerConfig::default().backend(Some(k)).verify(verify).skip_self_test(true),
-            )?
-        }
-        None => {
-            let choice = watch::choose(&cfg.settings.tracker_config())?;
-            tracing::info!(target: "emuhost::watch", "write tracking: {} ({})", choice.kind.name(), choice.why);
-            Tracker::new(
-                &space,
-                &emuhost::watch::TrackerConfig::default()
-                    .backend(Some(choice.kind))
-                    .verify(verify)
-                    .skip_self_test(true),
-            )?
-        }
-    };
+    let importer = Importer::new(space.clone(), picked.backend, ImportConfig::from_settings(&cfg.settings))?;
+    let tracker = Tracker::new(&space, &cfg.settings.tracker_config())?;
     Ok((space, importer, import_backend, tracker))
 }
 
@@ -994,6 +956,8 @@ pub fn replay_file(path: &std::path::Path, cfg: &ReplayConfig) -> Result<ReplayR
 #[cfg(test)]
 mod tests {
     use super::*;
+    use emuhost::import::BackendChoice;
+    use emuhost::watch;
 
     fn collects(list: &[(u64, u64, u64, &[u64])]) -> BTreeMap<u64, CollectRecord> {
         list.iter().map(|&(n, a, b, p)| (n, (a, b, p.to_vec()))).collect()
@@ -1095,12 +1059,10 @@ mod tests {
             let sleep = Event::Sleep { kind: SleepKind::Guest, ns: 1, count: 1 };
             records.push((u64::from(n) + 3, rec(Thread::Game(n), sleep)));
         }
-        let cfg = ReplayConfig {
-            import_backend: Some(BackendChoice::Only(emuhost::import::BackendKind::Pin)),
-            import: Some(ImportConfig::default().policy(emuhost::import::ImportPolicy::Chunks)),
-            watch_backend: Some(watch::BackendKind::Mprotect),
-            ..ReplayConfig::default()
-        };
+        let mut cfg = ReplayConfig::default();
+        cfg.settings.import_backend = BackendChoice::Only(emuhost::import::BackendKind::Pin);
+        cfg.settings.import = ImportConfig::default().policy(emuhost::import::ImportPolicy::Chunks);
+        cfg.settings.watch = Some(watch::BackendKind::Mprotect);
         replay_with(&Header::default(), records.into_iter().map(Ok), &cfg, stack)
     }
 

@@ -23,9 +23,9 @@ fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
     let mut import = ImportConfig::default().policy(ImportPolicy::Chunks);
     import.plan.span_cap = span_mb * MIB;
     let mut c = ReplayConfig::default();
-    c.import_backend = Some(BackendChoice::Only(ImportKind::Pin));
-    c.import = Some(import);
-    c.watch_backend = Some(watch);
+    c.settings.import_backend = BackendChoice::Only(ImportKind::Pin);
+    c.settings.import = import;
+    c.settings.watch = Some(watch);
     c
 }
 
@@ -116,7 +116,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
         untouched_per_mib: Duration::from_millis(1),
         populated_per_mib: Duration::from_millis(1),
     };
-    c.import = Some(ImportConfig::default().cost(Some(cost)).ahead_piece(0));
+    c.settings.import = ImportConfig::default().cost(Some(cost)).ahead_piece(0);
     let r = run(SMALL, &c).unwrap();
     // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then
     // runs across the part the binding before it imported (one re-import).
@@ -127,7 +127,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
     assert_eq!((r.live_imports_after_teardown, r.live_import_bytes_after_teardown), (0, 0));
     // In pieces of 1 MiB: the 8 MiB pool in eight of them, and still no binding fails or finds
     // a write lost.
-    c.import = Some(ImportConfig::default().cost(Some(cost)).ahead_piece(1 << 20));
+    c.settings.import = ImportConfig::default().cost(Some(cost)).ahead_piece(1 << 20);
     let r = run(SMALL, &c).unwrap();
     assert_eq!((r.bind_failures, r.lost_writes), (0, 0), "{r:?}");
     assert!(r.reimports <= 1, "{r:?}");
@@ -306,7 +306,7 @@ fn a_session_on_many_threads_loses_no_write_and_leaks_no_import() {
     assert!(on["bind"].len() == 4 && on["collect"].len() == 4, "{on:?}");
     for watch in backends() {
         let mut c = cfg(watch, 64);
-        c.verify_collect = Some(true);
+        c.settings.verify_collect = true;
         let numbered = records.iter().cloned().enumerate().map(|(i, r)| Ok((i as u64 + 2, r)));
         let r = replay(&header, numbered, &c).unwrap_or_else(|e| panic!("{watch:?}: {e}"));
         eprintln!(

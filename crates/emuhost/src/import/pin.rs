@@ -1,6 +1,13 @@
 //! Pin: `mlock`/`munlock`, for machines with no GPU. The kernel faults the range's pages in and
 //! keeps them resident: the part of a GPU import that is the pinning, without a device. A pinned
 //! range is unlocked when it is dropped (or released), whether or not the backend is still there.
+//!
+//! # Safety
+//! This module opts out of the crate's `deny(unsafe_code)` for the calls of `sys::pin::lock` and
+//! `unlock`, whose ranges must be memory of ours: each is a [`HostSpan`], which holds the space's
+//! pages mapped while it lives, and the import keeps it until its range is unlocked. Every
+//! `unsafe` block carries a `// SAFETY:` line.
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -25,7 +32,9 @@ pub struct Pinned {
 impl Drop for Pinned {
     fn drop(&mut self) {
         let s = &self.span;
-        if let Err(e) = sys::unlock(s.addr(), s.len()) {
+        // SAFETY: the span's pages are held mapped while it lives (`HostSpan`), and `import`
+        // locked exactly this range.
+        if let Err(e) = unsafe { sys::unlock(s.addr(), s.len()) } {
             tracing::warn!("munlock {:#x}+{:#x}: {e}", s.addr(), s.len());
         }
         self.budget.give(s.len() as u64);
@@ -65,9 +74,12 @@ impl Backend for Pin {
     fn import(&self, span: HostSpan) -> Result<Pinned, ImportError> {
         span.check_aligned(self.alignment())?;
         self.budget.take(span.len() as u64)?;
-        if let Err(source) = sys::lock(span.addr(), span.len()) {
+        // SAFETY: a `HostSpan` is the host bytes of the space's guest window, held mapped while it
+        // lives; the span moves into the `Pinned`, whose drop unlocks the range.
+        if let Err(source) = unsafe { sys::lock(span.addr(), span.len()) } {
             // mlock may have locked part of the range before failing.
-            let _ = sys::unlock(span.addr(), span.len());
+            // SAFETY: the same held range, which the failed lock may have partly pinned.
+            let _ = unsafe { sys::unlock(span.addr(), span.len()) };
             self.budget.give(span.len() as u64);
             return Err(ImportError::Os { op: "mlock", addr: span.addr() as u64, len: span.len() as u64, source });
         }

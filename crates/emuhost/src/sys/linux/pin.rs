@@ -4,19 +4,31 @@
 use std::io;
 
 /// Locks `addr..addr + len` in memory (faulting its pages in).
-pub fn lock(addr: usize, len: usize) -> io::Result<()> {
+///
+/// # Safety
+/// `addr..addr + len` is memory this process mapped for the caller and keeps mapped until the
+/// matching [`unlock`] (a held span of a space's window): faulting in and pinning pages that
+/// another owner maps (a userfaultfd-registered range, a device's mapping, a page the allocator
+/// gives back) would act on memory whose contract is that owner's.
+pub unsafe fn lock(addr: usize, len: usize) -> io::Result<()> {
     // Over RLIMIT_MEMLOCK the kernel says ENOMEM: an injected failure says the same.
     if crate::sys::hooks::fail_import(len as u64) {
         return Err(io::Error::from_raw_os_error(libc::ENOMEM));
     }
-    // SAFETY: mlock only faults in and pins pages of the range; it reads or writes no byte through
-    // a Rust reference and changes no mapping. An unmapped range fails with ENOMEM.
+    // SAFETY: the range is the caller's (above); mlock only faults in and pins its pages, reads or
+    // writes no byte through a Rust reference and changes no mapping. An unmapped range fails
+    // with ENOMEM.
     unsafe { rustix::mm::mlock(addr as *mut libc::c_void, len) }.map_err(Into::into)
 }
 
 /// Unlocks `addr..addr + len`.
-pub fn unlock(addr: usize, len: usize) -> io::Result<()> {
-    // SAFETY: munlock only drops the pin of the range's pages; it touches no byte and no mapping.
+///
+/// # Safety
+/// `addr..addr + len` is a range the caller [`lock`]ed (or tried to), still mapped for it: an
+/// unlock of another owner's pages would drop that owner's pin.
+pub unsafe fn unlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the range is the caller's own pinned range (above); munlock only drops the pin of
+    // its pages and touches no byte and no mapping.
     unsafe { rustix::mm::munlock(addr as *mut libc::c_void, len) }.map_err(Into::into)
 }
 

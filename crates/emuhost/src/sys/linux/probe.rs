@@ -1,9 +1,8 @@
 //! What this machine offers: kernel release, logical processors in the affinity mask,
 //! userfaultfd's features, and whether `PAGEMAP_SCAN` and `PROCMAP_QUERY` answer.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use super::uapi::*;
 
@@ -40,40 +39,19 @@ pub fn userfaultfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// The features userfaultfd offers here (`UFFDIO_API` with none asked for, on a fresh
-/// descriptor: the kernel answers with every feature it has).
-pub fn userfaultfd_features() -> io::Result<u64> {
-    let fd = userfaultfd()?;
-    let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
-    // SAFETY: `api` is a live `struct uffdio_api` the kernel reads and fills; `fd` is open.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api as *mut UffdioApi) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(api.features)
-}
+pub use super::uffd::features as userfaultfd_features;
 
 /// Whether the `PAGEMAP_SCAN` ioctl answers (an empty scan of one stack page).
 pub fn pagemap_scan() -> io::Result<()> {
-    let f = File::open("/proc/self/pagemap")?;
+    let pagemap = super::uffd::Pagemap::open()?;
     let local = 0u64;
     let page = rustix::param::page_size() as u64;
     let start = (&local as *const u64 as u64) & !(page - 1);
     let mut out = [PageRegion::default(); 1];
-    let mut arg = PmScanArg {
-        size: size_of::<PmScanArg>() as u64,
-        start,
-        end: start + page,
-        vec: out.as_mut_ptr() as u64,
-        vec_len: 1,
-        category_anyof_mask: PAGE_IS_PRESENT,
-        return_mask: PAGE_IS_PRESENT,
-        ..Default::default()
-    };
-    // SAFETY: `arg` is a live `struct pm_scan_arg` whose `vec` points at `vec_len` writable
-    // `page_region`s; the flags ask for a read-only scan of one page of our own stack.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg as *mut PmScanArg) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    let mut arg = pm_scan_arg(0, start, start + page);
+    arg.category_anyof_mask = PAGE_IS_PRESENT;
+    arg.return_mask = PAGE_IS_PRESENT;
+    pagemap.scan(&mut arg, &mut out).map(drop)
 }
 
 /// Whether the `PROCMAP_QUERY` ioctl answers.

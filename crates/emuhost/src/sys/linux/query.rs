@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use super::uapi::*;
@@ -89,18 +89,28 @@ impl Maps {
     /// The `PROCMAP_QUERY` ioctl: the region covering `addr`, or else the first one above it;
     /// `None` past the last one.
     pub fn ioctl(&self, addr: usize) -> io::Result<Option<Region>> {
-        let mut q = ProcmapQuery {
-            size: size_of::<ProcmapQuery>() as u64,
+        let mut q = procmap_query {
+            size: size_of::<procmap_query>() as u64,
             query_flags: PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
             query_addr: addr as u64,
-            ..Default::default()
+            vma_start: 0,
+            vma_end: 0,
+            vma_flags: 0,
+            vma_page_size: 0,
+            vma_offset: 0,
+            inode: 0,
+            dev_major: 0,
+            dev_minor: 0,
+            vma_name_size: 0,
+            build_id_size: 0,
+            vma_name_addr: 0,
+            build_id_addr: 0,
         };
         count(Call::Query);
-        // SAFETY: `q` is a live, properly sized `struct procmap_query` with its `size` field set;
-        // name and build-id buffers are null with zero sizes, so the kernel writes only into `q`.
-        let r = unsafe { libc::ioctl(self.file.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
+        // SAFETY: `self.file` is /proc/self/maps and `procmap_query` is PROCMAP_QUERY's struct,
+        // with its `size` set; the name and build-id buffers are null with zero sizes, so the
+        // kernel writes only into `q`.
+        if let Err(e) = unsafe { ioctl_rw::<PROCMAP_QUERY, _>(self.file.as_fd(), &mut q) } {
             return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
         }
         Ok(Some(Region {

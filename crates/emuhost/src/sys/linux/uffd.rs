@@ -11,80 +11,115 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::uapi::*;
 use crate::sys::counters::{Call, count};
 
-/// `struct uffdio_range`.
-#[repr(C)]
-struct UffdioRange {
-    start: u64,
-    len: u64,
+/// A descriptor that `userfaultfd(2)` returned ([`super::probe::userfaultfd`]): the only kind the
+/// `UFFDIO_*` ioctls are sent to.
+#[derive(Debug)]
+struct UffdFd(OwnedFd);
+
+impl UffdFd {
+    fn open() -> io::Result<Self> {
+        super::probe::userfaultfd().map(Self)
+    }
+
+    /// `UFFDIO_API`: enables `features` (none: only asks); returns the features the kernel offers.
+    fn api(&self, features: u64) -> io::Result<u64> {
+        let mut api = uffdio_api { api: UFFD_API, features, ioctls: 0 };
+        // SAFETY: `self.0` is a userfaultfd and `uffdio_api` is UFFDIO_API's struct; it holds no
+        // address.
+        unsafe { ioctl_rw::<UFFDIO_API, _>(self.0.as_fd(), &mut api) }?;
+        Ok(api.features)
+    }
+
+    /// `UFFDIO_REGISTER` of `addr..addr + len` in `mode`.
+    fn register(&self, addr: usize, len: usize, mode: u64) -> io::Result<()> {
+        let mut reg = uffdio_register { range: range(addr, len), mode, ioctls: 0 };
+        // SAFETY: a userfaultfd and UFFDIO_REGISTER's struct; the range is not written through.
+        unsafe { ioctl_rw::<UFFDIO_REGISTER, _>(self.0.as_fd(), &mut reg) }.map(drop)
+    }
+
+    /// `UFFDIO_UNREGISTER` of `addr..addr + len`.
+    fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
+        let mut r = range(addr, len);
+        // SAFETY: a userfaultfd and UFFDIO_UNREGISTER's struct; the range is not written through.
+        unsafe { ioctl_rw::<UFFDIO_UNREGISTER, _>(self.0.as_fd(), &mut r) }.map(drop)
+    }
+
+    /// `UFFDIO_WRITEPROTECT` of `addr..addr + len` in `mode` (0 lifts the protection).
+    fn writeprotect(&self, addr: usize, len: usize, mode: u64) -> io::Result<()> {
+        let mut wp = uffdio_writeprotect { range: range(addr, len), mode };
+        // SAFETY: a userfaultfd and UFFDIO_WRITEPROTECT's struct; the range is not written through
+        // (in asynchronous mode a write to a protected page resolves in the kernel).
+        unsafe { ioctl_rw::<UFFDIO_WRITEPROTECT, _>(self.0.as_fd(), &mut wp) }.map(drop)
+    }
 }
 
-/// `struct uffdio_register`.
-#[repr(C)]
-struct UffdioRegister {
-    range: UffdioRange,
-    mode: u64,
-    ioctls: u64,
+fn range(addr: usize, len: usize) -> uffdio_range {
+    uffdio_range { start: addr as u64, len: len as u64 }
 }
 
-/// `struct uffdio_writeprotect`.
-#[repr(C)]
-struct UffdioWriteprotect {
-    range: UffdioRange,
-    mode: u64,
+/// The features userfaultfd offers here (`UFFDIO_API` with none asked for, on a fresh
+/// descriptor: the kernel answers with every feature it has).
+pub fn features() -> io::Result<u64> {
+    UffdFd::open()?.api(0)
 }
 
-const UFFDIO_REGISTER: libc::c_ulong = iowr(0xAA, 0x00, size_of::<UffdioRegister>());
-const UFFDIO_WRITEPROTECT: libc::c_ulong = iowr(0xAA, 0x06, size_of::<UffdioWriteprotect>());
-const UFFDIO_UNREGISTER: libc::c_ulong =
-    (2 << 30) | ((size_of::<UffdioRange>() as libc::c_ulong) << 16) | (0xAA << 8) | 0x01;
-const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+/// `/proc/self/pagemap`, open: the only file `PAGEMAP_SCAN` is sent to.
+#[derive(Debug)]
+pub struct Pagemap(File);
+
+impl Pagemap {
+    pub fn open() -> io::Result<Self> {
+        File::open("/proc/self/pagemap").map(Self)
+    }
+
+    /// `PAGEMAP_SCAN` with `arg`, its output vector `vec` (set here, whatever `arg` had; an
+    /// empty one as null, as the kernel expects of no vector); returns how many regions the
+    /// kernel wrote to `vec`. `arg.walk_end` says where it stopped.
+    pub fn scan(&self, arg: &mut pm_scan_arg, vec: &mut [PageRegion]) -> io::Result<usize> {
+        arg.vec = if vec.is_empty() { 0 } else { vec.as_mut_ptr() as u64 };
+        arg.vec_len = vec.len() as u64;
+        // SAFETY: `self.0` is /proc/self/pagemap and `pm_scan_arg` is PAGEMAP_SCAN's struct; its
+        // one output address is `vec` (a `PageRegion` is a `page_region`, `repr(transparent)`),
+        // with its length, borrowed mutably for the call. Its flags change at most the
+        // write-protect bits of the scanned pages, which no Rust reference relies on.
+        let n = unsafe { ioctl_rw::<PAGEMAP_SCAN, _>(self.0.as_fd(), arg) }?;
+        Ok((n as usize).min(vec.len()))
+    }
+}
 
 /// A userfaultfd in asynchronous write-protect mode, and `/proc/self/pagemap` to scan with.
 #[derive(Debug)]
 pub struct Uffd {
-    fd: OwnedFd,
-    pagemap: File,
-}
-
-fn ioctl<T>(fd: i32, req: libc::c_ulong, arg: &mut T) -> io::Result<libc::c_int> {
-    count(if req == UFFDIO_REGISTER || req == UFFDIO_UNREGISTER { Call::Register } else { Call::Ioctl });
-    // SAFETY: every caller passes the `struct` that `req` is defined with (see the constants
-    // above and in uapi.rs), live and writable for the duration of the call.
-    let r = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    fd: UffdFd,
+    pagemap: Pagemap,
 }
 
 impl Uffd {
     /// Opens a userfaultfd for user-mode faults and enables asynchronous write-protect, on
     /// unpopulated pages and on shared memory too where the kernel has those.
     pub fn new() -> io::Result<Self> {
-        let available = super::probe::userfaultfd_features()?;
+        let available = features()?;
         if available & UFFD_FEATURE_WP_ASYNC == 0 {
             return Err(io::Error::new(io::ErrorKind::Unsupported, "userfaultfd lacks UFFD_FEATURE_WP_ASYNC"));
         }
         let wanted = UFFD_FEATURE_WP_ASYNC
             | (available & UFFD_FEATURE_WP_UNPOPULATED)
             | (available & UFFD_FEATURE_WP_HUGETLBFS_SHMEM);
-        let fd = super::probe::userfaultfd()?;
-        let mut api = UffdioApi { api: UFFD_API, features: wanted, ioctls: 0 };
-        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
-        Ok(Self { fd, pagemap: File::open("/proc/self/pagemap")? })
+        let fd = UffdFd::open()?;
+        count(Call::Ioctl);
+        fd.api(wanted)?;
+        Ok(Self { fd, pagemap: Pagemap::open()? })
     }
 
     /// Registers `addr..addr + len` for write-protect tracking (again, after a remap).
     pub fn register(&self, addr: usize, len: usize) -> io::Result<()> {
-        let mut reg = UffdioRegister {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
-            mode: UFFDIO_REGISTER_MODE_WP,
-            ioctls: 0,
-        };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut reg).map(|_| ())
+        count(Call::Register);
+        self.fd.register(addr, len, UFFDIO_REGISTER_MODE_WP)
     }
 
     /// Whether every mapping over `addr..addr + len` is registered for asynchronous write-protect
@@ -96,16 +131,11 @@ impl Uffd {
     /// walks the mappings, not their pages. Pages with nothing mapped are not asked about.
     pub fn registered(&self, addr: usize, len: usize) -> io::Result<bool> {
         let end = (addr + len) as u64;
-        let mut arg = PmScanArg {
-            size: size_of::<PmScanArg>() as u64,
-            flags: PM_SCAN_CHECK_WPASYNC,
-            start: addr as u64,
-            end,
-            category_inverted: PAGE_IS_WPALLOWED,
-            category_mask: PAGE_IS_WPALLOWED,
-            ..Default::default()
-        };
-        match ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) {
+        let mut arg = pm_scan_arg(PM_SCAN_CHECK_WPASYNC, addr as u64, end);
+        arg.category_inverted = PAGE_IS_WPALLOWED;
+        arg.category_mask = PAGE_IS_WPALLOWED;
+        count(Call::Ioctl);
+        match self.pagemap.scan(&mut arg, &mut []) {
             Ok(_) if arg.walk_end >= end => Ok(true),
             Ok(_) => Err(io::Error::other("PAGEMAP_SCAN stopped short of the range's end")),
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(false),
@@ -115,26 +145,23 @@ impl Uffd {
 
     /// Write-protects (arms) `addr..addr + len`: the next write to each page is recorded.
     pub fn protect(&self, addr: usize, len: usize) -> io::Result<()> {
-        let mut wp = UffdioWriteprotect {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
-            mode: UFFDIO_WRITEPROTECT_MODE_WP,
-        };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp).map(|_| ())
+        count(Call::Ioctl);
+        self.fd.writeprotect(addr, len, UFFDIO_WRITEPROTECT_MODE_WP)
     }
 
     /// Lifts the write protection of `addr..addr + len`: its writes are no longer recorded. The
     /// range stays registered (an arm of it again needs no registration, which takes the
     /// process's memory-map lock for writing); closing the userfaultfd unregisters it.
     pub fn unprotect(&self, addr: usize, len: usize) -> io::Result<()> {
-        let mut wp = UffdioWriteprotect { range: UffdioRange { start: addr as u64, len: len as u64 }, mode: 0 };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp).map(|_| ())
+        count(Call::Ioctl);
+        self.fd.writeprotect(addr, len, 0)
     }
 
     /// Unregisters `addr..addr + len` ([`Uffd::unprotect`] it first: emuhost never relies on an
     /// unregistration lifting the write protection).
     pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
-        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
-        ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER, &mut r).map(|_| ())
+        count(Call::Register);
+        self.fd.unregister(addr, len)
     }
 
     /// Gives `sink` the runs of pages written in `start..end` since they were armed, as host
@@ -148,7 +175,7 @@ impl Uffd {
         mut sink: impl FnMut(u64, u64),
     ) -> io::Result<()> {
         self.scan(start, end, vec, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, |regions| {
-            regions.iter().for_each(|r| sink(r.start, r.end))
+            regions.iter().for_each(|r| sink(r.0.start, r.0.end))
         })
     }
 
@@ -161,7 +188,9 @@ impl Uffd {
         vec: &mut [PageRegion],
         mut sink: impl FnMut(u64, u64),
     ) -> io::Result<()> {
-        self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| regions.iter().for_each(|r| sink(r.start, r.end)))
+        self.scan(start, end, vec, PM_SCAN_CHECK_WPASYNC, |regions| {
+            regions.iter().for_each(|r| sink(r.0.start, r.0.end))
+        })
     }
 
     /// `PAGEMAP_SCAN` of `start..end` with `flags`, giving each batch of written regions to `sink`.
@@ -175,19 +204,12 @@ impl Uffd {
     ) -> io::Result<()> {
         let mut at = start as u64;
         while at < end as u64 {
-            let mut arg = PmScanArg {
-                size: size_of::<PmScanArg>() as u64,
-                flags,
-                start: at,
-                end: end as u64,
-                vec: vec.as_mut_ptr() as u64,
-                vec_len: vec.len() as u64,
-                category_mask: PAGE_IS_WRITTEN,
-                return_mask: PAGE_IS_WRITTEN,
-                ..Default::default()
-            };
-            let n = ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg)? as usize;
-            sink(&vec[..n.min(vec.len())]);
+            let mut arg = pm_scan_arg(flags, at, end as u64);
+            arg.category_mask = PAGE_IS_WRITTEN;
+            arg.return_mask = PAGE_IS_WRITTEN;
+            count(Call::Ioctl);
+            let n = self.pagemap.scan(&mut arg, vec)?;
+            sink(&vec[..n]);
             if arg.walk_end <= at {
                 return Err(io::Error::other("PAGEMAP_SCAN made no progress"));
             }

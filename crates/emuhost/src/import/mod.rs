@@ -34,6 +34,8 @@
 //! default); without one, its backend's `open` says so and the automatic choice passes it over.
 //! Pin is always there.
 
+#[cfg(not(all(feature = "cuda", feature = "vulkan")))]
+mod absent;
 mod backend;
 mod cost;
 #[cfg(feature = "cuda")]

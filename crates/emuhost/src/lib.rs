@@ -16,6 +16,7 @@
 //! preparation is `emuhost-prepare`.
 #![deny(unsafe_code)]
 
+mod errors;
 #[cfg(feature = "faults")]
 pub mod faults;
 #[cfg(not(feature = "faults"))]

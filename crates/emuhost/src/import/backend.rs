@@ -14,6 +14,7 @@ use super::ImportError;
 use super::cuda::Cuda;
 use super::pin::Pin;
 use super::vulkan::Vulkan;
+pub use crate::errors::error_chain;
 use crate::space::{GuestAddr, Hold, Prot, Space, page_size};
 
 /// Which backend.
@@ -346,18 +347,6 @@ impl AnyBackend {
             }
         }
     }
-}
-
-/// An error and its sources, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
-        src = x.source();
-    }
-    s
 }
 
 macro_rules! each {

@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use bitmap::PageBitmap;
 pub use cache::{Consumer, Written};
 
+use crate::errors::error_chain as chain;
 use crate::space::ranges::RangeMap;
 use crate::space::{
     Change, CommitPath, GuestAddr, GuestRange, Layout, Observer, Prot, Region, SectionId, Space, SpaceError, View,
@@ -208,18 +209,6 @@ pub fn choose(config: &TrackerConfig) -> Result<Choice, WatchError> {
         }
     }
     Err(WatchError::NoBackend { tried: tried.join("; ") })
-}
-
-/// An error and its sources on one line (a backend's failure names the OS error under it).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
-        src = x.source();
-    }
-    s
 }
 
 /// Arms a few pages of a small space of its own, writes one, collects, and expects exactly it.

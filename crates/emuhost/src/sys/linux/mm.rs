@@ -423,20 +423,10 @@ impl Reservation {
                     iov_len: ZEROS.len().min(n - i * ZEROS.len()),
                 })
                 .collect();
-            let remote = libc::iovec { iov_base: (self.base + off + done) as *mut libc::c_void, iov_len: n };
-            count(Call::Copy);
             // SAFETY: the local iovecs point into a static buffer of at least their length; the
-            // remote one lies inside the `span`-checked range. The kernel writes through the page
-            // tables (not through a Rust reference) and fails with EFAULT on a page it may not
-            // write.
-            let r = unsafe { libc::process_vm_writev(libc::getpid(), local.as_ptr(), local.len() as _, &remote, 1, 0) };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if r == 0 {
-                return Err(io::Error::from_raw_os_error(libc::EFAULT));
-            }
-            done += r as usize;
+            // remote range lies inside the `span`-checked range, guest memory no Rust reference
+            // points into.
+            done += unsafe { vm_call(&local, self.base + off + done, n, true) }?;
         }
         Ok(())
     }
@@ -465,26 +455,38 @@ unsafe fn vm_copy(local: *mut u8, remote: usize, len: usize, write: bool, done: 
     while *done < len {
         let done_now = *done;
         let l = libc::iovec { iov_base: local.wrapping_add(done_now) as *mut libc::c_void, iov_len: len - done_now };
-        let r_iov = libc::iovec { iov_base: (remote + done_now) as *mut libc::c_void, iov_len: len - done_now };
-        count(Call::Copy);
-        // SAFETY: the caller's contract covers both iovecs; the kernel copies through the page
-        // tables and fails with EFAULT on a page the protection forbids.
-        let r = unsafe {
-            if write {
-                libc::process_vm_writev(libc::getpid(), &l, 1, &r_iov, 1, 0)
-            } else {
-                libc::process_vm_readv(libc::getpid(), &l, 1, &r_iov, 1, 0)
-            }
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if r == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        *done += r as usize;
+        // SAFETY: the caller's contract covers both ranges.
+        *done += unsafe { vm_call(std::slice::from_ref(&l), remote + done_now, len - done_now, write) }?;
     }
     Ok(())
+}
+
+/// One `process_vm_writev` (`write`) or `process_vm_readv` between the `local` iovecs and host
+/// address `remote..remote + len` of this process; returns the bytes copied, at least one (a
+/// call that copies none is `EFAULT`: the first page refused it).
+///
+/// # Safety
+/// Every iovec of `local` must point to that many bytes valid for the copy's direction. For a
+/// write, `remote..+len` must be memory no Rust reference points into (guest memory of a
+/// reservation).
+unsafe fn vm_call(local: &[libc::iovec], remote: usize, len: usize, write: bool) -> io::Result<usize> {
+    let r_iov = libc::iovec { iov_base: remote as *mut libc::c_void, iov_len: len };
+    let (pid, n) = (std::process::id() as libc::pid_t, local.len() as libc::c_ulong);
+    count(Call::Copy);
+    // SAFETY: the caller's contract covers both sides; the kernel copies through the page tables
+    // (not through a Rust reference) and fails with EFAULT on a page the protection forbids.
+    let r = unsafe {
+        if write {
+            libc::process_vm_writev(pid, local.as_ptr(), n, &r_iov, 1, 0)
+        } else {
+            libc::process_vm_readv(pid, local.as_ptr(), n, &r_iov, 1, 0)
+        }
+    };
+    match r {
+        r if r < 0 => Err(io::Error::last_os_error()),
+        0 => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+        r => Ok(r as usize),
+    }
 }
 
 /// Reads bytes at any host address of this process into `buf`: an error (`EFAULT`), never a

@@ -11,10 +11,7 @@ pub fn kernel_release() -> String {
     rustix::system::uname().release().to_string_lossy().into_owned()
 }
 
-/// Logical processors in this process's affinity mask (`sched_getaffinity`).
-pub fn affinity_cpus() -> io::Result<usize> {
-    Ok(rustix::thread::sched_getaffinity(None)?.count() as usize)
-}
+pub use super::sched::affinity_cpus;
 
 /// Whether the kernel accounts every private writable page against a commit limit
 /// (`vm.overcommit_memory` = 2, or unreadable: assumed so). There `mprotect` charges pages it makes

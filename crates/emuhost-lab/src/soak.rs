@@ -50,14 +50,7 @@ pub fn trim_heap() -> bool {
 }
 
 /// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes.
-pub fn status_bytes(status: &str, key: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.split(':').next() == Some(key))?;
-    let mut f = line[key.len() + 1..].split_whitespace();
-    match (f.next(), f.next()) {
-        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
-        _ => None,
-    }
-}
+pub use emuhost::probe::status_bytes;
 
 /// One loop of a soak: what the replay did and what was left after its teardown.
 #[derive(Clone, Debug, Default, PartialEq)]

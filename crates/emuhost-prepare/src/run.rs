@@ -567,12 +567,7 @@ pub fn peak_memory_bytes() -> Option<u64> {
 
 /// `VmHWM:   N kB` in bytes.
 pub fn parse_vm_hwm(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let mut f = line["VmHWM:".len()..].split_whitespace();
-    match (f.next(), f.next()) {
-        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
-        _ => None,
-    }
+    emuhost::probe::status_bytes(status, "VmHWM")
 }
 
 #[cfg(test)]

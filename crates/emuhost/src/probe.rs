@@ -66,6 +66,8 @@ impl Probe {
     }
 }
 
+/// A field of that status text in bytes (`VmHWM`, `VmRSS`, ...).
+pub use crate::sys::procstat::status_bytes;
 /// The process's own memory figures, as the kernel and the C allocator keep them: for a caller
 /// that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a preparation).
 pub use crate::sys::procstat::{Heap, heap, self_status, trim_heap};

@@ -151,13 +151,7 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The value at quantile `q` of sorted `v`.
-pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
-}
+pub(crate) use emuhost_lab::quantile::quantile;
 
 /// The 1 % / 0.1 % low: the frame rate of the slowest 1 % / 0.1 % of frames, averaged.
 fn low(frame_ms: &[f64], frac: f64) -> f64 {

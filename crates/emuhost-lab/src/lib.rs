@@ -9,6 +9,7 @@
 //! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
 #![deny(unsafe_code)]
 
+pub mod quantile;
 pub mod replay;
 pub mod soak;
 pub mod stress;

@@ -82,17 +82,7 @@ impl Arm {
     }
 }
 
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
+pub use emuhost_lab::quantile::median;
 
 /// A comparison of two arms, `old` against `new`.
 pub struct Comparison {

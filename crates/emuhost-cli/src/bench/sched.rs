@@ -16,6 +16,7 @@ use emuhost::sched::{
     HOST_EXACT_WAIT, HYBRID_MARGIN, LearnedMargin, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, Wait,
     restrict_thread_cpus, thread_cpu_time, wait_until, wait_until_learning,
 };
+use emuhost_lab::quantile::quantile;
 use serde_json::json;
 
 use super::{Arm, Comparison, median};
@@ -117,9 +118,8 @@ fn sleep_round(m: Method, d: Duration, n: u32, margin_ns: u64, learned: &Learned
     }
     let cpu = (thread_cpu_time() - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64();
     late.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| late[((late.len() - 1) as f64 * p).round() as usize];
-    arm.p50_us.push(pct(0.50));
-    arm.p99_us.push(pct(0.99));
+    arm.p50_us.push(quantile(&late, 0.50));
+    arm.p99_us.push(quantile(&late, 0.99));
     arm.cpu.push(cpu);
 }
 

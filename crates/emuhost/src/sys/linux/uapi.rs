@@ -1,8 +1,9 @@
 //! Kernel uapi: the structs and flag values come from `linux-raw-sys` (the crate rustix is built
-//! on, Linux 6.16's headers, which Debian's and the `libc` crate lack: Linux 6.7+ for
-//! `PAGEMAP_SCAN`, 6.11+ for `PROCMAP_QUERY`). Its `ioctl` module lists the userfaultfd numbers
-//! but not `PAGEMAP_SCAN`'s and `PROCMAP_QUERY`'s, so those two are composed here from their
-//! structs with `rustix::ioctl::opcode`, as the kernel's `_IOWR` does.
+//! on, generated from Linux 6.17's headers, which have what Debian's and the `libc` crate lack:
+//! Linux 6.7+ for `PAGEMAP_SCAN`, 6.11+ for `PROCMAP_QUERY`). Its `ioctl` module lists the
+//! userfaultfd numbers but not `PAGEMAP_SCAN`'s and `PROCMAP_QUERY`'s, so those two are composed
+//! here from their structs with `rustix::ioctl::opcode`, as the kernel's `_IOWR` does. One flag
+//! its generator passes over is written here (`UFFDIO_WRITEPROTECT_MODE_WP`).
 //!
 //! Every ioctl goes through [`ioctl_rw`], an `unsafe fn`: the types that own each kind of
 //! descriptor ([`super::uffd::Uffd`], [`super::uffd::Pagemap`], [`super::query::Maps`]) call it,

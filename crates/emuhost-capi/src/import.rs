@@ -5,9 +5,7 @@ use std::ffi::{CStr, c_char, c_void};
 use std::sync::Arc;
 
 use ash::vk::{self, Handle as _};
-use emuhost::import::{
-    AnyBackend, Backend, BackendKind, CallerDevice, Cuda, GpuHandle, ImportConfig, Importer, PoolId, Vulkan,
-};
+use emuhost::import::{AnyBackend, Backend, BackendKind, CallerDevice, Cuda, GpuHandle, Importer, PoolId, Vulkan};
 use emuhost::settings::Settings;
 
 use crate::entry;
@@ -123,7 +121,7 @@ fn make(
     let settings = crate::settings::read(settings, what)?;
     crate::ffi::check_ptr(out, "the out-pointer")?;
     let backend = backend(&settings)?;
-    let imp = Importer::new(s, backend, ImportConfig::from_settings(&settings))?;
+    let imp = Importer::new(s, backend, settings.import_config())?;
     // SAFETY: checked above; the caller vouches that it is writable.
     unsafe { handle::give(out, Arc::new(Imp(imp))) }
 }

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use emuhost::import::{ImportConfig, ImportPolicy, Pools, plan, pool_range, pools_file};
-use emuhost::settings::Settings;
+use emuhost::import::{Pools, plan, pool_range, pools_file};
+use emuhost::settings::{ImportPolicyName, Settings};
 
 use crate::Outcome;
 
@@ -25,16 +25,16 @@ pub struct Args {
     /// `pools` or `chunks` (default EMUHOST_IMPORT_POLICY or pools); --chunk-mib and --span-mib
     /// are the chunks policy's.
     #[arg(long, value_parser = parse_policy)]
-    policy: Option<ImportPolicy>,
+    policy: Option<ImportPolicyName>,
     /// A binding, `ADDR:SIZE` (hex with 0x, or decimal). Repeat for more.
     #[arg(long = "bind", required = true, value_parser = parse_binding)]
     binds: Vec<(u64, u64)>,
 }
 
-fn parse_policy(s: &str) -> Result<ImportPolicy, String> {
-    let mut c = ImportConfig::default();
+fn parse_policy(s: &str) -> Result<ImportPolicyName, String> {
+    let mut c = Settings::default();
     c.set("EMUHOST_IMPORT_POLICY", s).map_err(|e| e.to_string())?;
-    Ok(c.policy)
+    Ok(c.import.policy)
 }
 
 /// A number in hex (`0x`) or decimal.
@@ -61,8 +61,8 @@ pub fn read_pools(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
 }
 
 pub fn run(a: Args, settings: &Settings) -> anyhow::Result<Outcome> {
-    let policy = a.policy.unwrap_or(ImportConfig::from_settings(settings).policy);
-    let mut cfg = ImportConfig::from_settings(settings).plan;
+    let policy = a.policy.unwrap_or(settings.import.policy);
+    let mut cfg = settings.import.plan;
     if let Some(mb) = a.chunk_mib {
         cfg.chunk = mb
             .checked_mul(1 << 20)
@@ -77,8 +77,8 @@ pub fn run(a: Args, settings: &Settings) -> anyhow::Result<Outcome> {
     let mut out = String::new();
     for (addr, size) in a.binds {
         let r = match policy {
-            ImportPolicy::Chunks => plan(&pools, cfg, addr, size, true),
-            ImportPolicy::Pools => pool_range(&pools, addr, size, emuhost::space::page_size()),
+            ImportPolicyName::Chunks => plan(&pools, cfg, addr, size, true),
+            ImportPolicyName::Pools => pool_range(&pools, addr, size, emuhost::space::page_size()),
         };
         let r = r.with_context(|| format!("--bind {addr:#x}:{size:#x}"))?;
         out.push_str(&format!("{:#x}..{:#x}\n", r.lo, r.hi));

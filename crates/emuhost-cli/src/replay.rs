@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use emuhost::settings::Settings;
+use emuhost::settings::{self, Settings};
 use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
 use serde_json::{Value, json};
 
@@ -224,7 +224,10 @@ pub fn summary(r: &ReplayReport) -> Value {
     o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
     // Empty under the chunks policy.
     o.insert("import_cost".into(), json!(r.import_cost.map(|c| c.to_string()).unwrap_or_default()));
-    o.insert("import_cost_us".into(), json!(r.import_cost.map(|c| c.switch_value()).unwrap_or_default()));
+    o.insert(
+        "import_cost_us".into(),
+        json!(r.import_cost.map(|c| settings::import_cost_value(&c)).unwrap_or_default()),
+    );
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
@@ -324,7 +327,7 @@ fn print_table(r: &ReplayReport, s: &Value) {
     );
     if let Some(c) = r.import_cost {
         let how = if r.import_cost_given { "given" } else { "measured" };
-        outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", c.switch_value());
+        outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", settings::import_cost_value(&c));
     }
     outln!("write tracking");
     outln!(

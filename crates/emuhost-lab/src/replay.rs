@@ -18,7 +18,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emuhost::import::{AnyBackend, Backend, ImportConfig, ImportError, Importer, PoolId};
+use emuhost::import::{AnyBackend, Backend, ImportError, Importer, PoolId};
 use emuhost::sched::{self, Caller, OsHost, Sleeper};
 use emuhost::settings::Settings;
 use emuhost::space::ranges::RangeMap;
@@ -790,7 +790,7 @@ fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> 
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
     let picked = AnyBackend::pick(cfg.settings.import_backend)?;
     let import_backend = picked.backend.describe();
-    let importer = Importer::new(space.clone(), picked.backend, ImportConfig::from_settings(&cfg.settings))?;
+    let importer = Importer::new(space.clone(), picked.backend, cfg.settings.import_config())?;
     let tracker = Tracker::new(&space, &cfg.settings.tracker_config())?;
     Ok((space, importer, import_backend, tracker))
 }
@@ -894,9 +894,9 @@ fn replay_with(
     report.import_in_flight_waits = st.in_flight_waits;
     report.ahead_bytes_peak = st.ahead_peak_bytes;
     report.committed_bytes_peak = sh.committed_peak.load(SeqCst);
-    if importer.config().policy == emuhost::import::ImportPolicy::Pools {
+    if let emuhost::import::ImportPolicy::Pools(p) = importer.config().policy {
         report.import_cost = Some(importer.cost());
-        report.import_cost_given = importer.config().cost.is_some();
+        report.import_cost_given = p.cost.is_some();
     }
     report.import_failures = st.failures;
     report.long_read_waits = importer.space().long_read_waits();
@@ -1061,7 +1061,7 @@ mod tests {
         }
         let mut cfg = ReplayConfig::default();
         cfg.settings.import_backend = BackendChoice::Only(emuhost::import::BackendKind::Pin);
-        cfg.settings.import = ImportConfig::default().policy(emuhost::import::ImportPolicy::Chunks);
+        cfg.settings.import.policy = emuhost::settings::ImportPolicyName::Chunks;
         cfg.settings.watch = Some(watch::BackendKind::Mprotect);
         replay_with(&Header::default(), records.into_iter().map(Ok), &cfg, stack)
     }

@@ -7,7 +7,9 @@
 //! the switch and the value.
 
 use crate::faults::FaultSettings;
-use crate::import::{BackendChoice, ImportConfig};
+use std::time::Duration;
+
+use crate::import::{BackendChoice, ImportConfig, ImportCost, ImportPolicy, PlanConfig, PoolsConfig, PopulateAhead};
 use crate::watch::{BackendKind, TrackerConfig, VERIFY_SWITCH};
 
 /// The switch that forces a write-tracking backend ([`TrackerConfig::backend`]).
@@ -52,8 +54,10 @@ pub struct Settings {
     pub short_sleep_timer: Option<bool>,
     /// `EMUHOST_IMPORT_BACKEND`.
     pub import_backend: BackendChoice,
-    /// `EMUHOST_IMPORT_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`, `_AHEAD_MB`.
-    pub import: ImportConfig,
+    /// `EMUHOST_IMPORT_POLICY`, `_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`, and
+    /// the pools policy's `_AHEAD_MB`, `_AHEAD_THREADS`, `_AHEAD_PIECE_KB`, `_WAIT_US`, `_COST_US`
+    /// ([`Settings::import_config`] is the importer's config).
+    pub import: ImportSettings,
     /// `EMUHOST_FAULT_*`: the fault plan for the process (see [`crate::faults::install`]).
     pub faults: FaultSettings,
 }
@@ -66,7 +70,7 @@ impl Default for Settings {
             verify_collect: false,
             short_sleep_timer: None,
             import_backend: BackendChoice::Auto,
-            import: ImportConfig::default(),
+            import: ImportSettings::default(),
             faults: FaultSettings::default(),
         }
     }
@@ -163,7 +167,7 @@ fn fault(_: &mut Settings, name: &'static str, value: &str) -> Result<(), String
 }
 
 fn import(s: &mut Settings, name: &'static str, v: &str) -> Result<(), String> {
-    s.import.set(name, v).map_err(|e| e.to_string())
+    s.import.set(name, v)
 }
 
 /// The switches, in the README's order.
@@ -373,6 +377,171 @@ impl Settings {
     }
 }
 
+/// Which import policy `EMUHOST_IMPORT_POLICY` names ([`ImportPolicy`] without its settings).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImportPolicyName {
+    #[default]
+    Pools,
+    Chunks,
+}
+
+/// The `EMUHOST_IMPORT_*` switches but the backend, typed. Both policies' settings are kept,
+/// whichever `EMUHOST_IMPORT_POLICY` names, so that the switches may be set in any order;
+/// [`Settings::import_config`] builds the importer's config from them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImportSettings {
+    /// `EMUHOST_IMPORT_POLICY`.
+    pub policy: ImportPolicyName,
+    /// `EMUHOST_IMPORT_CHUNK_MB` and `EMUHOST_IMPORT_SPAN_MB`.
+    pub plan: PlanConfig,
+    /// `EMUHOST_IMPORT_COOLING_MS`.
+    pub cooling: Duration,
+    /// `EMUHOST_IMPORT_POPULATE_AHEAD`.
+    pub populate_ahead: PopulateAhead,
+    /// The pools policy's: `EMUHOST_IMPORT_AHEAD_MB`, `_AHEAD_THREADS`, `_AHEAD_PIECE_KB`,
+    /// `_WAIT_US` and `_COST_US`.
+    pub pools: PoolsConfig,
+}
+
+impl Default for ImportSettings {
+    fn default() -> Self {
+        let d = ImportConfig::default();
+        ImportSettings {
+            policy: match d.policy {
+                ImportPolicy::Pools(_) => ImportPolicyName::Pools,
+                ImportPolicy::Chunks(_) => ImportPolicyName::Chunks,
+            },
+            plan: d.plan,
+            cooling: d.cooling,
+            populate_ahead: d.populate_ahead,
+            pools: d.policy.pools_config().copied().unwrap_or_default(),
+        }
+    }
+}
+
+impl Settings {
+    /// The importer's config these settings give: the policy `EMUHOST_IMPORT_POLICY` names, with
+    /// its own settings.
+    pub fn import_config(&self) -> ImportConfig {
+        let i = &self.import;
+        let policy = match i.policy {
+            ImportPolicyName::Pools => ImportPolicy::Pools(i.pools),
+            ImportPolicyName::Chunks => ImportPolicy::chunks(),
+        };
+        ImportConfig::default().plan(i.plan).cooling(i.cooling).populate_ahead(i.populate_ahead).policy(policy)
+    }
+}
+
+impl ImportSettings {
+    /// Sets the import switch `name` to `value` (empty: its default); a bad value is an error
+    /// naming both. (Long: one arm a switch, each that switch's whole parse.)
+    fn set(&mut self, name: &'static str, value: &str) -> Result<(), String> {
+        let d = ImportSettings::default();
+        let bad = |value: &str, why: &str| format!("{name}={value:?}: {why}");
+        match name {
+            "EMUHOST_IMPORT_CHUNK_MB" => {
+                self.plan.chunk = d.plan.chunk;
+                if let Some(mb) = switch_u64(name, value)? {
+                    let bytes =
+                        mb.checked_mul(1 << 20).ok_or_else(|| bad(&mb.to_string(), "too large: past 2^64 bytes"))?;
+                    self.plan.chunk = Some(bytes)
+                        .filter(|b| b.is_power_of_two())
+                        .ok_or_else(|| bad(&mb.to_string(), "a power of two of MiB is needed"))?;
+                }
+            }
+            "EMUHOST_IMPORT_SPAN_MB" => {
+                self.plan.span_cap = switch_bytes(name, value, 1 << 20)?.unwrap_or(d.plan.span_cap);
+            }
+            "EMUHOST_IMPORT_COOLING_MS" => {
+                self.cooling = switch_u64(name, value)?.map_or(d.cooling, Duration::from_millis);
+            }
+            "EMUHOST_IMPORT_AHEAD_THREADS" => {
+                self.pools.ahead_threads = match switch_u64(name, value)? {
+                    None => d.pools.ahead_threads,
+                    Some(n) => {
+                        u32::try_from(n).ok().filter(|&n| n <= 64).ok_or_else(|| bad(&n.to_string(), "at most 64"))?
+                    }
+                };
+            }
+            "EMUHOST_IMPORT_AHEAD_PIECE_KB" => {
+                self.pools.ahead_piece = switch_bytes(name, value, 1 << 10)?.unwrap_or(d.pools.ahead_piece);
+            }
+            "EMUHOST_IMPORT_WAIT_US" => {
+                self.pools.wait = switch_u64(name, value)?.map_or(d.pools.wait, Duration::from_micros);
+            }
+            "EMUHOST_IMPORT_COST_US" => {
+                self.pools.cost = if value.trim().is_empty() { d.pools.cost } else { Some(import_cost(name, value)?) };
+            }
+            "EMUHOST_IMPORT_POLICY" => {
+                self.policy = match value.trim().to_ascii_lowercase().as_str() {
+                    "" => d.policy,
+                    "pools" => ImportPolicyName::Pools,
+                    "chunks" | "seed" => ImportPolicyName::Chunks,
+                    _ => return Err(bad(value, "expected pools or chunks")),
+                };
+            }
+            "EMUHOST_IMPORT_AHEAD_MB" => {
+                self.pools.ahead = switch_bytes(name, value, 1 << 20)?.unwrap_or(d.pools.ahead);
+            }
+            "EMUHOST_IMPORT_POPULATE_AHEAD" => {
+                self.populate_ahead = match on_off(value) {
+                    Some(false) => PopulateAhead::Off,
+                    Some(true) => PopulateAhead::Pools,
+                    None => match value.trim().to_ascii_lowercase().as_str() {
+                        "pools" => PopulateAhead::Pools,
+                        "chunks" => PopulateAhead::Chunks,
+                        _ => return Err(bad(value, "expected off, pools (or on) or chunks")),
+                    },
+                };
+            }
+            _ => return Err(bad(value, "not an import switch")),
+        }
+        Ok(())
+    }
+}
+
+/// An unsigned switch's value: `None` when empty.
+fn switch_u64(name: &str, value: &str) -> Result<Option<u64>, String> {
+    match value.trim() {
+        "" => Ok(None),
+        v => v.parse().map(Some).map_err(|_| format!("{name}={value:?}: an unsigned integer is needed")),
+    }
+}
+
+/// A switch in units of `unit` bytes (KiB, MiB), as bytes; one past 2^64 bytes is an error.
+fn switch_bytes(name: &str, value: &str, unit: u64) -> Result<Option<u64>, String> {
+    let too_large = |n: u64| format!("{name}={:?}: too large", n.to_string());
+    switch_u64(name, value)?.map(|n| n.checked_mul(unit).ok_or_else(|| too_large(n))).transpose()
+}
+
+/// The most a part of `EMUHOST_IMPORT_COST_US` may be, in µs (a minute): an estimate for the
+/// whole of a 128 TiB window stays within a `Duration` of nanoseconds in 64 bits.
+const MOST_COST_US: u64 = 60_000_000;
+
+/// The cost `EMUHOST_IMPORT_COST_US` (`name`) gives: three whole numbers of µs, `FIXED,UNTOUCHED,
+/// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
+/// [`import_cost_value`] writes them. A bad value is an error naming the switch.
+pub fn import_cost(name: &str, value: &str) -> Result<ImportCost, String> {
+    let bad = |why: &str| format!("{name}={value:?}: {why}");
+    let parts: Vec<&str> = value.split(',').map(str::trim).collect();
+    let [fixed, untouched, populated] = parts[..] else {
+        return Err(bad("three numbers of µs are needed: FIXED,UNTOUCHED_PER_MIB,POPULATED_PER_MIB"));
+    };
+    let us = |v: &str| match v.parse::<u64>() {
+        Ok(n) if n <= MOST_COST_US => Ok(Duration::from_micros(n)),
+        Ok(_) => Err(bad("each part at most 60000000 µs (a minute)")),
+        Err(_) => Err(bad("each part an unsigned integer of µs")),
+    };
+    Ok(ImportCost { fixed: us(fixed)?, untouched_per_mib: us(untouched)?, populated_per_mib: us(populated)? })
+}
+
+/// `cost` as `EMUHOST_IMPORT_COST_US` takes it (whole µs, rounded to the nearest).
+pub fn import_cost_value(cost: &ImportCost) -> String {
+    let us = |d: Duration| (d.as_nanos() + 500) / 1000;
+    format!("{},{},{}", us(cost.fixed), us(cost.untouched_per_mib), us(cost.populated_per_mib))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -522,14 +691,24 @@ mod tests {
         assert_eq!((s.import.plan.chunk, s.import.plan.span_cap), (32 << 20, 0));
         assert_eq!(s.import.cooling, std::time::Duration::from_millis(5));
         assert_eq!(s.import.populate_ahead, crate::import::PopulateAhead::Pools);
-        assert_eq!(s.import.ahead, 48 << 20);
-        assert_eq!(s.import.policy, crate::import::ImportPolicy::Chunks);
-        assert_eq!(s.import.wait, std::time::Duration::from_micros(250));
+        assert_eq!(s.import.pools.ahead, 48 << 20);
+        assert_eq!(s.import.policy, ImportPolicyName::Chunks);
+        assert_eq!(s.import.pools.wait, std::time::Duration::from_micros(250));
         let us = std::time::Duration::from_micros;
         let cost = crate::import::ImportCost { fixed: us(30), untouched_per_mib: us(370), populated_per_mib: us(50) };
-        assert_eq!((s.import.cost, cost.switch_value()), (Some(cost), "30,370,50".to_string()));
+        assert_eq!((s.import.pools.cost, import_cost_value(&cost)), (Some(cost), "30,370,50".to_string()));
         for (v, want) in [("", false), (" Off ", false), ("no", false), ("0", false), ("1", true), ("x", true)] {
             assert_eq!(check(SHORT_SLEEP_TIMER_SWITCH, v).unwrap().short_sleep_timer, Some(want), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn the_import_cost_switch_form_round_trips_and_refuses_what_it_cannot_hold() {
+        let c = import_cost("S", " 30,370 , 50").unwrap();
+        assert_eq!(import_cost_value(&c), "30,370,50");
+        assert_eq!(import_cost("S", &import_cost_value(&c)).unwrap(), c);
+        for bad in ["", "1,2", "1,2,3,4", "1,-2,3", "1,2,60000001", "a,b,c"] {
+            assert!(import_cost("S", bad).is_err(), "{bad:?}");
         }
     }
 

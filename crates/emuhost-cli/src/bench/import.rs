@@ -91,7 +91,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     let session = if a.no_session {
         serde_json::Value::Null
     } else {
-        let s = session_arms(&backend, a.seed, a.session_rounds, ImportConfig::from_settings(settings))?;
+        let s = session_arms(&backend, a.seed, a.session_rounds, settings.import_config())?;
         if !a.json {
             s.print();
         }

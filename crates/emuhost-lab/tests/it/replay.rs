@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportConfig, ImportCost, ImportPolicy};
+use emuhost::import::{BackendChoice, BackendKind as ImportKind, ImportCost, PoolsConfig};
+use emuhost::settings::ImportPolicyName;
 use emuhost::watch::BackendKind;
 use emuhost_lab::replay::{ReplayConfig, ReplayError, ReplayReport, replay};
 use emuhost_lab::synth::{Synth, SynthConfig};
@@ -20,11 +21,10 @@ fn short_synth(seed: u64) -> SynthConfig {
 
 /// The seed's chunks policy with spans of `span_mb` (0: off).
 fn cfg(watch: BackendKind, span_mb: u64) -> ReplayConfig {
-    let mut import = ImportConfig::default().policy(ImportPolicy::Chunks);
-    import.plan.span_cap = span_mb * MIB;
     let mut c = ReplayConfig::default();
+    c.settings.import.policy = ImportPolicyName::Chunks;
+    c.settings.import.plan.span_cap = span_mb * MIB;
     c.settings.import_backend = BackendChoice::Only(ImportKind::Pin);
-    c.settings.import = import;
     c.settings.watch = Some(watch);
     c
 }
@@ -116,7 +116,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
         untouched_per_mib: Duration::from_millis(1),
         populated_per_mib: Duration::from_millis(1),
     };
-    c.settings.import = ImportConfig::default().cost(Some(cost)).ahead_piece(0);
+    c.settings.import.pools = PoolsConfig::default().cost(Some(cost)).ahead_piece(0);
     let r = run(SMALL, &c).unwrap();
     // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then
     // runs across the part the binding before it imported (one re-import).
@@ -127,7 +127,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
     assert_eq!((r.live_imports_after_teardown, r.live_import_bytes_after_teardown), (0, 0));
     // In pieces of 1 MiB: the 8 MiB pool in eight of them, and still no binding fails or finds
     // a write lost.
-    c.settings.import = ImportConfig::default().cost(Some(cost)).ahead_piece(1 << 20);
+    c.settings.import.pools = PoolsConfig::default().cost(Some(cost)).ahead_piece(1 << 20);
     let r = run(SMALL, &c).unwrap();
     assert_eq!((r.bind_failures, r.lost_writes), (0, 0), "{r:?}");
     assert!(r.reimports <= 1, "{r:?}");

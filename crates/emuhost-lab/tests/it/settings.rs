@@ -65,7 +65,7 @@ fn given_settings_the_environment_is_not_read() {
         .unwrap();
         assert!(BackendKind::AUTO.contains(&t.kind()) && !t.verifying(), "{t:?}");
     }
-    assert_eq!(ImportConfig::from_settings(&settings), ImportConfig::default());
+    assert_eq!(settings.import_config(), ImportConfig::default());
 
     let mut cfg = ReplayConfig::default();
     cfg.settings.import_backend = BackendChoice::Only(ImportKind::Pin);

@@ -1,5 +1,6 @@
 //! What an import costs on the backend at hand, measured once at start-up, and what the pools
-//! policy takes from it: how large a range a binding may import itself within its wait target.
+//! policy takes from it: how large a range a binding may import itself within its wait target,
+//! and what it learns from the bindings' own imports ([`Learned`]).
 //!
 //! On Linux most of an import is the pin: the kernel faults in every page never touched before
 //! (about 0.37 ms/MiB on an H200 machine) and then takes a reference on each (about 0.05 ms/MiB
@@ -23,10 +24,6 @@ pub struct ImportCost {
 
 /// The bytes imported to measure the part per MiB (then rounded up to the backend's alignment).
 const PROBE: u64 = 2 << 20;
-
-/// The most a part of [`ImportCost`] may be given as, in µs (a minute): an estimate for the
-/// whole of a 128 TiB window stays within a `Duration` of nanoseconds in 64 bits.
-const MOST_US: u64 = 60_000_000;
 
 impl ImportCost {
     /// The cost of importing `len` bytes none of which were touched before (the worst case: a
@@ -52,29 +49,6 @@ impl ImportCost {
     fn at(&self, per_mib: Duration, len: u64) -> Duration {
         let per_byte = per_mib.as_nanos() as f64 / (1u64 << 20) as f64;
         self.fixed.saturating_add(Duration::from_nanos((per_byte * len as f64) as u64))
-    }
-
-    /// The cost `EMUHOST_IMPORT_COST_US` gives: three whole numbers of µs, `FIXED,UNTOUCHED,
-    /// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
-    /// [`ImportCost::switch_value`] writes them. A bad value is an error naming the switch.
-    pub fn from_switch(name: &'static str, value: &str) -> Result<ImportCost, ImportError> {
-        let bad = |why| ImportError::BadSwitch { name, value: value.to_string(), why };
-        let parts: Vec<&str> = value.split(',').map(str::trim).collect();
-        let [fixed, untouched, populated] = parts[..] else {
-            return Err(bad("three numbers of µs are needed: FIXED,UNTOUCHED_PER_MIB,POPULATED_PER_MIB"));
-        };
-        let us = |v: &str| match v.parse::<u64>() {
-            Ok(n) if n <= MOST_US => Ok(Duration::from_micros(n)),
-            Ok(_) => Err(bad("each part at most 60000000 µs (a minute)")),
-            Err(_) => Err(bad("each part an unsigned integer of µs")),
-        };
-        Ok(ImportCost { fixed: us(fixed)?, untouched_per_mib: us(untouched)?, populated_per_mib: us(populated)? })
-    }
-
-    /// This cost as `EMUHOST_IMPORT_COST_US` takes it (whole µs, rounded to the nearest).
-    pub fn switch_value(&self) -> String {
-        let us = |d: Duration| (d.as_nanos() + 500) / 1000;
-        format!("{},{},{}", us(self.fixed), us(self.untouched_per_mib), us(self.populated_per_mib))
     }
 
     /// The largest power of two of bytes, at least `align` (a power of two) and at most 1 GiB,
@@ -138,6 +112,91 @@ fn largest(align: u64, fits: impl Fn(u64) -> bool) -> u64 {
     g
 }
 
+/// The least of a binding's import's untouched (or resident) bytes that [`Learned::learn`]
+/// learns a time per MiB from: below it the fixed part's noise outweighs the pages.
+const LEAST_SAMPLE: u64 = 32 << 10;
+
+/// What the bindings' own imports taught the pools policy: their recent times per MiB of
+/// untouched and of resident pages past the fixed part, in ms.
+#[derive(Default)]
+pub(super) struct Learned {
+    untouched: Recent,
+    resident: Recent,
+}
+
+impl Learned {
+    /// Learns from a binding's import of `len` bytes that took `took`, `resident` of them
+    /// populated before it (`None`: not read, all taken as untouched), and raises `cost` (the
+    /// cost bindings see) from `start` (the one measured at start) by what it learned; returns
+    /// whether it learned. An import whose untouched pages are 32 KiB or more and at least half
+    /// of it gives a time per untouched MiB (past the fixed part and the resident pages'
+    /// estimate); else one with 32 KiB or more resident gives a time per resident MiB likewise.
+    /// Each part of the cost becomes the larger of the start-up one and the 90th percentile of
+    /// its last [`Recent::N`] times (the resident one no more than the untouched one): the wait
+    /// target bounds the slow imports, not the average one. Under a write tracker, with other
+    /// threads faulting and importing, untouched pages cost several times what the start-up
+    /// measure saw on scratch memory, and unevenly: on a 2-CPU VM, 0.5 ms/MiB alone and 3–6
+    /// ms/MiB behind a background import, a tenth of the time.
+    pub(super) fn learn(
+        &mut self,
+        start: &ImportCost,
+        cost: &mut ImportCost,
+        took: Duration,
+        len: u64,
+        resident: Option<u64>,
+    ) -> bool {
+        let resident = resident.unwrap_or(0).min(len);
+        let untouched = len - resident;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let over = ms(took.saturating_sub(cost.fixed));
+        let (u, p) = (ms(cost.untouched_per_mib), ms(cost.populated_per_mib));
+        if untouched >= LEAST_SAMPLE && untouched >= resident {
+            self.untouched.push((over - p * mib(resident)).max(0.0) / mib(untouched));
+        } else if resident >= LEAST_SAMPLE {
+            self.resident.push((over - u * mib(untouched)).max(0.0) / mib(resident));
+        } else {
+            return false;
+        }
+        let at_least =
+            |start: Duration, learned: &Recent| start.max(Duration::from_secs_f64(learned.p90().min(60e3) / 1e3));
+        cost.untouched_per_mib = at_least(start.untouched_per_mib, &self.untouched);
+        // A resident page costs no more than an untouched one (its fault is done): without this
+        // bound, a few resident imports held up on a busy machine (a 64 KiB one for 6 ms)
+        // made it 100 ms/MiB on the VM.
+        let populated = at_least(start.populated_per_mib, &self.resident).min(cost.untouched_per_mib);
+        cost.populated_per_mib = populated.max(start.populated_per_mib);
+        true
+    }
+}
+
+/// The last [`Recent::N`] values of a measure, for their 90th percentile.
+#[derive(Default)]
+struct Recent {
+    v: [f64; Recent::N],
+    n: usize,
+    next: usize,
+}
+
+impl Recent {
+    const N: usize = 32;
+
+    fn push(&mut self, x: f64) {
+        self.v[self.next] = x;
+        self.next = (self.next + 1) % Self::N;
+        self.n = (self.n + 1).min(Self::N);
+    }
+
+    /// The 90th percentile (nearest rank) of the values kept; 0 where there are none.
+    fn p90(&self) -> f64 {
+        let mut v = self.v;
+        let v = &mut v[..self.n];
+        v.sort_unstable_by(f64::total_cmp);
+        let rank = (self.n * 9).div_ceil(10);
+        v.get(rank.saturating_sub(1)).copied().unwrap_or(0.0)
+    }
+}
+
 impl std::fmt::Display for ImportCost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -188,13 +247,21 @@ mod tests {
     }
 
     #[test]
-    fn the_switch_form_round_trips_and_refuses_what_it_cannot_hold() {
-        let c = ImportCost::from_switch("S", " 30,370 , 50").unwrap();
-        assert_eq!(c.switch_value(), "30,370,50");
-        assert_eq!(ImportCost::from_switch("S", &c.switch_value()).unwrap(), c);
-        for bad in ["", "1,2", "1,2,3,4", "1,-2,3", "1,2,60000001", "a,b,c"] {
-            assert!(ImportCost::from_switch("S", bad).is_err(), "{bad:?}");
+    fn the_90th_percentile_of_the_recent_values_is_their_nearest_rank() {
+        let mut r = Recent::default();
+        assert_eq!(r.p90(), 0.0, "none yet");
+        r.push(3.0);
+        assert_eq!(r.p90(), 3.0);
+        for x in [1.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0] {
+            r.push(x);
         }
+        // Ten values: the 9th smallest, so one slow value in ten is not yet the estimate.
+        assert_eq!(r.p90(), 3.0);
+        // Only the last N are kept: N ones push both out.
+        for _ in 0..Recent::N {
+            r.push(1.0);
+        }
+        assert_eq!(r.p90(), 1.0);
     }
 
     #[test]

@@ -63,8 +63,8 @@ pub use cost::ImportCost;
 pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
 pub use importer::{
-    Bound, DEFAULT_AHEAD, DEFAULT_AHEAD_PIECE, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy, Importer,
-    PopulateAhead, Stats,
+    Bound, ChunksConfig, DEFAULT_AHEAD, DEFAULT_AHEAD_PIECE, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy,
+    Importer, PoolsConfig, PopulateAhead, Stats,
 };
 pub use pin::{Pin, Pinned};
 pub use plan::{
@@ -74,22 +74,3 @@ pub use pools::{Pool, PoolId, Pools};
 #[cfg(feature = "vulkan")]
 pub use vulkan::CallerDevice;
 pub use vulkan::{Vulkan, VulkanImport};
-
-/// An unsigned switch's value: `None` when unset or empty.
-fn switch_u64(name: &'static str, value: Option<String>) -> Result<Option<u64>, ImportError> {
-    match value {
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v.trim().parse().map(Some).map_err(|_| ImportError::BadSwitch {
-            name,
-            value: v,
-            why: "an unsigned integer is needed",
-        }),
-        None => Ok(None),
-    }
-}
-
-/// A switch in units of `unit` bytes (KiB, MiB), as bytes; one past 2^64 bytes is an error.
-fn switch_bytes(name: &'static str, value: Option<String>, unit: u64) -> Result<Option<u64>, ImportError> {
-    let too_large = |n: u64| ImportError::BadSwitch { name, value: n.to_string(), why: "too large" };
-    switch_u64(name, value)?.map(|n| n.checked_mul(unit).ok_or_else(|| too_large(n))).transpose()
-}

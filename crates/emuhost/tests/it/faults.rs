@@ -159,7 +159,7 @@ fn imports_fail_and_recover<B: Backend + 'static>(b: B, scoped: bool, driver: &s
         let base = 0;
         let cooling = Duration::from_secs(30);
         let cfg =
-            ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).cooling(cooling).policy(ImportPolicy::Chunks);
+            ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).cooling(cooling).policy(ImportPolicy::chunks());
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB: a binding in the chunk before plans 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use emuhost::import::{
     Backend, BackendKind, Budget, Cuda, DEFAULT_AHEAD, HostSpan, ImportConfig, ImportCost, ImportError, ImportPolicy,
-    Importer, Pin, PlanConfig, Planned, PopulateAhead, Vulkan, error_chain, verify,
+    Importer, Pin, PlanConfig, Planned, PoolsConfig, PopulateAhead, Vulkan, error_chain, verify,
 };
+use emuhost::settings::Settings;
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
 
 const MIB: u64 = 1 << 20;
@@ -189,7 +190,7 @@ mod conformance {
         let kind = b.kind();
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).policy(ImportPolicy::Chunks);
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).policy(ImportPolicy::chunks());
         let imp = Importer::new(space.clone(), b, cfg).unwrap();
         let page = page_size();
         let commit = |at: u64, prot| space.commit(space.range(at, page).unwrap(), prot).unwrap();
@@ -296,7 +297,7 @@ mod conformance {
         b.budget().limit_single(MIB);
         let (space, _) = aligned_space(MIB, 8 * MIB);
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).policy(ImportPolicy::Chunks);
+        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).policy(ImportPolicy::chunks());
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();
@@ -517,7 +518,7 @@ const CHUNK: u64 = MIB;
 /// An importer over a 64 MiB space with 1 MiB chunks and a 4 MiB span cap, around [`Faulty`].
 fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let cfg =
-        ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).policy(ImportPolicy::Chunks);
+        ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).policy(ImportPolicy::chunks());
     faulty_with(cfg)
 }
 
@@ -685,7 +686,7 @@ fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
     // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
     let space = Arc::new(Space::with_window(40 * MIB).unwrap());
     space.commit(space.range(0, 40 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
-    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB)).policy(ImportPolicy::Chunks);
+    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB)).policy(ImportPolicy::chunks());
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
     assert_eq!((b.range, b.made), (Planned { lo: 32 * MIB, hi: 40 * MIB }, true));
@@ -705,8 +706,8 @@ fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
 fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
     let chunk = |mb: &str| {
         let mb = mb.to_string();
-        ImportConfig::from_lookup(move |n| (n == "EMUHOST_IMPORT_CHUNK_MB").then(|| mb.clone()))
-            .map(|c| c.policy(ImportPolicy::Chunks))
+        Settings::from_lookup(move |n| (n == "EMUHOST_IMPORT_CHUNK_MB").then(|| mb.clone()))
+            .map(|s| s.import_config().policy(ImportPolicy::chunks()))
     };
     // 2^43 MiB is 2^63 bytes: a power of two, but larger than any window.
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
@@ -730,11 +731,12 @@ fn a_chunk_that_cannot_work_is_refused_naming_the_switch() {
         ("EMUHOST_IMPORT_AHEAD_MB", "17592186044416", "17592186044415", u64::MAX - (1 << 20) + 1),
         ("EMUHOST_IMPORT_AHEAD_PIECE_KB", "18014398509481984", "18014398509481983", u64::MAX - (1 << 10) + 1),
     ] {
-        let e = ImportConfig::default().set(name, past).unwrap_err().to_string();
+        let e = Settings::default().set(name, past).unwrap_err().to_string();
         assert!(e.contains(&format!("{name}=\"{past}\"")) && e.contains("too large"), "{e}");
-        let mut c = ImportConfig::default();
-        c.set(name, fits).unwrap();
-        assert!([c.plan.span_cap, c.ahead, c.ahead_piece].contains(&bytes), "{name}: {c:?}");
+        let mut s = Settings::default();
+        s.set(name, fits).unwrap();
+        let c = s.import;
+        assert!([c.plan.span_cap, c.pools.ahead, c.pools.ahead_piece].contains(&bytes), "{name}: {c:?}");
     }
 }
 
@@ -804,7 +806,7 @@ fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() 
     let cfg = ImportConfig::default()
         .plan(PlanConfig::new(4 * MIB, 0))
         .populate_ahead(PopulateAhead::Chunks)
-        .policy(ImportPolicy::Chunks);
+        .policy(ImportPolicy::chunks());
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
     imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
@@ -821,7 +823,7 @@ fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() 
 #[test]
 fn the_importer_commits_reserved_gaps_before_importing() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default().policy(ImportPolicy::Chunks)).unwrap();
+    let imp = Importer::new(space.clone(), Pin::new(), ImportConfig::default().policy(ImportPolicy::chunks())).unwrap();
     // The binding's own page is committed (a binding over reserved pages is refused); the rest of
     // its chunk is reserved.
     space.commit(space.range(16 * MIB, page_size()).unwrap(), Prot::READ_WRITE).unwrap();
@@ -850,12 +852,13 @@ fn pools(ahead: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
 }
 
 fn pools_config(ahead: u64) -> ImportConfig {
-    ImportConfig::default()
-        .plan(PlanConfig::new(MIB, 0))
-        .cooling(Duration::ZERO)
-        .ahead(ahead)
-        .cost(cost(100, 1000))
-        .ahead_threads(1)
+    pools_config_with(ahead, |p| p)
+}
+
+/// [`pools_config`] with its pools policy's settings changed by `f`.
+fn pools_config_with(ahead: u64, f: impl FnOnce(PoolsConfig) -> PoolsConfig) -> ImportConfig {
+    let pools = PoolsConfig::default().ahead(ahead).cost(cost(100, 1000)).ahead_threads(1);
+    ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).policy(ImportPolicy::Pools(f(pools)))
 }
 
 fn k(lo_kib: u64, hi_kib: u64) -> Planned {
@@ -1027,7 +1030,7 @@ fn pools_not_ready_a_large_pool_is_imported_in_part_by_its_binding_and_whole_beh
 /// the pool is imported whole.
 #[test]
 fn pools_a_large_pool_is_imported_ahead_in_overlapping_pieces_that_each_binding_fits() {
-    let (imp, f) = faulty_with(pools_config(64 * MIB).ahead_piece(256 * KIB));
+    let (imp, f) = faulty_with(pools_config_with(64 * MIB, |p| p.ahead_piece(256 * KIB)));
     imp.bind(5 * MIB, 0x10).unwrap();
     imp.add_pool(5 * MIB + 64 * KIB, 768 * KIB).unwrap();
     imp.settle();
@@ -1055,7 +1058,7 @@ fn pools_a_large_pool_is_imported_ahead_in_overlapping_pieces_that_each_binding_
     let at6 = |lo: u64, hi: u64| k(6 * 1024 + lo, 6 * 1024 + hi);
     assert_eq!(next, [k(5 * 1024 + 832, 6 * 1024), at6(64, 420), at6(320, 576)]);
     // Where the device refuses overlaps: whole.
-    let (imp, f) = faulty_with(pools_config(64 * MIB).ahead_piece(256 * KIB));
+    let (imp, f) = faulty_with(pools_config_with(64 * MIB, |p| p.ahead_piece(256 * KIB)));
     f.no_overlap.store(true, Ordering::Relaxed);
     imp.bind(5 * MIB, 0x10).unwrap();
     imp.add_pool(5 * MIB + 64 * KIB, 768 * KIB).unwrap();
@@ -1067,7 +1070,7 @@ fn pools_a_large_pool_is_imported_ahead_in_overlapping_pieces_that_each_binding_
 /// 4 MiB and a pool of `size` bytes at 4 MiB + 64 KiB whose import ahead has entered the backend
 /// and is held there (`Faulty::set_hold`).
 fn one_held_ahead(cost: Option<ImportCost>, size: u64) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD).cost(cost));
+    let (imp, f) = faulty_with(pools_config_with(DEFAULT_AHEAD, |p| p.cost(cost)));
     imp.bind(4 * MIB, 0x10).unwrap();
     f.set_hold(true);
     imp.add_pool(4 * MIB + 0x1_0000, size).unwrap();
@@ -1161,7 +1164,7 @@ fn pools_a_given_cost_of_duration_max_overflows_nothing() {
 #[test]
 fn pools_a_binding_does_not_wait_for_an_overdue_import_that_is_not_in_the_driver() {
     // Every import estimated at 1 µs: the one in flight is overdue at once.
-    let (imp, f) = faulty_with(pools_config(DEFAULT_AHEAD).cost(cost(1, 0)).ahead_threads(2));
+    let (imp, f) = faulty_with(pools_config_with(DEFAULT_AHEAD, |p| p.cost(cost(1, 0)).ahead_threads(2)));
     *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
     imp.bind(4 * MIB, 0x10).unwrap();
     f.set_hold(true);
@@ -1208,7 +1211,8 @@ fn pools_a_full_budget_leaves_pools_to_their_bindings() {
 #[test]
 fn pools_a_failed_import_is_made_again_smaller_and_one_failed_ahead_leaves_the_binding_its_attempt() {
     let cooling = Duration::from_secs(3600);
-    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(cooling).cost(cost(100, 1000));
+    let pools = PoolsConfig::default().cost(cost(100, 1000));
+    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(cooling).policy(ImportPolicy::Pools(pools));
     let (imp, f) = faulty_with(cfg);
     // 300 KiB: whole within the wait (400 us), so tried whole first; over 280 KiB fails.
     f.fail_over.store(280 * KIB, Ordering::Relaxed);
@@ -1367,7 +1371,7 @@ fn pools_a_binding_across_two_parts_imports_a_piece_the_next_one_across_fits() {
 /// flight waits for it to land, rather than being left out for good.
 #[test]
 fn pools_a_pool_whole_over_a_part_waits_for_an_import_in_flight_over_it() {
-    let (imp, f) = faulty_with(pools_config(256 * KIB).ahead_threads(2));
+    let (imp, f) = faulty_with(pools_config_with(256 * KIB, |p| p.ahead_threads(2)));
     *f.free_thread.lock().unwrap() = Some(std::thread::current().id());
     f.set_hold(true);
     // A 256 KiB pool is imported ahead and held in the driver; the 704 KiB one beside it is past
@@ -1400,11 +1404,8 @@ fn pools_a_pool_whole_over_a_part_waits_for_an_import_in_flight_over_it() {
 fn pools_a_binding_imports_a_pool_whole_where_its_pages_are_resident() {
     let (fixed, untouched, populated) =
         (Duration::from_micros(100), Duration::from_micros(1000), Duration::from_micros(100));
-    let (imp, f) = faulty_with(pools_config(0).cost(Some(ImportCost {
-        fixed,
-        untouched_per_mib: untouched,
-        populated_per_mib: populated,
-    })));
+    let given = ImportCost { fixed, untouched_per_mib: untouched, populated_per_mib: populated };
+    let (imp, f) = faulty_with(pools_config_with(0, |p| p.cost(Some(given))));
     let space = imp.space().clone();
     imp.add_pool(4 * MIB, 2 * MIB).unwrap();
     imp.add_pool(8 * MIB, 2 * MIB).unwrap();
@@ -1427,7 +1428,11 @@ fn pools_a_binding_imports_a_pool_whole_where_its_pages_are_resident() {
 #[test]
 fn pools_a_binding_import_slower_than_the_cost_makes_later_parts_smaller() {
     // The cost measured at start (a given one is used as it is).
-    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).ahead(0).ahead_threads(1);
+    let pools = PoolsConfig::default().ahead(0).ahead_threads(1);
+    let cfg = ImportConfig::default()
+        .plan(PlanConfig::new(MIB, 0))
+        .cooling(Duration::ZERO)
+        .policy(ImportPolicy::Pools(pools));
     let (imp, f) = faulty_with(cfg);
     let granule = imp.granule();
     imp.add_pool(4 * MIB, 2 * MIB).unwrap();

@@ -9,7 +9,9 @@
 use crate::faults::FaultSettings;
 use std::time::Duration;
 
-use crate::import::{BackendChoice, ImportConfig, ImportCost, ImportPolicy, PlanConfig, PoolsConfig, PopulateAhead};
+use crate::import::{
+    BackendChoice, ChunksConfig, ImportConfig, ImportCost, ImportPolicy, PlanConfig, PoolsConfig, PopulateAhead,
+};
 use crate::watch::{BackendKind, TrackerConfig, VERIFY_SWITCH};
 
 /// The switch that forces a write-tracking backend ([`TrackerConfig::backend`]).
@@ -393,7 +395,7 @@ pub enum ImportPolicyName {
 pub struct ImportSettings {
     /// `EMUHOST_IMPORT_POLICY`.
     pub policy: ImportPolicyName,
-    /// `EMUHOST_IMPORT_CHUNK_MB` and `EMUHOST_IMPORT_SPAN_MB`.
+    /// `EMUHOST_IMPORT_CHUNK_MB` and `EMUHOST_IMPORT_SPAN_MB` (the chunks policy's).
     pub plan: PlanConfig,
     /// `EMUHOST_IMPORT_COOLING_MS`.
     pub cooling: Duration,
@@ -412,7 +414,7 @@ impl Default for ImportSettings {
                 ImportPolicy::Pools(_) => ImportPolicyName::Pools,
                 ImportPolicy::Chunks(_) => ImportPolicyName::Chunks,
             },
-            plan: d.plan,
+            plan: PlanConfig::new(d.chunk, ChunksConfig::default().span_cap),
             cooling: d.cooling,
             populate_ahead: d.populate_ahead,
             pools: d.policy.pools_config().copied().unwrap_or_default(),
@@ -427,9 +429,9 @@ impl Settings {
         let i = &self.import;
         let policy = match i.policy {
             ImportPolicyName::Pools => ImportPolicy::Pools(i.pools),
-            ImportPolicyName::Chunks => ImportPolicy::chunks(),
+            ImportPolicyName::Chunks => ImportPolicy::Chunks(ChunksConfig::default().span_cap(i.plan.span_cap)),
         };
-        ImportConfig::default().plan(i.plan).cooling(i.cooling).populate_ahead(i.populate_ahead).policy(policy)
+        ImportConfig::default().chunk(i.plan.chunk).cooling(i.cooling).populate_ahead(i.populate_ahead).policy(policy)
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, Importer, PopulateAhead, Stats};
+use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, ImportPolicy, Importer, PopulateAhead, Stats};
 use emuhost::rng::Rng;
 use emuhost::space::{Prot, Space, page_size};
 use serde_json::json;
@@ -436,12 +436,12 @@ impl SessionResult {
 }
 
 fn session_arms(b: &Arc<AnyBackend>, seed: u64, rounds: u32, base: ImportConfig) -> anyhow::Result<SessionResult> {
-    let s = session(seed, base.plan.chunk);
+    let s = session(seed, base.chunk);
     // The configs are `#[non_exhaustive]`: each arm is the base with fields set.
     let with = |span_off: bool, ahead: PopulateAhead| {
         let mut c = base;
-        if span_off {
-            c.plan.span_cap = 0;
+        if span_off && let ImportPolicy::Chunks(chunks) = &mut c.policy {
+            chunks.span_cap = 0;
         }
         c.populate_ahead = ahead;
         c

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use emuhost::faults::{self, ForeignPage, Plan, Schedule, UffdFault};
 use emuhost::import::{
-    Backend, ImportConfig, ImportError, ImportPolicy, Importer, Pin, PlanConfig, Planned, Vulkan, error_chain,
+    Backend, ChunksConfig, ImportConfig, ImportError, ImportPolicy, Importer, Pin, Planned, Vulkan, error_chain,
 };
 use emuhost::settings::Settings;
 use emuhost::space::{CommitPath, GuestAddr, Prot, Space, SpaceError, page_size};
@@ -158,8 +158,10 @@ fn imports_fail_and_recover<B: Backend + 'static>(b: B, scoped: bool, driver: &s
         // Chunks are aligned in guest addresses (the host base is 2 MiB-aligned on 6.18, not on 6.1).
         let base = 0;
         let cooling = Duration::from_secs(30);
-        let cfg =
-            ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).cooling(cooling).policy(ImportPolicy::chunks());
+        let cfg = ImportConfig::default()
+            .chunk(MIB)
+            .cooling(cooling)
+            .policy(ImportPolicy::Chunks(ChunksConfig::default().span_cap(4 * MIB)));
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB: a binding in the chunk before plans 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();

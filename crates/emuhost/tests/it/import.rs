@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emuhost::import::{
-    Backend, BackendKind, Budget, Cuda, DEFAULT_AHEAD, HostSpan, ImportConfig, ImportCost, ImportError, ImportPolicy,
-    Importer, Pin, PlanConfig, Planned, PoolsConfig, PopulateAhead, Vulkan, error_chain, verify,
+    Backend, BackendKind, Budget, ChunksConfig, Cuda, DEFAULT_AHEAD, HostSpan, ImportConfig, ImportCost, ImportError,
+    ImportPolicy, Importer, Pin, Planned, PoolsConfig, PopulateAhead, Vulkan, error_chain, verify,
 };
 use emuhost::settings::Settings;
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
@@ -190,7 +190,7 @@ mod conformance {
         let kind = b.kind();
         let space = Arc::new(Space::with_window(64 * MIB).unwrap());
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).policy(ImportPolicy::chunks());
+        let cfg = chunks_config(MIB, 0);
         let imp = Importer::new(space.clone(), b, cfg).unwrap();
         let page = page_size();
         let commit = |at: u64, prot| space.commit(space.range(at, page).unwrap(), prot).unwrap();
@@ -297,7 +297,7 @@ mod conformance {
         b.budget().limit_single(MIB);
         let (space, _) = aligned_space(MIB, 8 * MIB);
         let base = (space.host_base() as u64).next_multiple_of(MIB) - space.host_base() as u64;
-        let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 4 * MIB)).policy(ImportPolicy::chunks());
+        let cfg = chunks_config(MIB, 4 * MIB);
         let imp = Importer::new(space.clone(), b.clone(), cfg).unwrap();
         // A pool across the chunk end at base + 2 MiB.
         imp.add_pool(base + 2 * MIB - 0x3000, 0x6000).unwrap();
@@ -515,10 +515,14 @@ fn where_the_device_refuses_overlaps_a_reimport_takes_in_the_imports_it_overlaps
 
 const CHUNK: u64 = MIB;
 
+/// The chunks policy with `chunk`-byte chunks and spans up to `span_cap` bytes (0: off).
+fn chunks_config(chunk: u64, span_cap: u64) -> ImportConfig {
+    ImportConfig::default().chunk(chunk).policy(ImportPolicy::Chunks(ChunksConfig::default().span_cap(span_cap)))
+}
+
 /// An importer over a 64 MiB space with 1 MiB chunks and a 4 MiB span cap, around [`Faulty`].
 fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
-    let cfg =
-        ImportConfig::default().plan(PlanConfig::new(CHUNK, span_cap)).cooling(cooling).policy(ImportPolicy::chunks());
+    let cfg = chunks_config(CHUNK, span_cap).cooling(cooling);
     faulty_with(cfg)
 }
 
@@ -686,7 +690,7 @@ fn a_binding_near_the_windows_end_imports_its_cover_cut_at_the_end() {
     // A 40 MiB window, 16 MiB chunks: the last chunk, 32..48 MiB, leaves the window at 40 MiB.
     let space = Arc::new(Space::with_window(40 * MIB).unwrap());
     space.commit(space.range(0, 40 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
-    let cfg = ImportConfig::default().plan(PlanConfig::new(16 * MIB, 64 * MIB)).policy(ImportPolicy::chunks());
+    let cfg = chunks_config(16 * MIB, 64 * MIB);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     let b = imp.bind(40 * MIB - 0x100, 0x100).unwrap();
     assert_eq!((b.range, b.made), (Planned { lo: 32 * MIB, hi: 40 * MIB }, true));
@@ -803,10 +807,7 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
 #[test]
 fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
-    let cfg = ImportConfig::default()
-        .plan(PlanConfig::new(4 * MIB, 0))
-        .populate_ahead(PopulateAhead::Chunks)
-        .policy(ImportPolicy::chunks());
+    let cfg = chunks_config(4 * MIB, 0).populate_ahead(PopulateAhead::Chunks);
     let imp = Importer::new(space.clone(), Pin::new(), cfg).unwrap();
     // Nothing committed: the chunks 4..12 MiB are committed and populated, once each.
     imp.add_pool(8 * MIB - 0x1000, 0x2000).unwrap();
@@ -858,7 +859,7 @@ fn pools_config(ahead: u64) -> ImportConfig {
 /// [`pools_config`] with its pools policy's settings changed by `f`.
 fn pools_config_with(ahead: u64, f: impl FnOnce(PoolsConfig) -> PoolsConfig) -> ImportConfig {
     let pools = PoolsConfig::default().ahead(ahead).cost(cost(100, 1000)).ahead_threads(1);
-    ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(Duration::ZERO).policy(ImportPolicy::Pools(f(pools)))
+    ImportConfig::default().chunk(MIB).cooling(Duration::ZERO).policy(ImportPolicy::Pools(f(pools)))
 }
 
 fn k(lo_kib: u64, hi_kib: u64) -> Planned {
@@ -1221,7 +1222,7 @@ fn pools_a_full_budget_leaves_pools_to_their_bindings() {
 fn pools_a_failed_import_is_made_again_smaller_and_one_failed_ahead_leaves_the_binding_its_attempt() {
     let cooling = Duration::from_secs(3600);
     let pools = PoolsConfig::default().cost(cost(100, 1000));
-    let cfg = ImportConfig::default().plan(PlanConfig::new(MIB, 0)).cooling(cooling).policy(ImportPolicy::Pools(pools));
+    let cfg = ImportConfig::default().chunk(MIB).cooling(cooling).policy(ImportPolicy::Pools(pools));
     let (imp, f) = faulty_with(cfg);
     // 300 KiB: whole within the wait (400 us), so tried whole first; over 280 KiB fails.
     f.fail_over.store(280 * KIB, Ordering::Relaxed);
@@ -1303,7 +1304,7 @@ fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     // The pools' pages are committed (a binding over reserved pages is refused).
     space.commit(space.range(4 * MIB, 4 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
-    let imp = Importer::new(space.clone(), v, ImportConfig::default().plan(PlanConfig::new(4 * MIB, 0))).unwrap();
+    let imp = Importer::new(space.clone(), v, ImportConfig::default().chunk(4 * MIB)).unwrap();
     imp.add_pool(4 * MIB + 0x1000, 0x2000).unwrap();
     imp.bind(4 * MIB + 0x1000, 0x100).unwrap();
     imp.add_pool(4 * MIB + 0x10_000, 0x2000).unwrap();
@@ -1438,10 +1439,7 @@ fn pools_a_binding_imports_a_pool_whole_where_its_pages_are_resident() {
 fn pools_a_binding_import_slower_than_the_cost_makes_later_parts_smaller() {
     // The cost measured at start (a given one is used as it is).
     let pools = PoolsConfig::default().ahead(0).ahead_threads(1);
-    let cfg = ImportConfig::default()
-        .plan(PlanConfig::new(MIB, 0))
-        .cooling(Duration::ZERO)
-        .policy(ImportPolicy::Pools(pools));
+    let cfg = ImportConfig::default().chunk(MIB).cooling(Duration::ZERO).policy(ImportPolicy::Pools(pools));
     let (imp, f) = faulty_with(cfg);
     let granule = imp.granule();
     imp.add_pool(4 * MIB, 2 * MIB).unwrap();

@@ -405,7 +405,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::super::cost::ImportCost;
-    use super::super::super::plan::PlanConfig;
     use super::super::bind::AtWork;
     use super::super::{ImportConfig, ImportPolicy, PoolsConfig};
     use super::*;
@@ -483,7 +482,7 @@ mod tests {
         let free =
             ImportCost { fixed: Duration::ZERO, untouched_per_mib: Duration::ZERO, populated_per_mib: Duration::ZERO };
         let pools = PoolsConfig::default().cost(Some(free)).ahead_threads(1);
-        let cfg = ImportConfig::default().plan(PlanConfig::new(1 << 20, 0)).policy(ImportPolicy::Pools(pools));
+        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
         let imp = Importer::new(space.clone(), crate::import::Pin::new(), cfg).unwrap();
         let (lo, len) = (4u64 << 20, 256u64 << 10);
         let pool = imp.add_pool(lo, len).unwrap();

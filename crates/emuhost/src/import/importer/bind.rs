@@ -73,8 +73,8 @@ impl<B: Backend + 'static> Importer<B> {
             return Ok(bound);
         }
         let bound = match core.cfg.policy {
-            ImportPolicy::Chunks(_) => {
-                let tries = core.chunk_tries(&st, addr, size)?;
+            ImportPolicy::Chunks(c) => {
+                let tries = core.chunk_tries(&c, &st, addr, size)?;
                 core.bind_importing(&mut st, addr, &tries, now)
             }
             ImportPolicy::Pools(p) => {
@@ -95,7 +95,7 @@ impl<B: Backend + 'static> Importer<B> {
     /// that is empty or wraps (its own errors), runs past the window's end, or lies over pages
     /// the space has not committed (the first run of them named; one record read).
     pub(super) fn check_binding(&self, addr: u64, size: u64) -> Result<(), ImportError> {
-        binding_cover(addr, size, self.core.cfg.plan.chunk)?;
+        binding_cover(addr, size, self.core.cfg.chunk)?;
         let space = &self.core.space;
         let window = space.window();
         let end = addr + size; // no wrap: checked just above

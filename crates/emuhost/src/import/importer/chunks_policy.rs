@@ -6,8 +6,8 @@ use super::super::ImportError;
 use super::super::backend::Backend;
 use super::super::plan::{Planned, binding_cover, plan};
 use super::super::pools::PoolId;
-use super::Core;
 use super::state::State;
+use super::{ChunksConfig, Core};
 
 impl<B: Backend> Core<B> {
     /// The ranges a binding with nothing ready tries, in order (`true`: a smaller one follows
@@ -15,18 +15,25 @@ impl<B: Backend> Core<B> {
     /// grows nothing). Both cut at the window's end.
     pub(super) fn chunk_tries(
         &self,
+        cfg: &ChunksConfig,
         st: &State<B::Import>,
         addr: u64,
         size: u64,
     ) -> Result<Vec<(Planned, bool)>, ImportError> {
-        let plain = self.in_window(binding_cover(addr, size, self.cfg.plan.chunk)?, addr, size);
-        let spanned = self.in_window(self.chunk_plan(st, addr, size)?, addr, size);
+        let plain = self.in_window(binding_cover(addr, size, self.cfg.chunk)?, addr, size);
+        let spanned = self.in_window(self.chunk_plan(cfg, st, addr, size)?, addr, size);
         Ok(if spanned == plain { vec![(plain, false)] } else { vec![(spanned, true), (plain, false)] })
     }
 
     /// The range a binding plans under the chunks policy: its cover, spanned.
-    pub(super) fn chunk_plan(&self, st: &State<B::Import>, addr: u64, size: u64) -> Result<Planned, ImportError> {
-        plan(&st.pools, self.cfg.plan, addr, size, true)
+    pub(super) fn chunk_plan(
+        &self,
+        cfg: &ChunksConfig,
+        st: &State<B::Import>,
+        addr: u64,
+        size: u64,
+    ) -> Result<Planned, ImportError> {
+        plan(&st.pools, cfg.plan(self.cfg.chunk), addr, size, true)
     }
 }
 

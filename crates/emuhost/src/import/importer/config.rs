@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::super::cost::ImportCost;
-use super::super::plan::PlanConfig;
+use super::super::plan::{DEFAULT_CHUNK, DEFAULT_SPAN_CAP, PlanConfig};
 
 /// The default time a range that failed to import is held before it is tried again.
 pub const DEFAULT_COOLING: Duration = Duration::from_secs(1);
@@ -30,7 +30,7 @@ pub enum ImportPolicy {
     /// longer than the wait target imports only its part and the rest follows off its thread.
     Pools(PoolsConfig),
     /// The seed's: 16 MiB chunks at the first binding, grown over the pools across their ends
-    /// ([`PlanConfig`]), all on the binding thread.
+    /// ([`super::super::plan`]), all on the binding thread.
     Chunks(ChunksConfig),
 }
 
@@ -41,7 +41,7 @@ impl Default for ImportPolicy {
 }
 
 impl ImportPolicy {
-    /// The chunks policy (it has no settings of its own yet).
+    /// The chunks policy with its default settings.
     pub fn chunks() -> Self {
         ImportPolicy::Chunks(ChunksConfig::default())
     }
@@ -55,11 +55,34 @@ impl ImportPolicy {
     }
 }
 
-/// The chunks policy's own settings: none yet. Its chunk and span cap are the planner's
-/// ([`ImportConfig::plan`]; the chunk is the pools policy's region size too).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The chunks policy's own settings: [`ChunksConfig::default`], then the chained setters. (Its
+/// chunk is [`ImportConfig::chunk`], which the pools policy reads too.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ChunksConfig {}
+pub struct ChunksConfig {
+    /// The largest range a span may grow to, in bytes (`EMUHOST_IMPORT_SPAN_MB`, in bytes
+    /// here); 0 turns spans off.
+    pub span_cap: u64,
+}
+
+impl Default for ChunksConfig {
+    fn default() -> Self {
+        Self { span_cap: DEFAULT_SPAN_CAP }
+    }
+}
+
+impl ChunksConfig {
+    /// Sets [`ChunksConfig::span_cap`].
+    pub fn span_cap(mut self, span_cap: u64) -> Self {
+        self.span_cap = span_cap;
+        self
+    }
+
+    /// What the planner takes: `chunk` and this span cap.
+    pub fn plan(&self, chunk: u64) -> PlanConfig {
+        PlanConfig::new(chunk, self.span_cap)
+    }
+}
 
 /// The pools policy's own settings: [`PoolsConfig::default`], then the chained setters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,9 +167,9 @@ impl PoolsConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ImportConfig {
-    /// The chunk (under the pools policy, the size of the regions where bindings are watched
-    /// for) and the span cap (read by the chunks policy only: the planner takes both).
-    pub plan: PlanConfig,
+    /// The chunk in bytes (`EMUHOST_IMPORT_CHUNK_MB`): a power of two, at least the backend's
+    /// alignment. Under the pools policy, the size of the regions where bindings are watched for.
+    pub chunk: u64,
     /// How long a range that failed is held before it is tried again (0: not held).
     pub cooling: Duration,
     /// Fault pages in (`Space::populate`) on a background thread when a pool is registered, so
@@ -165,7 +188,7 @@ pub struct ImportConfig {
 impl Default for ImportConfig {
     fn default() -> Self {
         Self {
-            plan: PlanConfig::default(),
+            chunk: DEFAULT_CHUNK,
             cooling: DEFAULT_COOLING,
             populate_ahead: PopulateAhead::Off,
             commit: true,
@@ -175,9 +198,9 @@ impl Default for ImportConfig {
 }
 
 impl ImportConfig {
-    /// Sets [`ImportConfig::plan`].
-    pub fn plan(mut self, plan: PlanConfig) -> Self {
-        self.plan = plan;
+    /// Sets [`ImportConfig::chunk`].
+    pub fn chunk(mut self, chunk: u64) -> Self {
+        self.chunk = chunk;
         self
     }
 

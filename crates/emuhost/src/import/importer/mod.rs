@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::ImportError;
 use super::backend::Backend;
 use super::cost::ImportCost;
-use super::plan::{Planned, cover, pool_range};
+use super::plan::{PlanConfig, Planned, cover, pool_range};
 use super::pools::PoolId;
 use crate::space::{Space, page_size};
 use ahead::{AheadJob, AheadQueue, PopulateCounts};
@@ -184,7 +184,7 @@ impl<B: Backend + 'static> Importer<B> {
         let (id, epoch, hot) = {
             let mut st = self.state();
             let id = st.pools.add(lo, size).ok_or(ImportError::BadPool { lo, size })?;
-            let chunk = self.core.cfg.plan.chunk;
+            let chunk = self.core.cfg.chunk;
             let hot = regions(lo, lo + size, chunk).any(|c| st.hot.contains(&c));
             (id, st.epoch, hot)
         };
@@ -192,7 +192,7 @@ impl<B: Backend + 'static> Importer<B> {
             let cfg = self.core.cfg;
             let window = self.core.space.window();
             let grain = match cfg.populate_ahead {
-                PopulateAhead::Chunks => cfg.plan.chunk,
+                PopulateAhead::Chunks => cfg.chunk,
                 _ => page_size(),
             };
             let (a, b) = cover(lo, lo + size, grain).ok_or(ImportError::BadPool { lo, size })?;
@@ -237,7 +237,7 @@ impl<B: Backend + 'static> Importer<B> {
     pub fn plan(&self, addr: u64, size: u64) -> Result<Planned, ImportError> {
         let st = self.state();
         let r = match self.core.cfg.policy {
-            ImportPolicy::Chunks(_) => self.core.chunk_plan(&st, addr, size)?,
+            ImportPolicy::Chunks(c) => self.core.chunk_plan(&c, &st, addr, size)?,
             ImportPolicy::Pools(_) => pool_range(&st.pools, addr, size, self.core.align)?,
         };
         Ok(self.core.in_window(r, addr, size))
@@ -334,8 +334,8 @@ fn chain(e: &ImportError) -> String {
 /// Refuses a chunk no binding could import with: one not a power of two or under `align`, one
 /// past the space's window, or under the chunks policy one past the backend's largest import.
 fn check_chunk<B: Backend>(space: &Space, backend: &B, cfg: &ImportConfig, align: u64) -> Result<(), ImportError> {
-    cfg.plan.check(align)?;
-    let chunk = cfg.plan.chunk;
+    let chunk = cfg.chunk;
+    PlanConfig::new(chunk, 0).check(align)?;
     let max = backend.budget().get();
     for (what, limit) in [
         ("the guest window", space.window()),

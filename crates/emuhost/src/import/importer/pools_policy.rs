@@ -101,7 +101,7 @@ impl<B: Backend + 'static> Importer<B> {
             st.stats.pieces += 1;
             self.send(AheadJob::Widen(whole, epoch));
         }
-        let chunk = core.cfg.plan.chunk;
+        let chunk = core.cfg.chunk;
         let mut new_pools = Vec::new();
         for c in regions(addr, end, chunk) {
             if st.hot.insert(c) {
@@ -254,7 +254,6 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use super::super::super::plan::PlanConfig;
     use super::super::state::Flight;
     use super::super::{ImportConfig, ImportPolicy};
     use super::*;
@@ -318,7 +317,7 @@ mod tests {
         let ms20 = Duration::from_millis(20);
         let cost = ImportCost { fixed: ms20, untouched_per_mib: Duration::ZERO, populated_per_mib: Duration::ZERO };
         let pools = PoolsConfig::default().ahead(0).cost(Some(cost)).ahead_threads(1);
-        let cfg = ImportConfig::default().plan(PlanConfig::new(1 << 20, 0)).policy(ImportPolicy::Pools(pools));
+        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
         let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
         imp.add_pool(4 << 20, 64 << 10).unwrap();
         let r = Planned { lo: 4 << 20, hi: (4 << 20) + (64 << 10) };

@@ -7,10 +7,12 @@
 //!   figures and the check that no guest write was lost.
 //! - [`soak`]: the check of replays looped in one process: memory flat, nothing left live.
 //! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
+//! - [`rng`]: the workspace's one deterministic generator (sessions, corpora, stress, benches).
 #![deny(unsafe_code)]
 
 pub mod quantile;
 pub mod replay;
+pub mod rng;
 pub mod soak;
 pub mod stress;
 pub mod synth;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use emuhost::rng::Rng;
+use crate::rng::Rng;
 use emuhost::space::{GuestAddr, GuestRange, Prot, SectionId, Space, page_size};
 use emuhost::watch::{BackendKind, Consumer, Tracker, WatchError};
 

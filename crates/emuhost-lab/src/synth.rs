@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use emuhost::rng::{Rng, splitmix};
+use crate::rng::{Rng, splitmix};
 use emuhost::space::{GuestAddr, Prot};
 
 use crate::trace::{Event, GUEST_PAGE, Header, Record, SleepKind, Thread, TraceError};

@@ -24,7 +24,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use emuhost::rng::Rng;
+use emuhost_lab::rng::Rng;
 
 use super::PrepareError;
 

@@ -32,7 +32,6 @@ mod sys;
 pub mod watch;
 
 pub mod probe;
-pub mod rng;
 
 /// System-call counters (per thread). Filled only in a build with the `counters` feature;
 /// [`counters::snapshot`] returns `None` otherwise.

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, ImportPolicy, Importer, PopulateAhead, Stats};
-use emuhost::rng::Rng;
 use emuhost::space::{Prot, Space, page_size};
+use emuhost_lab::rng::Rng;
 use serde_json::json;
 
 use super::{Arm, median};

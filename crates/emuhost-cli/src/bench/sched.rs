@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use emuhost::rng::Rng;
 use emuhost::sched::{
     HOST_EXACT_WAIT, HYBRID_MARGIN, LearnedMargin, OsHost, SchedHost, ShortSleepRule, TIMER_MAX_CPUS, Wait,
     restrict_thread_cpus, thread_cpu_time, wait_until, wait_until_learning,
 };
 use emuhost_lab::quantile::quantile;
+use emuhost_lab::rng::Rng;
 use serde_json::json;
 
 use super::{Arm, Comparison, median};

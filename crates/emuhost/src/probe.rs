@@ -68,6 +68,10 @@ impl Probe {
 
 /// A field of that status text in bytes (`VmHWM`, `VmRSS`, ...).
 pub use crate::sys::procstat::status_bytes;
+/// Gives the C allocator's free memory back to the kernel: for the lab's soak, which tells a
+/// leak from memory the allocator keeps. Feature `bench`.
+#[cfg(feature = "bench")]
+pub use crate::sys::procstat::trim_heap;
 /// The process's own memory figures, as the kernel and the C allocator keep them: for a caller
 /// that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a preparation).
-pub use crate::sys::procstat::{Heap, heap, self_status, trim_heap};
+pub use crate::sys::procstat::{Heap, heap, self_status};

@@ -69,13 +69,12 @@ pub struct SpaceConfig {
     /// the window: nothing else can be mapped there, and a run off either end of the window
     /// faults. The space never commits them; they are unmapped with the window.
     pub guard: u64,
-    /// Commit in one system call, walking region by region only where it fails. `false` always
-    /// walks (the old way; kept to measure against).
-    pub one_call_commit: bool,
-    /// Answer region queries from the text of `/proc/self/maps` even where `PROCMAP_QUERY` works
-    /// (to measure one against the other; the fault switch `EMUHOST_FAULT_NO_PROCMAP_QUERY` does
-    /// the same for every space).
-    pub maps_text: bool,
+    /// Commit in one system call, walking region by region only where it fails. Set only by
+    /// [`SpaceConfig::one_call_commit`] (feature `bench`).
+    one_call_commit: bool,
+    /// Answer region queries from the text of `/proc/self/maps`. Set only by
+    /// [`SpaceConfig::maps_text`] (feature `bench`).
+    maps_text: bool,
 }
 
 impl Default for SpaceConfig {
@@ -107,11 +106,18 @@ impl SpaceConfig {
         self
     }
 
+    /// Commit in one system call, walking region by region only where it fails (the default).
+    /// `false` always walks (the old way; kept to measure against). Feature `bench`.
+    #[cfg(feature = "bench")]
     pub fn one_call_commit(mut self, on: bool) -> Self {
         self.one_call_commit = on;
         self
     }
 
+    /// Answer region queries from the text of `/proc/self/maps` even where `PROCMAP_QUERY` works
+    /// (to measure one against the other; the fault switch `EMUHOST_FAULT_NO_PROCMAP_QUERY` does
+    /// the same for every space). Feature `bench`.
+    #[cfg(feature = "bench")]
     pub fn maps_text(mut self, on: bool) -> Self {
         self.maps_text = on;
         self

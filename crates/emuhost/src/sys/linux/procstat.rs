@@ -45,7 +45,8 @@ pub fn heap() -> Option<Heap> {
 
 /// Gives the memory the C allocator holds free back to the kernel, in every arena (glibc's
 /// `malloc_trim(0)`, which also releases whole free pages in the middle of an arena); returns
-/// whether any was given back. A no-op where the C library is not glibc.
+/// whether any was given back. A no-op where the C library is not glibc. Feature `bench` (the lab's soak).
+#[cfg(feature = "bench")]
 pub fn trim_heap() -> bool {
     #[cfg(target_env = "gnu")]
     {

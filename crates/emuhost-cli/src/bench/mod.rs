@@ -1,5 +1,6 @@
 //! `emuhost bench`: two arms measured in one run, alternated round by round, reported as the
-//! medians and their ratio (never a pass/fail on time: these machines are shared and noisy).
+//! medians and their ratio (never a pass/fail on time: these machines are shared and noisy). The
+//! measurements are the lab's (`emuhost_lab::bench`); here the flags and the printing.
 
 mod beside;
 mod chain;
@@ -9,9 +10,8 @@ mod sched;
 mod space;
 mod watch;
 
-use std::time::{Duration, Instant};
-
 use clap::Subcommand;
+pub use emuhost_lab::bench::{Arm, Comparison, median};
 use serde_json::json;
 
 use crate::Outcome;
@@ -51,61 +51,14 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
     }
 }
 
-/// One arm's rounds: wall time and system calls of each.
-#[derive(Default)]
-pub struct Arm {
-    pub times: Vec<Duration>,
-    pub calls: Vec<u64>,
+/// A comparison printed as text or JSON.
+pub trait Report {
+    fn json(&self) -> serde_json::Value;
+    fn print(&self);
 }
 
-impl Arm {
-    /// Times `f` once and counts its system calls (when the build counts them).
-    pub fn round<T>(&mut self, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-        let before = emuhost::counters::snapshot();
-        let t = Instant::now();
-        let out = f()?;
-        self.times.push(t.elapsed());
-        if let (Some(b), Some(a)) = (before, emuhost::counters::snapshot()) {
-            self.calls.push(a.since(&b).total());
-        }
-        Ok(out)
-    }
-
-    pub fn median_ms(&self) -> f64 {
-        let mut t: Vec<f64> = self.times.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        median(&mut t)
-    }
-
-    pub fn median_calls(&self) -> Option<f64> {
-        let mut c: Vec<f64> = self.calls.iter().map(|c| *c as f64).collect();
-        (!c.is_empty()).then(|| median(&mut c))
-    }
-}
-
-pub use emuhost_lab::quantile::median;
-
-/// A comparison of two arms, `old` against `new`.
-pub struct Comparison {
-    pub name: String,
-    pub old_name: &'static str,
-    pub new_name: &'static str,
-    pub old: Arm,
-    pub new: Arm,
-    /// What the issue asks for: `new` faster by this factor (time), and fewer calls by this one.
-    pub target_time: Option<f64>,
-    pub target_calls: Option<f64>,
-}
-
-impl Comparison {
-    fn time_ratio(&self) -> f64 {
-        self.old.median_ms() / self.new.median_ms()
-    }
-
-    fn calls_ratio(&self) -> Option<f64> {
-        Some(self.old.median_calls()? / self.new.median_calls()?)
-    }
-
-    pub fn json(&self) -> serde_json::Value {
+impl Report for Comparison {
+    fn json(&self) -> serde_json::Value {
         let met = |target: Option<f64>, got: Option<f64>| match (target, got) {
             (Some(t), Some(g)) => json!(g >= t),
             _ => serde_json::Value::Null,
@@ -124,7 +77,7 @@ impl Comparison {
         })
     }
 
-    pub fn print(&self) {
+    fn print(&self) {
         let calls = |a: &Arm| a.median_calls().map_or("n/a".to_string(), |c| format!("{c:.0}"));
         outln!("{} ({} rounds)", self.name, self.old.times.len());
         outln!(

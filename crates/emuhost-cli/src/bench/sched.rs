@@ -19,7 +19,7 @@ use emuhost_lab::quantile::quantile;
 use emuhost_lab::rng::Rng;
 use serde_json::json;
 
-use super::{Arm, Comparison, median};
+use super::{Arm, Comparison, Report, median};
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -202,14 +202,14 @@ fn frame_experiment(a: &Args, margin_ns: u64) -> anyhow::Result<Frame> {
                 // Rotate the order so no arm always runs first.
                 for k in 0..3 {
                     match (r as usize + k) % 3 {
-                        0 => f.none.round(|| Ok(frame_work(units)))?,
+                        0 => f.none.round(|| anyhow::Ok(frame_work(units)))?,
                         1 => {
                             let _s = Sleepers::start(sleepers, Wait::Yield, margin_ns)?;
-                            f.yielding.round(|| Ok(frame_work(units)))?
+                            f.yielding.round(|| anyhow::Ok(frame_work(units)))?
                         }
                         _ => {
                             let _s = Sleepers::start(sleepers, f.rule.guest, margin_ns)?;
-                            f.by_rule.round(|| Ok(frame_work(units)))?
+                            f.by_rule.round(|| anyhow::Ok(frame_work(units)))?
                         }
                     };
                 }
@@ -517,7 +517,7 @@ pub fn run_workers(a: WorkersArgs) -> anyhow::Result<Outcome> {
     for r in 0..a.rounds as usize {
         for k in 0..counts.len() {
             let i = (r + k) % counts.len();
-            arms[i].round(|| Ok(run_jobs(counts[i], a.jobs, r as u64)))?;
+            arms[i].round(|| anyhow::Ok(run_jobs(counts[i], a.jobs, r as u64)))?;
         }
     }
     let allocator = if cfg!(feature = "mimalloc") { "mimalloc" } else { "system (glibc malloc)" };

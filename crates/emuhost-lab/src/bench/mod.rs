@@ -1,0 +1,104 @@
+//! The benches' measurements: two arms measured in one run, alternated round by round, and the
+//! medians and their ratio (never a pass/fail on time: these machines are shared and noisy). The
+//! CLI's `emuhost bench WHAT` parses its flags into each bench's config, runs it here and prints.
+//!
+//! - [`space`]: one-call commit against the region-by-region walk, a run of shared pages as one
+//!   view against one view per page, `PROCMAP_QUERY` against the `/proc/self/maps` text.
+
+pub mod space;
+
+use std::time::{Duration, Instant};
+
+/// What stopped a bench: a runtime call that failed (with what the bench was doing), or a check of
+/// the bench's own figures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    #[error(transparent)]
+    Space(#[from] emuhost::space::SpaceError),
+    /// A runtime call failed while the bench was doing `what`.
+    #[error("{what}")]
+    Runtime {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The bench's own check of what it measured failed (the message names the values).
+    #[error("{0}")]
+    Check(String),
+}
+
+impl BenchError {
+    /// A runtime call's error, with what the bench was doing.
+    pub fn doing(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BenchError::Runtime { what: what.into(), source: Box::new(source) }
+    }
+}
+
+/// `Err(BenchError::Check(..))` unless `cond`: the bench's `ensure!`.
+macro_rules! check {
+    ($cond:expr, $($t:tt)*) => {
+        if !$cond {
+            return Err($crate::bench::BenchError::Check(format!($($t)*)));
+        }
+    };
+}
+pub(crate) use check;
+
+/// One arm's rounds: wall time and system calls of each.
+#[derive(Clone, Debug, Default)]
+pub struct Arm {
+    pub times: Vec<Duration>,
+    pub calls: Vec<u64>,
+}
+
+impl Arm {
+    /// Times `f` once and counts its system calls (when the build counts them).
+    pub fn round<T, E>(&mut self, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let before = emuhost::counters::snapshot();
+        let t = Instant::now();
+        let out = f()?;
+        self.times.push(t.elapsed());
+        if let (Some(b), Some(a)) = (before, emuhost::counters::snapshot()) {
+            self.calls.push(a.since(&b).total());
+        }
+        Ok(out)
+    }
+
+    pub fn median_ms(&self) -> f64 {
+        let mut t: Vec<f64> = self.times.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        median(&mut t)
+    }
+
+    pub fn median_calls(&self) -> Option<f64> {
+        let mut c: Vec<f64> = self.calls.iter().map(|c| *c as f64).collect();
+        (!c.is_empty()).then(|| median(&mut c))
+    }
+}
+
+pub use crate::quantile::median;
+
+/// A comparison of two arms, `old` against `new`.
+#[derive(Clone, Debug)]
+pub struct Comparison {
+    pub name: String,
+    pub old_name: &'static str,
+    pub new_name: &'static str,
+    pub old: Arm,
+    pub new: Arm,
+    /// What the issue asks for: `new` faster by this factor (time), and fewer calls by this one.
+    pub target_time: Option<f64>,
+    pub target_calls: Option<f64>,
+}
+
+impl Comparison {
+    /// How many times faster `new` is (median against median).
+    pub fn time_ratio(&self) -> f64 {
+        self.old.median_ms() / self.new.median_ms()
+    }
+
+    /// How many times fewer system calls `new` makes; `None` where the build counts none.
+    pub fn calls_ratio(&self) -> Option<f64> {
+        Some(self.old.median_calls()? / self.new.median_calls()?)
+    }
+}

@@ -4,7 +4,10 @@
 //!
 //! - [`space`]: one-call commit against the region-by-region walk, a run of shared pages as one
 //!   view against one view per page, `PROCMAP_QUERY` against the `/proc/self/maps` text.
+//! - [`sched`]: short sleeps by every way to wait, a frame thread beside sleepers, and a
+//!   compile-like job at 1, 2, 4 ... N workers.
 
+pub mod sched;
 pub mod space;
 
 use std::time::{Duration, Instant};
@@ -23,6 +26,9 @@ pub enum BenchError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A thread of the bench panicked.
+    #[error("{0} panicked")]
+    Panicked(&'static str),
     /// The bench's own check of what it measured failed (the message names the values).
     #[error("{0}")]
     Check(String),

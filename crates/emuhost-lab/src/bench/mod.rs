@@ -4,11 +4,13 @@
 //!
 //! - [`space`]: one-call commit against the region-by-region walk, a run of shared pages as one
 //!   view against one view per page, `PROCMAP_QUERY` against the `/proc/self/maps` text.
+//! - [`watch`]: collect costs per backend and over the bare kernel, and the no-lost-writes stress.
 //! - [`sched`]: short sleeps by every way to wait, a frame thread beside sleepers, and a
 //!   compile-like job at 1, 2, 4 ... N workers.
 
 pub mod sched;
 pub mod space;
+pub mod watch;
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,11 @@ use std::time::{Duration, Instant};
 pub enum BenchError {
     #[error(transparent)]
     Space(#[from] emuhost::space::SpaceError),
+    #[error(transparent)]
+    Watch(#[from] emuhost::watch::WatchError),
+    /// A system call the bench makes itself (the bare kernel's arm) failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
     /// A runtime call failed while the bench was doing `what`.
     #[error("{what}")]
     Runtime {

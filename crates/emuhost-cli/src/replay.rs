@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use emuhost::settings::{self, Settings};
+pub(crate) use emuhost_lab::bench::{ms, quantile};
 use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
 use serde_json::{Value, json};
 
@@ -145,13 +146,6 @@ fn progress(done: Arc<AtomicBool>, file: bool) -> Option<std::thread::JoinHandle
         bar.finish_and_clear();
     }))
 }
-
-/// A duration in milliseconds.
-pub(crate) fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-pub(crate) use emuhost_lab::quantile::quantile;
 
 /// The 1 % / 0.1 % low: the frame rate of the slowest 1 % / 0.1 % of frames, averaged.
 fn low(frame_ms: &[f64], frac: f64) -> f64 {

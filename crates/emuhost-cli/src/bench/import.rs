@@ -3,20 +3,19 @@
 //! pools, ~2 % across a chunk's end, a few dozen chunks bound) through the importer with naive
 //! chunks, with spans, and with spans + populate ahead; (3) collects beside commits and pins
 //! ([`super::chain`]); (4) a binding's small import beside background imports of several sizes,
-//! and beside many live imports ([`super::beside`]).
+//! and beside many live imports ([`super::beside`]). The measurements are the lab's
+//! ([`emuhost_lab::bench::import`]); here the flags, the backend and the printing.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use emuhost::import::{AnyBackend, Backend, HostSpan, ImportConfig, ImportPolicy, Importer, PopulateAhead, Stats};
-use emuhost::space::{Prot, Space, page_size};
-use emuhost_lab::rng::Rng;
+use emuhost::import::{AnyBackend, Backend};
+use emuhost_lab::bench::import::{SessionResult, SizeResult, beside, chain, session_arms, sizes_arms};
 use serde_json::json;
 
-use super::{Arm, median};
+use super::Report;
 use crate::Outcome;
-use crate::replay::ms;
 
 const MIB: u64 = 1 << 20;
 
@@ -101,7 +100,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
         serde_json::Value::Null
     } else {
         let dur = Duration::from_millis(a.chain_ms);
-        let c = super::chain::arms(&backend, a.chain_rounds, dur, a.chain_pin_mib * MIB, a.chain_piece_kib << 10)?;
+        let c = chain::arms(&backend, a.chain_rounds, dur, a.chain_pin_mib * MIB, a.chain_piece_kib << 10)?;
         if !a.json {
             c.print();
         }
@@ -112,7 +111,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     } else {
         let dur = Duration::from_millis(a.beside_ms);
         let sizes: Vec<u64> = a.beside_kib.iter().map(|k| k << 10).collect();
-        let r = super::beside::arms(&backend, a.beside_rounds, dur, &sizes, a.beside_live)?;
+        let r = beside::arms(&backend, a.beside_rounds, dur, &sizes, a.beside_live)?;
         if !a.json {
             r.print();
         }
@@ -125,29 +124,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     Ok(Outcome::Ok)
 }
 
-struct SizeResult {
-    size: u64,
-    untouched: Arm,
-    populated: Arm,
-    populate: Arm,
-    release: Arm,
-}
-
-impl SizeResult {
-    fn new(size: u64) -> Self {
-        Self {
-            size,
-            untouched: Arm::default(),
-            populated: Arm::default(),
-            populate: Arm::default(),
-            release: Arm::default(),
-        }
-    }
-
-    fn ratio(&self) -> f64 {
-        self.untouched.median_ms() / self.populated.median_ms()
-    }
-
+impl Report for SizeResult {
     fn print(&self) {
         let mib = (self.size / MIB) as f64;
         outln!(
@@ -180,192 +157,7 @@ impl SizeResult {
     }
 }
 
-fn timed<T>(arm: &mut Arm, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-    let t = Instant::now();
-    let out = f()?;
-    arm.times.push(t.elapsed());
-    Ok(out)
-}
-
-fn sizes_arms(b: &Arc<AnyBackend>, size: u64, rounds: u32) -> anyhow::Result<SizeResult> {
-    let align = b.alignment().max(page_size());
-    let space = Arc::new(Space::with_window((size + align).next_multiple_of(1 << 30))?);
-    let lo = (align - space.host_base() as u64 % align) % align;
-    let range = space.range(lo, size)?;
-    // One round of each first, not kept: a VM backs memory it never backed before slowly.
-    let mut scratch = SizeResult::new(size);
-    let mut r = SizeResult::new(size);
-    let one = |populate: bool, r: &mut SizeResult| -> anyhow::Result<()> {
-        space.commit(range, Prot::READ_WRITE)?;
-        if populate {
-            timed(&mut r.populate, || Ok(space.populate(range)?))?;
-        }
-        let arm = if populate { &mut r.populated } else { &mut r.untouched };
-        // The span holds the range until the import made of it is released.
-        let span = HostSpan::of(&space, lo, size)?;
-        let i = timed(arm, || Ok(b.import(span)?))?;
-        timed(&mut r.release, || {
-            b.release(i);
-            Ok(())
-        })?;
-        // Back to reserved: the pages are dropped, so the next round starts untouched.
-        space.decommit(range)?;
-        Ok(())
-    };
-    one(true, &mut scratch)?;
-    one(false, &mut scratch)?;
-    for round in 0..rounds {
-        for populate in if round % 2 == 0 { [false, true] } else { [true, false] } {
-            one(populate, &mut r)?;
-        }
-    }
-    Ok(r)
-}
-
-/// A synthetic session: pools (lo, size) and bindings (addr, size), deterministic from a seed.
-struct Session {
-    window: u64,
-    pools: Vec<(u64, u64)>,
-    binds: Vec<(u64, u64)>,
-    crossing: usize,
-    hot: usize,
-}
-
-/// Whole pages between `from` and `to` bytes (at least one).
-fn pages(g: &mut Rng, from: u64, to: u64) -> u64 {
-    let p = page_size();
-    (from + g.below(to - from)).next_multiple_of(p).max(p)
-}
-
-/// Modelled on the reference's figures: 4,547 pools over 419 chunks of 16 MiB, 2 % of them across
-/// a chunk's end, two pools longer than the span cap; a few dozen chunks bound in play, a binding
-/// across the chunk end in a third of the bindings into pools that run across one.
-fn session(seed: u64, chunk: u64) -> Session {
-    let mut g = Rng::new(seed);
-    let chunks = 419u64;
-    let n = 4547usize;
-    let mut pools = Vec::with_capacity(n + 2);
-    let mut crossing = 0;
-    for i in 0..n {
-        let c = g.below(chunks - 1);
-        if i % 50 == 0 {
-            let size = pages(&mut g, 64 << 10, chunk);
-            let off = pages(&mut g, page_size(), size - page_size());
-            pools.push(((c + 1) * chunk - off, size));
-            crossing += 1;
-        } else {
-            let size = match g.below(100) {
-                0..75 => pages(&mut g, 4 << 10, 64 << 10),
-                75..97 => pages(&mut g, 64 << 10, MIB),
-                _ => pages(&mut g, MIB, 8 * MIB),
-            }
-            .min(chunk / 2);
-            let lo = c * chunk + g.below(chunk - size) / page_size() * page_size();
-            pools.push((lo, size));
-        }
-    }
-    for _ in 0..2 {
-        let c = g.below(chunks - 10);
-        pools.push((c * chunk + 0x5000, 128 * MIB));
-    }
-    // Hot chunks: the ones play binds into.
-    let hot_chunks: Vec<u64> = (0..48).map(|_| g.below(chunks)).collect();
-    let hot: Vec<(u64, u64)> = pools
-        .iter()
-        .copied()
-        .filter(|&(lo, size)| {
-            size < 64 * MIB && hot_chunks.iter().any(|&c| lo / chunk == c || (lo + size - 1) / chunk == c)
-        })
-        .collect();
-    let mut binds = Vec::with_capacity(3000);
-    for _ in 0..3000 {
-        let (lo, size) = hot[g.below(hot.len() as u64) as usize];
-        let end = lo + size;
-        let crosses = lo / chunk != (end - 1) / chunk;
-        if crosses && g.below(3) == 0 {
-            let e = (lo / chunk + 1) * chunk;
-            let before = 0x10 + g.below(0x1000).min(e - lo - 1);
-            let len = (before + 0x10 + g.below(0x1000)).min(end - (e - before));
-            binds.push((e - before, len));
-        } else {
-            let at = lo + g.below(size);
-            let len = (0x100 + g.below(64 << 10)).min(end - at).max(1);
-            binds.push((at, len));
-        }
-    }
-    let window = (chunks + 16) * chunk;
-    Session { window, pools, binds, crossing, hot: hot.len() }
-}
-
-struct ArmRun {
-    stats: Stats,
-    populate: Duration,
-}
-
-fn run_session(b: &Arc<AnyBackend>, s: &Session, cfg: ImportConfig) -> anyhow::Result<ArmRun> {
-    let space = Arc::new(Space::with_window(s.window)?);
-    for &(lo, size) in &s.pools {
-        let p = page_size();
-        let a = lo / p * p;
-        let e = (lo + size).next_multiple_of(p).min(s.window);
-        space.commit(space.range(a, e - a)?, Prot::READ_WRITE)?;
-    }
-    let imp = Importer::new(space.clone(), b.clone(), cfg)?;
-    let t = Instant::now();
-    for &(lo, size) in &s.pools {
-        imp.add_pool(lo, size)?;
-    }
-    // The load: pools are made, then play starts (the populate thread has finished by then).
-    imp.settle();
-    let populate = if cfg.populate_ahead != PopulateAhead::Off { t.elapsed() } else { Duration::ZERO };
-    for &(addr, size) in &s.binds {
-        imp.bind(addr, size).with_context(|| format!("binding {addr:#x}+{size:#x}"))?;
-    }
-    Ok(ArmRun { stats: imp.stats(), populate })
-}
-
-struct SessionResult {
-    arms: Vec<(&'static str, Vec<ArmRun>)>,
-    pools: usize,
-    crossing: usize,
-    binds: usize,
-    hot: usize,
-}
-
-fn med(runs: &[ArmRun], f: impl Fn(&ArmRun) -> f64) -> f64 {
-    let mut v: Vec<f64> = runs.iter().map(f).collect();
-    median(&mut v)
-}
-
-impl SessionResult {
-    fn figures(&self) -> Vec<(&'static str, [f64; 7])> {
-        self.arms
-            .iter()
-            .map(|(name, runs)| {
-                (
-                    *name,
-                    [
-                        med(runs, |r| r.stats.imports as f64),
-                        med(runs, |r| ms(r.stats.time)),
-                        med(runs, |r| ms(r.stats.worst())),
-                        med(runs, |r| r.stats.reimports as f64),
-                        med(runs, |r| (r.stats.peak_live_bytes / MIB) as f64),
-                        med(runs, |r| ms(r.populate)),
-                        med(runs, |r| (r.stats.populated_bytes / MIB) as f64),
-                    ],
-                )
-            })
-            .collect()
-    }
-
-    /// Per arm after the first (naive chunks): the worst import, the time ratio against naive
-    /// and the extra imported memory.
-    fn targets(&self) -> Vec<(&'static str, f64, f64, f64)> {
-        let f = self.figures();
-        let naive = f[0].1;
-        f[1..].iter().map(|(name, v)| (*name, v[2], naive[1] / v[1], v[4] / naive[4] - 1.0)).collect()
-    }
-
+impl Report for SessionResult {
     fn print(&self) {
         outln!(
             "session: {} pools ({} across a chunk's end), {} bindings into {} pools of the bound chunks ({} rounds, medians)",
@@ -433,32 +225,4 @@ impl SessionResult {
             "arms": arms, "targets": targets,
         })
     }
-}
-
-fn session_arms(b: &Arc<AnyBackend>, seed: u64, rounds: u32, base: ImportConfig) -> anyhow::Result<SessionResult> {
-    let s = session(seed, base.chunk);
-    // The configs are `#[non_exhaustive]`: each arm is the base with fields set.
-    let with = |span_off: bool, ahead: PopulateAhead| {
-        let mut c = base;
-        if span_off && let ImportPolicy::Chunks(chunks) = &mut c.policy {
-            chunks.span_cap = 0;
-        }
-        c.populate_ahead = ahead;
-        c
-    };
-    let cfgs = [
-        ("naive chunks", with(true, PopulateAhead::Off)),
-        ("span", with(false, PopulateAhead::Off)),
-        ("span + populate pools ahead", with(false, PopulateAhead::Pools)),
-        ("span + populate chunks ahead", with(false, PopulateAhead::Chunks)),
-    ];
-    let mut arms: Vec<(&'static str, Vec<ArmRun>)> = cfgs.iter().map(|(n, _)| (*n, Vec::new())).collect();
-    for round in 0..rounds as usize {
-        for k in 0..cfgs.len() {
-            let i = (k + round) % cfgs.len();
-            let run = run_session(b, &s, cfgs[i].1).with_context(|| format!("session arm {:?}", cfgs[i].0))?;
-            arms[i].1.push(run);
-        }
-    }
-    Ok(SessionResult { arms, pools: s.pools.len(), crossing: s.crossing, binds: s.binds.len(), hot: s.hot })
 }

@@ -5,9 +5,12 @@
 //! - [`space`]: one-call commit against the region-by-region walk, a run of shared pages as one
 //!   view against one view per page, `PROCMAP_QUERY` against the `/proc/self/maps` text.
 //! - [`watch`]: collect costs per backend and over the bare kernel, and the no-lost-writes stress.
+//! - [`import`]: untouched against populated imports, a session through the importer, collects
+//!   beside commits and pins, a small import beside background ones.
 //! - [`sched`]: short sleeps by every way to wait, a frame thread beside sleepers, and a
 //!   compile-like job at 1, 2, 4 ... N workers.
 
+pub mod import;
 pub mod sched;
 pub mod space;
 pub mod watch;
@@ -23,6 +26,8 @@ pub enum BenchError {
     Space(#[from] emuhost::space::SpaceError),
     #[error(transparent)]
     Watch(#[from] emuhost::watch::WatchError),
+    #[error(transparent)]
+    Import(#[from] emuhost::import::ImportError),
     /// A system call the bench makes itself (the bare kernel's arm) failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -89,7 +94,12 @@ impl Arm {
     }
 }
 
-pub use crate::quantile::median;
+/// A duration in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub use crate::quantile::{median, quantile};
 
 /// A comparison of two arms, `old` against `new`.
 #[derive(Clone, Debug)]

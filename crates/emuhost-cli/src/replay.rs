@@ -253,9 +253,25 @@ fn csv(r: &ReplayReport) -> String {
     s
 }
 
+/// The text report: the run, the render thread's frames, imports, write tracking, sleeps.
 fn print_table(r: &ReplayReport, s: &Value) {
-    let g = |k: &str| s.get(k).cloned().unwrap_or(Value::Null);
-    let f = |k: &str| g(k).as_f64().unwrap_or(0.0);
+    print_frames(r, s);
+    print_imports(r, s);
+    print_tracking(r, s);
+}
+
+/// The figure `k` of the summary `s` (`Null` where absent).
+fn figure(s: &Value, k: &str) -> Value {
+    s.get(k).cloned().unwrap_or(Value::Null)
+}
+
+/// The figure `k` of the summary `s` as a number (0 where absent).
+fn number(s: &Value, k: &str) -> f64 {
+    figure(s, k).as_f64().unwrap_or(0.0)
+}
+
+fn print_frames(r: &ReplayReport, s: &Value) {
+    let (g, f) = (|k: &str| figure(s, k), |k: &str| number(s, k));
     outln!(
         "replay: {} frames, {} events, {} threads in {:.1} s ({})",
         r.frames.len(),
@@ -290,6 +306,10 @@ fn print_table(r: &ReplayReport, s: &Value) {
             f("worst_frame_ms")
         );
     }
+}
+
+fn print_imports(r: &ReplayReport, s: &Value) {
+    let f = |k: &str| number(s, k);
     outln!("imports");
     outln!(
         "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed; {} bindings went without",
@@ -323,6 +343,10 @@ fn print_table(r: &ReplayReport, s: &Value) {
         let how = if r.import_cost_given { "given" } else { "measured" };
         outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", settings::import_cost_value(&c));
     }
+}
+
+fn print_tracking(r: &ReplayReport, s: &Value) {
+    let f = |k: &str| number(s, k);
     outln!("write tracking");
     outln!(
         "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked ({:.1} % checked)",

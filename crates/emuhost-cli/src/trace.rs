@@ -107,8 +107,6 @@ fn big(n: u128) -> serde_json::Value {
     u64::try_from(n).map_or_else(|_| json!(n as f64), |v| json!(v))
 }
 
-// Just over 80 lines: one line or one JSON field per figure of the trace; split, it would only
-// move the figures apart from their labels.
 fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result<Outcome> {
     if chunk_mib == 0 || !chunk_mib.is_power_of_two() || chunk_mib > 1 << 20 {
         bail!("--chunk-mib {chunk_mib}: not a power of two from 1 to 1048576");
@@ -126,75 +124,79 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
         }
     };
     if as_json {
-        let v = json!({
-            "chunk_mib": chunk_mib,
-            "events": s.events,
-            "frames": s.frames,
-            "duration_s": s.duration_us as f64 / 1e6,
-            "fps": s.fps(),
-            "pools": s.pools,
-            "pools_released": s.pools_released,
-            "pools_crossing_chunk_end": s.pools_crossing_chunk_end,
-            "chunks_touched": s.chunks_touched,
-            "chunks_bound": s.chunks_bound,
-            "binds": s.binds,
-            "binds_crossing_chunk_end": s.binds_crossing_chunk_end,
-            "chunk_ends_bound_across": s.chunk_ends_bound_across,
-            "commits": s.commits,
-            "committed_bytes": big(s.committed_bytes),
-            "decommits": s.decommits,
-            "writes": s.writes,
-            "write_bytes": big(s.write_bytes),
-            "collects": s.collects,
-            "collect_bytes": big(s.collect_bytes),
-            "sleeps_guest": s.sleeps_guest,
-            "sleeps_host": s.sleeps_host,
-            "sleep_guest_ms": s.sleep_guest_ns as f64 / 1e6,
-            "sleep_host_ms": s.sleep_host_ns as f64 / 1e6,
-            "game_threads": s.game_threads,
-            "host_threads": s.host_threads,
-        });
-        outln!("{v}");
+        outln!("{}", stats_json(&s, chunk_mib));
     } else {
-        let mib = |b: u128| b as f64 / (1 << 20) as f64;
-        let secs = s.duration_us as f64 / 1e6;
-        let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        outln!("trace                     {name}");
-        outln!("frames                    {} in {secs:.1} s ({:.1} frames/s)", s.frames, s.fps());
-        outln!("events                    {}", s.events);
-        outln!("pools                     {} made, {} released", s.pools, s.pools_released);
-        outln!("pools across a chunk end  {} ({chunk_mib} MiB chunks)", s.pools_crossing_chunk_end);
-        outln!("chunks touched by pools   {}", s.chunks_touched);
-        outln!("chunks bound              {}", s.chunks_bound);
-        outln!(
-            "bindings                  {} ({} across a chunk end, {} distinct ends)",
-            s.binds,
-            s.binds_crossing_chunk_end,
-            s.chunk_ends_bound_across
-        );
-        outln!(
-            "commits                   {} ({:.1} MiB), {} decommits",
-            s.commits,
-            mib(s.committed_bytes),
-            s.decommits
-        );
-        outln!("guest writes              {} ({:.1} MiB)", s.writes, mib(s.write_bytes));
-        outln!("collects                  {} ({:.1} MiB of ranges)", s.collects, mib(s.collect_bytes));
-        outln!(
-            "guest sleeps              {} ({:.0}/s, {:.1} ms asked in all)",
-            s.sleeps_guest,
-            per_s(s.sleeps_guest),
-            s.sleep_guest_ns as f64 / 1e6
-        );
-        outln!(
-            "host sleeps               {} ({:.0}/s, {:.1} ms asked in all)",
-            s.sleeps_host,
-            per_s(s.sleeps_host),
-            s.sleep_host_ns as f64 / 1e6
-        );
-        outln!("threads                   render, {} game, {} host", s.game_threads, s.host_threads);
+        print_stats(&name, &s, chunk_mib);
     }
     Ok(Outcome::Ok)
+}
+
+/// The trace's figures as one JSON object.
+fn stats_json(s: &Stats, chunk_mib: u64) -> serde_json::Value {
+    json!({
+        "chunk_mib": chunk_mib,
+        "events": s.events,
+        "frames": s.frames,
+        "duration_s": s.duration_us as f64 / 1e6,
+        "fps": s.fps(),
+        "pools": s.pools,
+        "pools_released": s.pools_released,
+        "pools_crossing_chunk_end": s.pools_crossing_chunk_end,
+        "chunks_touched": s.chunks_touched,
+        "chunks_bound": s.chunks_bound,
+        "binds": s.binds,
+        "binds_crossing_chunk_end": s.binds_crossing_chunk_end,
+        "chunk_ends_bound_across": s.chunk_ends_bound_across,
+        "commits": s.commits,
+        "committed_bytes": big(s.committed_bytes),
+        "decommits": s.decommits,
+        "writes": s.writes,
+        "write_bytes": big(s.write_bytes),
+        "collects": s.collects,
+        "collect_bytes": big(s.collect_bytes),
+        "sleeps_guest": s.sleeps_guest,
+        "sleeps_host": s.sleeps_host,
+        "sleep_guest_ms": s.sleep_guest_ns as f64 / 1e6,
+        "sleep_host_ms": s.sleep_host_ns as f64 / 1e6,
+        "game_threads": s.game_threads,
+        "host_threads": s.host_threads,
+    })
+}
+
+/// The trace's figures as text, one line each.
+fn print_stats(name: &str, s: &Stats, chunk_mib: u64) {
+    let mib = |b: u128| b as f64 / (1 << 20) as f64;
+    let secs = s.duration_us as f64 / 1e6;
+    let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    outln!("trace                     {name}");
+    outln!("frames                    {} in {secs:.1} s ({:.1} frames/s)", s.frames, s.fps());
+    outln!("events                    {}", s.events);
+    outln!("pools                     {} made, {} released", s.pools, s.pools_released);
+    outln!("pools across a chunk end  {} ({chunk_mib} MiB chunks)", s.pools_crossing_chunk_end);
+    outln!("chunks touched by pools   {}", s.chunks_touched);
+    outln!("chunks bound              {}", s.chunks_bound);
+    outln!(
+        "bindings                  {} ({} across a chunk end, {} distinct ends)",
+        s.binds,
+        s.binds_crossing_chunk_end,
+        s.chunk_ends_bound_across
+    );
+    outln!("commits                   {} ({:.1} MiB), {} decommits", s.commits, mib(s.committed_bytes), s.decommits);
+    outln!("guest writes              {} ({:.1} MiB)", s.writes, mib(s.write_bytes));
+    outln!("collects                  {} ({:.1} MiB of ranges)", s.collects, mib(s.collect_bytes));
+    outln!(
+        "guest sleeps              {} ({:.0}/s, {:.1} ms asked in all)",
+        s.sleeps_guest,
+        per_s(s.sleeps_guest),
+        s.sleep_guest_ns as f64 / 1e6
+    );
+    outln!(
+        "host sleeps               {} ({:.0}/s, {:.1} ms asked in all)",
+        s.sleeps_host,
+        per_s(s.sleeps_host),
+        s.sleep_host_ns as f64 / 1e6
+    );
+    outln!("threads                   render, {} game, {} host", s.game_threads, s.host_threads);
 }
 
 #[cfg(test)]

@@ -520,24 +520,40 @@ impl Synth {
         f * self.frame_us + splitmix(&mut x) % (self.frame_us / 25).max(1)
     }
 
-    /// One frame's events on every thread. Long, and kept in one piece on purpose: its draws from
-    /// the one generator come in a fixed order, and any change of that order changes every seed's
-    /// session (and the published figures of the built-in one).
+    /// One frame's events on every thread, in steps that draw from the one generator in a fixed
+    /// order (pools, bindings, writes, sleeps, times): any change of that order changes every
+    /// seed's session (and the published figures of the built-in one).
     fn generate_frame(&mut self) {
         let f = self.frame;
         let (t0, t1) = (self.frame_start(f), self.frame_start(f + 1));
         // Per thread, its events in order; times are given after.
         let mut render: Vec<Event> = Vec::new();
         let mut game: Vec<Vec<Event>> = vec![Vec::new(); usize::from(self.cfg.game_threads)];
+        self.frame_pools(f, &mut game[0]);
+        self.frame_binds(f, &mut render);
+        let watched = self.frame_collects(f, &mut render);
+        // Pools written in the frame before and not watched: collected in this one, so that every
+        // write has a collect after it to be judged by (the pools live on: see below).
+        let side = std::mem::take(&mut self.written)
+            .into_iter()
+            .map(|p| Event::Collect { lo: GuestAddr(self.pools[p].lo), size: self.pools[p].size })
+            .collect::<Vec<_>>();
+        self.frame_writes(f, &watched, &mut game);
+        let host = self.frame_sleeps(f, &mut game);
+        self.frame_times(f, (t0, t1), render, side, game, host);
+        self.frame += 1;
+    }
 
+    /// The frame's pool releases and makes, on the first game thread.
+    fn frame_pools(&mut self, f: u64, game0: &mut Vec<Event>) {
         // Pools made in the last frame may be used from this one; pools released in this one may not.
         self.live.append(&mut self.just_made);
         let releasing = self.releases.remove(&f).unwrap_or_default();
         self.live.retain(|p| !releasing.contains(p));
         for &p in &releasing {
             let (lo, size) = (GuestAddr(self.pools[p].lo), self.pools[p].size);
-            game[0].push(Event::Unpool { lo, size });
-            game[0].push(Event::Decommit { lo, size });
+            game0.push(Event::Unpool { lo, size });
+            game0.push(Event::Decommit { lo, size });
             let c = chunk_of(lo.0);
             self.chunk_pools[c].retain(|&q| q != p);
             self.occupied[c].retain(|&(a, _)| a != lo.0);
@@ -564,13 +580,16 @@ impl Synth {
         self.just_made.clone_from(&made);
         for &p in &made {
             let (lo, size) = (GuestAddr(self.pools[p].lo), self.pools[p].size);
-            game[0].push(Event::Commit { lo, size, prot: Prot::READ_WRITE });
-            game[0].push(Event::Pool { lo, size });
+            game0.push(Event::Commit { lo, size, prot: Prot::READ_WRITE });
+            game0.push(Event::Pool { lo, size });
             for c in chunk_of(lo.0)..=chunk_of(lo.0 + size - 1) {
                 self.chunk_pools[c].push(p);
             }
         }
+    }
 
+    /// The frame's bindings, on the render thread.
+    fn frame_binds(&mut self, f: u64, render: &mut Vec<Event>) {
         // Bindings: first ones, ends bound across, then random ones in chunks bound before.
         for c in self.first_bind.remove(&f).unwrap_or_default() {
             render.push(self.bind_in(c));
@@ -598,7 +617,10 @@ impl Synth {
                 self.active.push(c);
             }
         }
+    }
 
+    /// The frame's collects over watched pools, on the render thread; the pools watched.
+    fn frame_collects(&mut self, f: u64, render: &mut Vec<Event>) -> Vec<usize> {
         // Collects over watched pools, in turn.
         let watched: Vec<usize> = self.watched.iter().copied().filter(|&p| self.pools[p].made < f).collect();
         if !watched.is_empty() {
@@ -608,14 +630,11 @@ impl Synth {
                 render.push(Event::Collect { lo: GuestAddr(p.lo), size: p.size });
             }
         }
+        watched
+    }
 
-        // Pools written in the frame before and not watched: collected in this one, so that every
-        // write has a collect after it to be judged by (the pools live on: see below).
-        let side = std::mem::take(&mut self.written)
-            .into_iter()
-            .map(|p| Event::Collect { lo: GuestAddr(self.pools[p].lo), size: self.pools[p].size })
-            .collect::<Vec<_>>();
-
+    /// The frame's guest writes, on every game thread.
+    fn frame_writes(&mut self, f: u64, watched: &[usize], game: &mut [Vec<Event>]) {
         // Writes on every game thread; half into watched pools, half into pools that live on
         // through the next frame (its collect above).
         let lasting: Vec<usize> =
@@ -625,7 +644,7 @@ impl Synth {
             for events in game.iter_mut() {
                 for _ in 0..self.cfg.writes_per_thread_frame {
                     let p = if !watched.is_empty() && self.rng.next_u64() & 1 == 0 {
-                        self.rng.pick(&watched)
+                        self.rng.pick(watched)
                     } else if lasting.is_empty() {
                         // Every live pool is released next frame: no write (one draw, as a pick).
                         self.rng.next_u64();
@@ -646,7 +665,10 @@ impl Synth {
         }
 
         self.written = written;
+    }
 
+    /// The frame's guest sleeps on game threads 1.., and a host thread's sleeps (the same on each).
+    fn frame_sleeps(&mut self, f: u64, game: &mut [Vec<Event>]) -> Vec<Event> {
         // Guest sleeps on game threads 1..: idle loops of 20 us sleeps, the frame's share of the
         // rate, in one or two loops a thread.
         let fps = u64::from(self.cfg.fps);
@@ -667,7 +689,19 @@ impl Synth {
         let host: Vec<Event> = (0..self.cfg.host_sleeps_per_frame)
             .map(|_| Event::Sleep { kind: SleepKind::Host, ns: self.cfg.host_sleep_ns, count: 1 })
             .collect();
+        host
+    }
 
+    /// Gives the frame's events their times and queues them.
+    fn frame_times(
+        &mut self,
+        f: u64,
+        (t0, t1): (u64, u64),
+        render: Vec<Event>,
+        side: Vec<Event>,
+        game: Vec<Vec<Event>>,
+        host: Vec<Event>,
+    ) {
         // Times: the frame line at the frame's start, each thread's events in order after it.
         let mut out: Vec<Record> = vec![Record { t_us: t0, thread: Thread::Render, event: Event::Frame { index: f } }];
         let mut timed = |thread: Thread, events: Vec<Event>, rng: &mut Rng| {
@@ -687,7 +721,6 @@ impl Synth {
         }
         out.sort_by_key(|r| r.t_us);
         self.queue.extend(out);
-        self.frame += 1;
     }
 
     /// A binding inside a live pool's part of chunk `c`.

@@ -338,6 +338,33 @@ fn background(
     })
 }
 
+/// The host writer of the stress (background thread 0): writes a target page through
+/// [`Tracker::host_write`] and logs the write, until the log is full.
+fn host_writer(
+    pace: &Arc<Pace>,
+    targets: Arc<Vec<u64>>,
+    s: Arc<Space>,
+    t: Arc<Tracker>,
+    host_log: Arc<std::sync::Mutex<Vec<Write>>>,
+) -> JoinHandle<Result<u64, WatchError>> {
+    let pc = pace.clone();
+    let mut rng = Rng::new(4);
+    background(pace, 0, 8, move |i| {
+        let pg = rng.pick(&targets);
+        if host_log.lock().unwrap_or_else(|p| p.into_inner()).len() == 1 << 16 {
+            // The log is full (and must not grow at the map limit).
+            return Ok(());
+        }
+        let b = pc.before(pg);
+        t.host_write(s.range(pg * page_size(), page_size())?, || {
+            s.write(GuestAddr(pg * page_size() + 16), &i.to_le_bytes())
+        })??;
+        let w = pc.after(b, pg);
+        host_log.lock().unwrap_or_else(|p| p.into_inner()).push(w);
+        Ok(())
+    })
+}
+
 /// [`stress_with`] with every race on.
 pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport, WatchError> {
     stress_with(kind, StressConfig::new(writes_per_writer))
@@ -670,24 +697,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     pace.zone_armed.store(true, SeqCst);
     let writers: Vec<_> = (0..2u64).map(|w| writer(w, cfg, pace.clone(), targets.clone(), s.clone())).collect();
     let host_log = Arc::new(std::sync::Mutex::new(Vec::with_capacity(1 << 16)));
-    let host_writer = {
-        let (pc, targets, s, t, host_log) = (pace.clone(), targets.clone(), s.clone(), t.clone(), host_log.clone());
-        let mut rng = Rng::new(4);
-        background(&pace, 0, 8, move |i| {
-            let pg = rng.pick(&targets);
-            if host_log.lock().unwrap_or_else(|p| p.into_inner()).len() == 1 << 16 {
-                // The log is full (and must not grow at the map limit).
-                return Ok(());
-            }
-            let b = pc.before(pg);
-            t.host_write(s.range(pg * page_size(), page_size())?, || {
-                s.write(GuestAddr(pg * page_size() + 16), &i.to_le_bytes())
-            })??;
-            let w = pc.after(b, pg);
-            host_log.lock().unwrap_or_else(|p| p.into_inner()).push(w);
-            Ok(())
-        })
-    };
+    let host_writer = host_writer(&pace, targets.clone(), s.clone(), t.clone(), host_log.clone());
     let populator = populator(&pace, s.clone(), t.clone());
     let mutator = {
         let (s, t) = (s.clone(), t.clone());

@@ -3,16 +3,16 @@
 //! run is its own process (`emuhost prepare --json`), so its peak memory (VmHWM) and the driver's
 //! state are its own. Rounds alternate the worker counts; the table gives medians, the speed-up
 //! against 1 worker, and the rule's count (`prepare_workers`) for this build's allocator. Build
-//! once as is and once with `--features mimalloc` to cover both allocators.
+//! once as is and once with `--features mimalloc` to cover both allocators. The rounds and the
+//! cells are the lab's ([`emuhost_lab::bench::prepare`]); here the child processes and the printing.
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use emuhost_lab::bench::prepare::{Cell, PrepareRun, worker_counts};
 use serde_json::{Value, json};
 
-use super::{Arm, median};
 use crate::Outcome;
 use crate::prepare::{GenArgs, own_allocator};
 
@@ -89,43 +89,30 @@ fn child(a: &Args, workers: u64, cache: &std::path::Path) -> anyhow::Result<Valu
     })
 }
 
-/// One (worker count, cold or warm) cell over the rounds.
-#[derive(Default)]
-struct Cell {
-    total: Arm,
-    translate: Vec<f64>,
-    compile: Vec<f64>,
-    peak_mib: Vec<f64>,
-    hits: Vec<f64>,
-    pipelines: u64,
+/// What one `emuhost prepare --json` said, as the bench reads it.
+fn prepare_run(v: &Value) -> PrepareRun {
+    let f = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    PrepareRun {
+        total_ms: f("/total_ms"),
+        translate_ms: f("/translate/wall_ms"),
+        compile_ms: f("/compile/wall_ms"),
+        peak_rss_bytes: f("/peak_rss_bytes"),
+        cache_hits: f("/compile/cache_hits"),
+        pipelines: v.pointer("/compile/pipelines").and_then(Value::as_u64).unwrap_or(0),
+    }
 }
 
-impl Cell {
-    fn add(&mut self, v: &Value) {
-        let f = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
-        self.total.times.push(Duration::from_secs_f64(f("/total_ms") / 1e3));
-        self.translate.push(f("/translate/wall_ms"));
-        self.compile.push(f("/compile/wall_ms"));
-        self.peak_mib.push(f("/peak_rss_bytes") / (1u64 << 20) as f64);
-        self.hits.push(f("/compile/cache_hits"));
-        self.pipelines = v.pointer("/compile/pipelines").and_then(Value::as_u64).unwrap_or(0);
-    }
-
-    fn med(v: &[f64]) -> f64 {
-        median(&mut v.to_vec())
-    }
-
-    fn json(&self, base_ms: f64) -> Value {
-        json!({
-            "total_ms": self.total.median_ms(),
-            "translate_ms": Self::med(&self.translate),
-            "compile_ms": Self::med(&self.compile),
-            "speedup": base_ms / self.total.median_ms(),
-            "peak_mib": Self::med(&self.peak_mib),
-            "cache_hits": Self::med(&self.hits),
-            "pipelines": self.pipelines,
-        })
-    }
+/// A cell's medians as JSON, its speed-up against `base_ms`.
+fn cell_json(c: &Cell, base_ms: f64) -> Value {
+    json!({
+        "total_ms": c.total.median_ms(),
+        "translate_ms": Cell::med(&c.translate),
+        "compile_ms": Cell::med(&c.compile),
+        "speedup": base_ms / c.total.median_ms(),
+        "peak_mib": Cell::med(&c.peak_mib),
+        "cache_hits": Cell::med(&c.hits),
+        "pipelines": c.pipelines,
+    })
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
@@ -136,21 +123,14 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let usable = machine.usable_cpus() as u64;
     let (allocator, allocator_name) = own_allocator();
     let rule = machine.prepare_workers(allocator);
-    let mut counts = a.workers.clone();
-    if counts.is_empty() {
-        counts = std::iter::successors(Some(1u64), |n| Some(n * 2)).take_while(|n| *n < usable).collect();
-        counts.push(usable);
-        counts.push(rule.count as u64);
-    }
-    counts.sort_unstable();
-    counts.dedup();
+    let counts = worker_counts(&a.workers, usable, rule.count as u64);
     let (cold, warm, device) = measure(&a, &counts)?;
 
     let (cold_base, warm_base) = (cold[0].total.median_ms(), warm[0].total.median_ms());
     let rows: Vec<Value> = counts
         .iter()
         .enumerate()
-        .map(|(i, w)| json!({ "workers": w, "rule": *w == rule.count as u64, "cold": cold[i].json(cold_base), "warm": warm[i].json(warm_base) }))
+        .map(|(i, w)| json!({ "workers": w, "rule": *w == rule.count as u64, "cold": cell_json(&cold[i], cold_base), "warm": cell_json(&warm[i], warm_base) }))
         .collect();
     let corpus = match &a.corpus {
         Some(d) => json!({ "folder": d.display().to_string() }),
@@ -170,41 +150,35 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
 }
 
 /// Each worker count's cold and warm runs (each a child process, the counts alternated within
-/// each round) in a scratch folder, and the device they ran on.
+/// each round: [`emuhost_lab::bench::prepare::measure`]) in a scratch folder, and the device they
+/// ran on.
 fn measure(a: &Args, counts: &[u64]) -> anyhow::Result<(Vec<Cell>, Vec<Cell>, Value)> {
     let dir = std::env::temp_dir().join(format!("emuhost-bench-prepare-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
     let cache = dir.join("pipelines.vkpc");
     let journal = dir.join("pipelines.vkpc.journal");
-    let mut cold: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
-    let mut warm: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
     let mut device = Value::Null;
-    let result = (|| -> anyhow::Result<()> {
-        for r in 0..a.rounds as usize {
-            for k in 0..counts.len() {
-                let i = (r + k) % counts.len();
-                let _ = std::fs::remove_file(&cache);
-                let _ = std::fs::remove_file(&journal);
-                let c = child(a, counts[i], &cache)?;
-                device = c["device"].clone();
-                cold[i].add(&c);
-                let w = child(a, counts[i], &cache)?;
-                warm[i].add(&w);
-                if !a.json {
-                    eprintln!(
-                        "round {} workers {:>3}: cold {:>9.1} ms, warm {:>9.1} ms",
-                        r + 1,
-                        counts[i],
-                        c["total_ms"].as_f64().unwrap_or(f64::NAN),
-                        w["total_ms"].as_f64().unwrap_or(f64::NAN)
-                    );
-                }
-            }
+    let run = |workers, cold| {
+        let v = child(a, workers, &cache)?;
+        if cold {
+            device = v["device"].clone();
         }
-        Ok(())
-    })();
+        anyhow::Ok(prepare_run(&v))
+    };
+    let done = |r: usize, workers: u64, c: &PrepareRun, w: &PrepareRun| {
+        if !a.json {
+            eprintln!(
+                "round {} workers {:>3}: cold {:>9.1} ms, warm {:>9.1} ms",
+                r + 1,
+                workers,
+                c.total_ms,
+                w.total_ms
+            );
+        }
+    };
+    let result = emuhost_lab::bench::prepare::measure(a.rounds, counts, (&cache, &journal), run, done);
     let _ = std::fs::remove_dir_all(&dir);
-    result?;
+    let (cold, warm) = result?;
     Ok((cold, warm, device))
 }
 

@@ -7,10 +7,12 @@
 //! - [`watch`]: collect costs per backend and over the bare kernel, and the no-lost-writes stress.
 //! - [`import`]: untouched against populated imports, a session through the importer, collects
 //!   beside commits and pins, a small import beside background ones.
+//! - [`prepare`]: the preparation at 1, 2, 4 ... N workers, cold and warm cache.
 //! - [`sched`]: short sleeps by every way to wait, a frame thread beside sleepers, and a
 //!   compile-like job at 1, 2, 4 ... N workers.
 
 pub mod import;
+pub mod prepare;
 pub mod sched;
 pub mod space;
 pub mod watch;

@@ -7,7 +7,7 @@
 //!   figures and the check that no guest write was lost.
 //! - [`soak`]: the check of replays looped in one process: memory flat, nothing left live.
 //! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
-//! - [`bench`]: the measurements of `emuhost bench` (arms, rounds, medians, ratios).
+//! - [`bench`](mod@bench): the measurements of `emuhost bench` (arms, rounds, medians, ratios).
 //! - [`rng`]: the workspace's one deterministic generator (sessions, corpora, stress, benches).
 #![deny(unsafe_code)]
 

@@ -2,7 +2,6 @@
 //! userfaultfd's features, and whether `PAGEMAP_SCAN` and `PROCMAP_QUERY` answer.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
 
 use super::uapi::*;
 
@@ -20,20 +19,6 @@ pub use super::sched::affinity_cpus;
 pub fn strict_overcommit() -> bool {
     static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *STRICT.get_or_init(|| std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() == "2"))
-}
-
-/// Opens a userfaultfd that handles user-mode faults only (no privilege needed for that).
-pub fn userfaultfd() -> io::Result<OwnedFd> {
-    if let Some(errno) = crate::sys::hooks::uffd_errno() {
-        return Err(io::Error::from_raw_os_error(errno));
-    }
-    // SAFETY: the userfaultfd system call takes flags only and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a descriptor the kernel just returned to us, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 pub use super::uffd::features as userfaultfd_features;

@@ -11,19 +11,33 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use super::uapi::*;
 use crate::sys::counters::{Call, count};
 
-/// A descriptor that `userfaultfd(2)` returned ([`super::probe::userfaultfd`]): the only kind the
+/// Opens a userfaultfd that handles user-mode faults only (no privilege needed for that).
+pub fn userfaultfd() -> io::Result<OwnedFd> {
+    if let Some(errno) = crate::sys::hooks::uffd_errno() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    // SAFETY: the userfaultfd system call takes flags only and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor the kernel just returned to us, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A descriptor that `userfaultfd(2)` returned ([`userfaultfd`]): the only kind the
 /// `UFFDIO_*` ioctls are sent to.
 #[derive(Debug)]
 struct UffdFd(OwnedFd);
 
 impl UffdFd {
     fn open() -> io::Result<Self> {
-        super::probe::userfaultfd().map(Self)
+        userfaultfd().map(Self)
     }
 
     /// `UFFDIO_API`: enables `features` (none: only asks); returns the features the kernel offers.

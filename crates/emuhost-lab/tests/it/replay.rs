@@ -116,6 +116,7 @@ fn the_pools_policy_serves_every_binding_with_no_reimport() {
         untouched_per_mib: Duration::from_millis(1),
         populated_per_mib: Duration::from_millis(1),
     };
+    c.settings.import.policy = ImportPolicyName::Pools;
     c.settings.import.pools = PoolsConfig::default().cost(Some(cost)).ahead_piece(0);
     let r = run(SMALL, &c).unwrap();
     // The binding across 0x1002000000 may come before the 2 MiB pool is whole: its part then

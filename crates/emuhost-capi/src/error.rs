@@ -153,8 +153,6 @@ fn import_code(e: &ImportError) -> u32 {
         ImportError::Cooling { .. } | ImportError::Import { .. } | ImportError::Budget { .. } => EMUHOST_ERROR_REFUSED,
         ImportError::Unavailable { .. } => EMUHOST_ERROR_UNAVAILABLE,
         ImportError::Vulkan { .. } | ImportError::Cuda { .. } | ImportError::Verify { .. } => EMUHOST_ERROR_DEVICE,
-        ImportError::Os { .. } => EMUHOST_ERROR_OS,
-        ImportError::BadBackendName(_) | ImportError::BadSwitch { .. } => EMUHOST_ERROR_SETTING,
         // What the import module may add (its errors are `#[non_exhaustive]`).
         _ => EMUHOST_ERROR_OTHER,
     }

@@ -106,10 +106,16 @@ fn replay_reports_json_csv_and_a_plot() {
     // At most one: the binding across 0x1002000000 may come before its pool is whole, and its
     // part then runs across the part the binding before it imported.
     assert!(v["reimports"].as_u64() <= Some(1), "{v}");
-    // The two pools (10 MiB) and the bindings' parts (two granules at most each, a granule at
-    // most 1 MiB within the 400 us wait at any pin cost seen).
+    // The two pools (10 MiB), the 64 KiB by which the 8 MiB pool's two 4 MiB pieces overlap (a
+    // piece reaches over the next by the largest binding, 64 KiB at least), and the bindings'
+    // parts: two granules at most each, a granule the largest power of two of MiB (1 at least)
+    // whose untouched pin fits the 400 us wait at the cost measured here. (Counting neither the
+    // overlap nor a 2 MiB granule, which a machine pinning faster than 200 us/MiB gives, the
+    // bound failed now and then.)
     let parts = f(&v, "import_pieces");
-    assert!(f(&v, "live_import_mib_end") <= 10.0 + 2.0 * parts, "{v}");
+    let untouched_us: f64 = v["import_cost_us"].as_str().and_then(|c| c.split(',').nth(1)?.parse().ok()).unwrap();
+    let granule = (400.0 / untouched_us.max(1.0)).log2().floor().exp2().max(1.0);
+    assert!(f(&v, "live_import_mib_end") <= 10.0 + 0.0625 + 2.0 * granule * parts, "{v}");
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
     // How many changes waited for a background populate or pin, and how many bindings for an
     // import in flight, depend on the interleaving.

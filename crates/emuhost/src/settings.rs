@@ -17,6 +17,18 @@ use crate::watch::{BackendKind, TrackerConfig, VERIFY_SWITCH};
 /// The switch that forces a write-tracking backend ([`TrackerConfig::backend`]).
 pub const WATCH_SWITCH: &str = "EMUHOST_WATCH";
 
+/// Reads an `EMUHOST_IMPORT_BACKEND` value (trimmed, any case; empty is `auto`).
+pub fn parse_import_backend(value: &str) -> Result<BackendChoice, String> {
+    use crate::import::BackendKind as Kind;
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => Ok(BackendChoice::Auto),
+        "vulkan" => Ok(BackendChoice::Only(Kind::Vulkan)),
+        "cuda" => Ok(BackendChoice::Only(Kind::Cuda)),
+        "pin" => Ok(BackendChoice::Only(Kind::Pin)),
+        _ => Err(format!("EMUHOST_IMPORT_BACKEND={value:?}: expected auto, vulkan, cuda or pin")),
+    }
+}
+
 /// Reads an `EMUHOST_WATCH` value (trimmed, any case; empty is unset): the backend it forces.
 pub fn parse_watch(value: &str) -> Result<Option<BackendKind>, String> {
     let bad = |why| format!("{WATCH_SWITCH}={value:?} {why}");
@@ -218,7 +230,7 @@ pub const SETTINGS: &[Switch] = &[
         default: "`auto`",
         doc: "`auto` (Vulkan, then CUDA, then pin), `vulkan`, `cuda` or `pin`",
         apply: |s, v| {
-            s.import_backend = v.parse().map_err(|e: crate::import::ImportError| e.to_string())?;
+            s.import_backend = parse_import_backend(v)?;
             Ok(())
         },
     },
@@ -547,6 +559,16 @@ pub fn import_cost_value(cost: &ImportCost) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_names_parse() {
+        use crate::import::BackendKind;
+        assert_eq!(parse_import_backend("").unwrap(), BackendChoice::Auto);
+        assert_eq!(parse_import_backend(" Vulkan ").unwrap(), BackendChoice::Only(BackendKind::Vulkan));
+        assert_eq!(parse_import_backend("pin").unwrap(), BackendChoice::Only(BackendKind::Pin));
+        let e = parse_import_backend("gl").unwrap_err();
+        assert_eq!(e, "EMUHOST_IMPORT_BACKEND=\"gl\": expected auto, vulkan, cuda or pin");
+    }
 
     #[test]
     fn switch_values() {

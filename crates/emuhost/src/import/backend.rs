@@ -279,20 +279,6 @@ pub enum BackendChoice {
     Only(BackendKind),
 }
 
-impl std::str::FromStr for BackendChoice {
-    type Err = ImportError;
-
-    fn from_str(s: &str) -> Result<Self, ImportError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(BackendChoice::Auto),
-            "vulkan" => Ok(BackendChoice::Only(BackendKind::Vulkan)),
-            "cuda" => Ok(BackendChoice::Only(BackendKind::Cuda)),
-            "pin" => Ok(BackendChoice::Only(BackendKind::Pin)),
-            _ => Err(ImportError::BadBackendName(s.to_string())),
-        }
-    }
-}
-
 /// Any of the backends, chosen at run time.
 #[derive(Debug)]
 pub enum AnyBackend {
@@ -488,13 +474,5 @@ mod tests {
         b.give(60);
         b.take(50).unwrap();
         assert_eq!((b.count, b.bytes), (2, 90));
-    }
-
-    #[test]
-    fn backend_names_parse() {
-        assert_eq!("".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
-        assert_eq!(" Vulkan ".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Vulkan));
-        assert_eq!("pin".parse::<BackendChoice>().unwrap(), BackendChoice::Only(BackendKind::Pin));
-        assert!(matches!("gl".parse::<BackendChoice>(), Err(ImportError::BadBackendName(_))));
     }
 }

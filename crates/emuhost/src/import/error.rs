@@ -56,23 +56,17 @@ pub enum ImportError {
     Vulkan { op: &'static str, code: ash::vk::Result },
     #[error("{op} failed: CUDA error {code} ({name})")]
     Cuda { op: &'static str, code: u32, name: String },
-    #[error("{op} {addr:#x}+{len:#x} failed")]
-    Os {
-        op: &'static str,
-        addr: u64,
-        len: u64,
-        #[source]
-        source: io::Error,
-    },
     #[error("start-up check of the {backend} backend: {what}")]
     Verify { backend: &'static str, what: String },
-    #[error("EMUHOST_IMPORT_BACKEND={0:?}: expected auto, vulkan, cuda or pin")]
-    BadBackendName(String),
-    #[error("{name}={value:?}: {why}")]
-    BadSwitch { name: &'static str, value: String, why: &'static str },
 }
 
 impl ImportError {
+    /// An OS call of an import (`op` over guest `addr+len`) failed: the space's error of that
+    /// kind ([`SpaceError::Os`]), one home for an OS failure over guest memory.
+    pub(crate) fn os(op: &'static str, addr: u64, len: u64, source: io::Error) -> Self {
+        ImportError::Space(SpaceError::os(op, addr, len, source))
+    }
+
     /// Whether this is the importer refusing one binding at run time (the driver failed the
     /// import, or the range is cooling after it did) rather than a bad binding or setting: a
     /// caller goes on without the import.

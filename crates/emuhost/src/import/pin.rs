@@ -81,7 +81,7 @@ impl Backend for Pin {
             // SAFETY: the same held range, which the failed lock may have partly pinned.
             let _ = unsafe { sys::unlock(span.addr(), span.len()) };
             self.budget.give(span.len() as u64);
-            return Err(ImportError::Os { op: "mlock", addr: span.addr() as u64, len: span.len() as u64, source });
+            return Err(ImportError::os("mlock", span.addr() as u64, span.len() as u64, source));
         }
         Ok(Pinned { span, budget: self.budget.clone() })
     }
@@ -95,7 +95,7 @@ impl Backend for Pin {
         match sys::resident(s.addr(), s.len()) {
             Ok(true) => Ok(()),
             Ok(false) => Err(ImportError::Verify { backend: "pin", what: "a pinned page is not resident".into() }),
-            Err(source) => Err(ImportError::Os { op: "mincore", addr: s.addr() as u64, len: s.len() as u64, source }),
+            Err(source) => Err(ImportError::os("mincore", s.addr() as u64, s.len() as u64, source)),
         }
     }
 }

@@ -107,7 +107,7 @@ impl<B: Backend + 'static> Importer<B> {
                 (cost, granule)
             }
         };
-        let os = |op| move |source| ImportError::Os { op, addr: 0, len: 0, source };
+        let os = |op| move |source| ImportError::os(op, 0, 0, source);
         let state = State::new(cost, granule);
         let core = Arc::new(Core {
             space,

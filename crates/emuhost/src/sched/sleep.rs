@@ -365,7 +365,8 @@ impl<H: SchedHost> Sleeper<H> {
 }
 
 /// The process's sleeper on the real machine, with the switch unset (the rule by processor
-/// count, decided once per process). A sleeper with settings: [`SleeperBuilder::from_settings`].
+/// count, decided once per process). A sleeper with settings:
+/// [`Settings::sleeper_builder`](crate::settings::Settings::sleeper_builder).
 pub fn sleeper() -> &'static Sleeper<OsHost> {
     static SLEEPER: OnceLock<Sleeper<OsHost>> = OnceLock::new();
     SLEEPER.get_or_init(|| SleeperBuilder::default().build(OsHost))

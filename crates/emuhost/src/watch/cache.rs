@@ -19,7 +19,8 @@
 use std::sync::Arc;
 
 use super::bitmap::{Bits, set_bits, word_mask};
-use super::{Inner, Read, Reader, Scratch, Tracker, WatchError};
+use super::read::{Read, Reader, Scratch};
+use super::{Inner, Tracker, WatchError};
 use crate::space::{GuestRange, page_size};
 
 /// What a [`Tracker::collect_into`] (or a query, or a consumer's) reported.

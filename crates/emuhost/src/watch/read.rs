@@ -247,6 +247,14 @@ impl Tracker {
             sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
             merge(&mut sc.runs, a, b);
         }
+        Self::hand_out(inner, (a, b), (how, who), sc);
+        Ok(())
+    }
+
+    /// Hands out what a read of `a..b` found: a collect takes the pending pages and adds its
+    /// result to every consumer's pending pages; once the tracker has had a consumer, its own
+    /// read's result is its own pending pages.
+    fn hand_out(inner: &mut Inner, (a, b): (u64, u64), (how, who): (Read, Reader), sc: &mut Scratch) {
         if how == Read::Collect {
             inner.pending.remove(a, b, |_, _, _| ());
             for c in inner.consumers.iter_mut().chain(inner.own.as_mut()) {
@@ -268,7 +276,6 @@ impl Tracker {
                 }
             }
         }
-        Ok(())
     }
 
     /// Section pages shown at several armed addresses (aliases): a write through one is reported

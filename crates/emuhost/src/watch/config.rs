@@ -97,7 +97,7 @@ pub fn self_test_with(kind: BackendKind, config: &TrackerConfig) -> Result<(), W
     Ok(())
 }
 
-/// How a tracker is made ([`Tracker::with_config`]). [`Default`]: the backend chosen by
+/// How a tracker is made ([`Tracker::new`]). [`Default`]: the backend chosen by
 /// self-test, verify mode off, emuhost's own `SIGSEGV` handler.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -75,8 +75,12 @@ impl Observer for Core {
             inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
         }
         let host = |x: u64| space.host_base() + x as usize;
-        // Pages a disarm gave back and the space changed since: their faults are the guest's.
-        self.backend.unstale(host(a), host(b));
+        // Pages a disarm gave back and the space made unwritable since: their faults are the
+        // guest's. A change that leaves them writable keeps them stale: a write that faulted
+        // before the disarm may still be on its way to the handler, and its retry lands.
+        if !prot.write {
+            self.backend.unstale(host(a), host(b));
+        }
         let pieces: Vec<(u64, u64)> = inner.armed.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)).collect();
         for (s, e) in pieces {
             let (hs, he) = (host(s), host(e));

@@ -448,8 +448,11 @@ fn handle(addr: usize, only: Option<&TableKey>) -> bool {
         })
     };
     // An armed page of a live table first; else a page a disarm just gave back, claimed once.
-    if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0) {
-        return unprotect(table, addr & !((1usize << table.shift) - 1));
+    // A disarm may take the page between the two looks: then it is stale by the second.
+    if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0)
+        && unprotect(table, addr & !((1usize << table.shift) - 1))
+    {
+        return true;
     }
     tables().any(|(_, s)| s.fetch_and(!STALE, SeqCst) & STALE != 0)
 }

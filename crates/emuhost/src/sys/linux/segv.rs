@@ -448,14 +448,28 @@ fn handle(addr: usize, only: Option<&TableKey>) -> bool {
         })
     };
     // An armed page of a live table first; else a page a disarm just gave back, claimed once.
-    // A disarm may take the page between the two looks: then it is stale by the second.
-    if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0)
-        && unprotect(table, addr & !((1usize << table.shift) - 1))
-    {
-        return true;
+    // Arms and disarms of this very page may change it between a look and the act on it (a
+    // disarm takes it before its mark, an arm takes the stale mark back): then look again, a
+    // bounded number of times, and refuse only a page that is neither armed nor stale.
+    for _ in 0..LOOKS {
+        if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0) {
+            if unprotect(table, addr & !((1usize << table.shift) - 1)) {
+                return true;
+            }
+            continue;
+        }
+        if tables().any(|(_, s)| s.fetch_and(!STALE, SeqCst) & STALE != 0) {
+            return true;
+        }
+        if tables().all(|(t, s)| t.is_dead() || s.load(SeqCst) & ARMED == 0) {
+            return false;
+        }
     }
-    tables().any(|(_, s)| s.fetch_and(!STALE, SeqCst) & STALE != 0)
+    false
 }
+
+/// How many times [`handle`] looks at a page that arms and disarms keep changing under it.
+const LOOKS: usize = 8;
 
 /// The fault at host address `addr`, for the tables `only` allows: whether it was ours (the
 /// page was armed and is now writable and marked, or it is the first fault on a page a disarm

@@ -154,14 +154,17 @@ fn a_query_reports_without_taking(kind: BackendKind) {
     assert_eq!(c.page_addrs(), vec![GuestAddr(p())]);
 }
 
+/// A consumer's collect of `r` (at most 128 pages) into words, as the set bits' numbers.
+fn take(c: &watch::Consumer, r: GuestRange) -> Vec<u64> {
+    let mut words = [0u64; 2];
+    c.collect_into(r, p(), &mut words).unwrap();
+    bits(&words)
+}
+
 fn two_consumers_both_see_every_write(kind: BackendKind) {
     let Some((s, t, r)) = setup(kind, 128) else { return };
     let (buffers, textures) = (t.consumer(), t.consumer());
-    let take = |c: &watch::Consumer| {
-        let mut words = [0u64; 2];
-        c.collect_into(r, p(), &mut words).unwrap();
-        bits(&words)
-    };
+    let take = |c: &watch::Consumer| take(c, r);
     poke(&s, 5);
     assert_eq!(take(&buffers), vec![5]);
     poke(&s, 6);
@@ -212,11 +215,7 @@ fn two_consumers_both_see_every_write(kind: BackendKind) {
 fn every_reader_sees_every_write_whatever_the_order(kind: BackendKind) {
     let Some((s, t, r)) = setup(kind, 128) else { return };
     let (buffers, textures) = (t.consumer(), t.consumer());
-    let take = |c: &watch::Consumer| {
-        let mut words = [0u64; 2];
-        c.collect_into(r, p(), &mut words).unwrap();
-        bits(&words)
-    };
+    let take = |c: &watch::Consumer| take(c, r);
     let own = || -> Vec<u64> { t.collect(r).unwrap().page_addrs().iter().map(|a| a.0 / p()).collect() };
     let own_into = || {
         let mut words = [0u64; 2];

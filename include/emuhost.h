@@ -144,15 +144,21 @@
 // unsigned, is `EMUHOST_ERROR_INVALID_ARGUMENT`.
 #define EMUHOST_SLEEP_MAX_NS 1000000000
 
-// The backend the self-test picks (userfaultfd, then mprotect), or the one `EMUHOST_WATCH` in
-// the settings forces.
+// The backend the self-test picks (Linux: userfaultfd, then mprotect; Windows: write watch, then
+// guard), or the one `EMUHOST_WATCH` in the settings forces.
 #define EMUHOST_WATCH_AUTO 0
 
 // userfaultfd write-protect (async) read by `PAGEMAP_SCAN` (Linux 6.7+).
 #define EMUHOST_WATCH_UFFD 1
 
-// `mprotect` and a `SIGSEGV` handler (portable).
+// `mprotect` and a `SIGSEGV` handler (Linux).
 #define EMUHOST_WATCH_MPROTECT 2
+
+// `MEM_WRITE_WATCH` allocations read by `GetWriteWatch` (Windows).
+#define EMUHOST_WATCH_WRITEWATCH 3
+
+// `VirtualProtect` and a vectored exception handler (Windows; views and adopted memory).
+#define EMUHOST_WATCH_GUARD 4
 
 // Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV`. emuhost installs no handler (not
 // even for its self-test); the embedder's handler calls [`emuhost_handle_fault`] (or

@@ -13,13 +13,17 @@ use crate::handle::{self, Kind};
 use crate::settings::emuhost_settings_t;
 use crate::space::emuhost_space_t;
 
-/// The backend the self-test picks (userfaultfd, then mprotect), or the one `EMUHOST_WATCH` in
-/// the settings forces.
+/// The backend the self-test picks (Linux: userfaultfd, then mprotect; Windows: write watch, then
+/// guard), or the one `EMUHOST_WATCH` in the settings forces.
 pub const EMUHOST_WATCH_AUTO: u32 = 0;
 /// userfaultfd write-protect (async) read by `PAGEMAP_SCAN` (Linux 6.7+).
 pub const EMUHOST_WATCH_UFFD: u32 = 1;
-/// `mprotect` and a `SIGSEGV` handler (portable).
+/// `mprotect` and a `SIGSEGV` handler (Linux).
 pub const EMUHOST_WATCH_MPROTECT: u32 = 2;
+/// `MEM_WRITE_WATCH` allocations read by `GetWriteWatch` (Windows).
+pub const EMUHOST_WATCH_WRITEWATCH: u32 = 3;
+/// `VirtualProtect` and a vectored exception handler (Windows; views and adopted memory).
+pub const EMUHOST_WATCH_GUARD: u32 = 4;
 
 /// A write tracker on a space (opaque); one per space.
 ///
@@ -53,7 +57,11 @@ fn kind_of(backend: u32) -> Result<Option<BackendKind>, Error> {
         EMUHOST_WATCH_AUTO => Ok(None),
         EMUHOST_WATCH_UFFD => Ok(Some(BackendKind::Uffd)),
         EMUHOST_WATCH_MPROTECT => Ok(Some(BackendKind::Mprotect)),
-        _ => Err(Error::invalid(format!("backend {backend} is not one of EMUHOST_WATCH_AUTO, _UFFD, _MPROTECT"))),
+        EMUHOST_WATCH_WRITEWATCH => Ok(Some(BackendKind::WriteWatch)),
+        EMUHOST_WATCH_GUARD => Ok(Some(BackendKind::Guard)),
+        _ => Err(Error::invalid(format!(
+            "backend {backend} is not one of EMUHOST_WATCH_AUTO, _UFFD, _MPROTECT, _WRITEWATCH, _GUARD"
+        ))),
     }
 }
 
@@ -61,6 +69,8 @@ fn code_of(kind: BackendKind) -> u32 {
     match kind {
         BackendKind::Uffd => EMUHOST_WATCH_UFFD,
         BackendKind::Mprotect => EMUHOST_WATCH_MPROTECT,
+        BackendKind::WriteWatch => EMUHOST_WATCH_WRITEWATCH,
+        BackendKind::Guard => EMUHOST_WATCH_GUARD,
     }
 }
 

@@ -25,23 +25,31 @@ fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String
 pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let p = Probe::run();
     let tracking = watch::choose(&settings.tracker_config());
-    let tried: Vec<(String, String)> = [watch::BackendKind::Uffd, watch::BackendKind::Mprotect]
+    let tried: Vec<(String, String)> = watch::BackendKind::AUTO
         .into_iter()
         .map(|k| (k.name().to_string(), watch::self_test(k).map_or_else(|e| e.to_string(), |_| "passes".to_string())))
         .collect();
     let import = import_backend(settings.import_backend);
     if as_json {
-        let v = json!({
-            "kernel": p.kernel,
-            "page_size": p.page_size,
-            "cpus": offer(&p.cpus),
+        #[cfg(target_os = "linux")]
+        let platform = json!({
             "uffd_features": offer(&p.uffd_features),
             "uffd_wp_async": p.uffd_wp_async(),
             "uffd_wp_unpopulated": p.uffd_wp_unpopulated(),
             "pagemap_scan": offer(&p.pagemap_scan),
             "procmap_query": offer(&p.procmap_query),
-            "region_queries": offer(&p.region_queries),
             "thp": p.thp,
+        });
+        #[cfg(windows)]
+        let platform = json!({
+            "placeholders": offer(&p.placeholders),
+            "write_watch": offer(&p.write_watch),
+        });
+        let mut v = json!({
+            "kernel": p.kernel,
+            "page_size": p.page_size,
+            "cpus": offer(&p.cpus),
+            "region_queries": offer(&p.region_queries),
             "watch": match &tracking {
                 Ok(c) => json!({ "backend": c.kind.name(), "why": c.why }),
                 Err(e) => json!({ "backend": null, "why": e.to_string() }),
@@ -49,22 +57,34 @@ pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
             "watch_self_tests": tried.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "import": import.json,
         });
+        if let (Some(v), serde_json::Value::Object(more)) = (v.as_object_mut(), platform) {
+            v.extend(more);
+        }
         outln!("{v}");
     } else {
         outln!("kernel            {}", p.kernel);
         outln!("page size         {} bytes", p.page_size);
         outln!("logical CPUs      {} (in this process's affinity mask)", text(&p.cpus, |n| n.to_string()));
-        outln!(
-            "userfaultfd       {}",
-            text(&p.uffd_features, |f| format!(
-                "features {f:#x}; WP_ASYNC {}, WP_UNPOPULATED {}",
-                yes(p.uffd_wp_async()),
-                yes(p.uffd_wp_unpopulated())
-            ))
-        );
-        outln!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
-        outln!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes".into()));
+        #[cfg(target_os = "linux")]
+        {
+            outln!(
+                "userfaultfd       {}",
+                text(&p.uffd_features, |f| format!(
+                    "features {f:#x}; WP_ASYNC {}, WP_UNPOPULATED {}",
+                    yes(p.uffd_wp_async()),
+                    yes(p.uffd_wp_unpopulated())
+                ))
+            );
+            outln!("PAGEMAP_SCAN      {}", text(&p.pagemap_scan, |_| "yes".into()));
+            outln!("PROCMAP_QUERY     {}", text(&p.procmap_query, |_| "yes".into()));
+        }
+        #[cfg(windows)]
+        {
+            outln!("placeholders      {}", text(&p.placeholders, |_| "yes".into()));
+            outln!("write watch       {}", text(&p.write_watch, |_| "yes".into()));
+        }
         outln!("region queries    {}", text(&p.region_queries, |s| s.to_string()));
+        #[cfg(target_os = "linux")]
         outln!("THP               {}", p.thp.as_deref().unwrap_or("not in this kernel"));
         match &tracking {
             Ok(c) => outln!("write tracking    {} ({})", c.kind.name(), c.why),

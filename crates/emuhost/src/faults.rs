@@ -35,6 +35,7 @@ use std::sync::{Arc, OnceLock};
 mod common;
 pub use common::*;
 
+#[cfg(target_os = "linux")]
 pub use crate::sys::faults::ForeignPage;
 
 /// Whether this build can inject faults.
@@ -138,6 +139,7 @@ pub enum UffdFault {
 }
 
 impl UffdFault {
+    #[cfg(target_os = "linux")]
     pub fn errno(self) -> i32 {
         match self {
             UffdFault::Eperm => libc::EPERM,
@@ -343,6 +345,9 @@ pub(crate) fn panic_at_commit() {
 
 /// The error opening a userfaultfd must fail with, if any.
 pub(crate) fn uffd_errno() -> Option<i32> {
+    #[cfg(not(target_os = "linux"))]
+    return None;
+    #[cfg(target_os = "linux")]
     let a = active()?;
     let f = a.plan.uffd?;
     a.uffd_failed.fetch_add(1, Relaxed);
@@ -367,6 +372,7 @@ pub(crate) fn unfaulted<R>(f: impl FnOnce() -> R) -> R {
 /// Called just before emuhost installs its `SIGSEGV` handler: with `EMUHOST_FAULT_FOREIGN_SEGV=1`
 /// the foreign handler goes in first.
 pub(crate) fn before_segv_install() {
+    #[cfg(target_os = "linux")]
     if process().foreign
         && let Err(e) = ForeignPage::install()
     {
@@ -380,6 +386,9 @@ pub(crate) fn at_collect() -> io::Result<()> {
     if !process().foreign {
         return Ok(());
     }
+    #[cfg(not(target_os = "linux"))]
+    return Err(io::Error::new(io::ErrorKind::Unsupported, "a foreign fault handler is injected on Linux only"));
+    #[cfg(target_os = "linux")]
     let page = ForeignPage::install()?;
     let (calls, resolved) = (page.calls(), page.resolved());
     if page.touch(0x5a)? != 0x5a {

@@ -1,8 +1,11 @@
-//! What this machine offers the runtime: the kernel, the page size, userfaultfd's features,
-//! `PAGEMAP_SCAN`, `PROCMAP_QUERY` (and which way region queries go), transparent huge pages and the logical processors in the
-//! affinity mask. Each later part adds what it chose and why.
+//! What this machine offers the runtime: the OS release, the page size, the logical processors in
+//! the affinity mask and which way region queries go; on Linux userfaultfd's features,
+//! `PAGEMAP_SCAN`, `PROCMAP_QUERY` and transparent huge pages; on Windows placeholders and write
+//! watch. Each later part adds what it chose and why.
 
-use crate::sys::{probe as sys, uapi};
+use crate::sys::probe as sys;
+#[cfg(target_os = "linux")]
+use crate::sys::uapi;
 
 /// One capability: present, or absent with the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,44 +26,67 @@ impl<T> Offer<T> {
 /// The machine, as the runtime sees it.
 #[derive(Clone, Debug)]
 pub struct Probe {
+    /// The kernel's release (Linux), or Windows' version (and Wine's, under Wine).
     pub kernel: String,
     pub page_size: u64,
     /// Logical processors in this process's affinity mask.
     pub cpus: Offer<usize>,
     /// userfaultfd's feature bits (`UFFDIO_API`).
+    #[cfg(target_os = "linux")]
     pub uffd_features: Offer<u64>,
+    #[cfg(target_os = "linux")]
     pub pagemap_scan: Offer<()>,
+    #[cfg(target_os = "linux")]
     pub procmap_query: Offer<()>,
-    /// How region queries are answered here: `PROCMAP_QUERY`, or the `/proc/self/maps` text.
+    /// How region queries are answered here: `PROCMAP_QUERY`, or the `/proc/self/maps` text
+    /// (Linux); `VirtualQuery` (Windows).
     pub region_queries: Offer<&'static str>,
     /// Transparent huge pages: `always`, `madvise` or `never`.
+    #[cfg(target_os = "linux")]
     pub thp: Option<String>,
+    /// Placeholders (`VirtualAlloc2` with `MEM_RESERVE_PLACEHOLDER`, Windows 10 1803+): without
+    /// them a space has no views.
+    #[cfg(windows)]
+    pub placeholders: Offer<()>,
+    /// `MEM_WRITE_WATCH` with `GetWriteWatch`, reporting exactly a written page.
+    #[cfg(windows)]
+    pub write_watch: Offer<()>,
 }
 
 impl Probe {
     pub fn run() -> Probe {
         Probe {
-            kernel: sys::kernel_release(),
+            kernel: sys::os_release(),
             page_size: crate::space::page_size(),
             cpus: Offer::from(sys::affinity_cpus()),
+            #[cfg(target_os = "linux")]
             uffd_features: Offer::from(sys::userfaultfd_features()),
+            #[cfg(target_os = "linux")]
             pagemap_scan: Offer::from(sys::pagemap_scan()),
+            #[cfg(target_os = "linux")]
             procmap_query: Offer::from(sys::procmap_query()),
             region_queries: Offer::from(
                 crate::sys::query::Maps::open(crate::faults::no_procmap_query())
                     .and_then(|m| m.path())
                     .map(|p| p.name()),
             ),
+            #[cfg(target_os = "linux")]
             thp: sys::thp_mode(),
+            #[cfg(windows)]
+            placeholders: Offer::from(crate::sys::mm::placeholders()),
+            #[cfg(windows)]
+            write_watch: Offer::from(sys::write_watch()),
         }
     }
 
     /// Whether userfaultfd offers asynchronous write-protect (`UFFD_FEATURE_WP_ASYNC`).
+    #[cfg(target_os = "linux")]
     pub fn uffd_wp_async(&self) -> bool {
         matches!(self.uffd_features, Offer::Yes(f) if f & uapi::UFFD_FEATURE_WP_ASYNC != 0)
     }
 
     /// Whether write-protect works on pages never touched (`UFFD_FEATURE_WP_UNPOPULATED`).
+    #[cfg(target_os = "linux")]
     pub fn uffd_wp_unpopulated(&self) -> bool {
         matches!(self.uffd_features, Offer::Yes(f) if f & uapi::UFFD_FEATURE_WP_UNPOPULATED != 0)
     }

@@ -31,16 +31,23 @@ pub fn parse_import_backend(value: &str) -> Result<BackendChoice, String> {
 
 /// Reads an `EMUHOST_WATCH` value (trimmed, any case; empty is unset): the backend it forces.
 pub fn parse_watch(value: &str) -> Result<Option<BackendKind>, String> {
-    let bad = |why| format!("{WATCH_SWITCH}={value:?} {why}");
-    match value.trim().to_ascii_lowercase().as_str() {
+    let bad = |why: &str| format!("{WATCH_SWITCH}={value:?} {why}");
+    let here = || BackendKind::AUTO.map(BackendKind::name).join(", ");
+    let name = value.trim().to_ascii_lowercase();
+    if let Some(kind) = BackendKind::ALL.into_iter().find(|k| k.name() == name) {
+        return if BackendKind::AUTO.contains(&kind) {
+            Ok(Some(kind))
+        } else {
+            Err(bad(&format!("is another platform's backend; this one has {}", here())))
+        };
+    }
+    match name.as_str() {
         "" => Ok(None),
-        "uffd" => Ok(Some(BackendKind::Uffd)),
-        "mprotect" => Ok(Some(BackendKind::Mprotect)),
         "softdirty" => Err(bad(
             "is no longer offered: soft-dirty bits cannot be read and cleared in one step, so it lost writes made \
              during a collect (use mprotect on kernels without uffd WP_ASYNC)",
         )),
-        _ => Err(bad("is not one of uffd, mprotect")),
+        _ => Err(bad(&format!("is not one of {}", here()))),
     }
 }
 
@@ -568,6 +575,19 @@ mod tests {
         assert_eq!(parse_import_backend("pin").unwrap(), BackendChoice::Only(BackendKind::Pin));
         let e = parse_import_backend("gl").unwrap_err();
         assert_eq!(e, "EMUHOST_IMPORT_BACKEND=\"gl\": expected auto, vulkan, cuda or pin");
+    }
+
+    #[test]
+    fn watch_names_parse_and_another_platforms_backend_is_named() {
+        assert_eq!(parse_watch(" ").unwrap(), None);
+        for kind in BackendKind::AUTO {
+            assert_eq!(parse_watch(&kind.name().to_uppercase()).unwrap(), Some(kind));
+        }
+        let other = BackendKind::ALL.into_iter().find(|k| !BackendKind::AUTO.contains(k)).unwrap();
+        let e = parse_watch(other.name()).unwrap_err();
+        let here = BackendKind::AUTO.map(BackendKind::name).join(", ");
+        assert!(e.contains("another platform's backend") && e.ends_with(&here), "{e}");
+        assert!(parse_watch("dirty").unwrap_err().ends_with(&format!("is not one of {here}")));
     }
 
     #[test]

@@ -150,6 +150,14 @@ impl Machine {
             Ok(n) => m.affinity_cpus = Some(n),
             Err(e) => m.notes.push(format!("sched_getaffinity failed ({e}): 1 CPU assumed")),
         }
+        m.read_quota();
+        m.read_memory();
+        m
+    }
+
+    /// The tightest cgroup v2 `cpu.max` over the process's cgroup and those above it.
+    #[cfg(target_os = "linux")]
+    fn read_quota(&mut self) {
         match sys::cgroup_cpu_max() {
             Ok(files) => {
                 for (path, text) in files {
@@ -157,20 +165,42 @@ impl Machine {
                         .map_err(|source| SchedError::Read { path: path.clone(), source })
                         .and_then(|t| parse_cpu_max(&t));
                     match parsed {
-                        Ok(Some(q)) if m.quota.is_none_or(|old| q.cpus() < old.cpus()) => m.quota = Some(q),
+                        Ok(Some(q)) if self.quota.is_none_or(|old| q.cpus() < old.cpus()) => self.quota = Some(q),
                         Ok(_) => {}
-                        Err(e) => m.notes.push(format!("{} ignored: {e}", path.display())),
+                        Err(e) => self.notes.push(format!("{} ignored: {e}", path.display())),
                     }
                 }
             }
-            Err(e) => m.notes.push(format!("/proc/self/cgroup unreadable ({e}): no CPU quota applied")),
+            Err(e) => self.notes.push(format!("/proc/self/cgroup unreadable ({e}): no CPU quota applied")),
         }
+    }
+
+    /// `MemAvailable` of `/proc/meminfo`.
+    #[cfg(target_os = "linux")]
+    fn read_memory(&mut self) {
         let meminfo = sys::meminfo().map_err(|source| SchedError::Read { path: "/proc/meminfo".into(), source });
         match meminfo.and_then(|t| parse_mem_available(&t)) {
-            Ok(b) => m.available_bytes = Some(b),
-            Err(e) => m.notes.push(format!("{e}: no memory counted past the reserve")),
+            Ok(b) => self.available_bytes = Some(b),
+            Err(e) => self.notes.push(format!("{e}: no memory counted past the reserve")),
         }
-        m
+    }
+
+    /// The job object's hard CPU rate cap, as a quota.
+    #[cfg(windows)]
+    fn read_quota(&mut self) {
+        match sys::cpu_quota() {
+            Ok(q) => self.quota = q.map(|(quota_us, period_us)| CpuQuota { quota_us, period_us }),
+            Err(e) => self.notes.push(format!("job CPU rate unreadable ({e}): no CPU quota applied")),
+        }
+    }
+
+    /// The available physical memory (`GlobalMemoryStatusEx`).
+    #[cfg(windows)]
+    fn read_memory(&mut self) {
+        match sys::mem_available() {
+            Ok(b) => self.available_bytes = Some(b),
+            Err(e) => self.notes.push(format!("available memory unreadable ({e}): no memory counted past the reserve")),
+        }
     }
 
     /// The usable processors (1 where the affinity count is unknown).

@@ -49,11 +49,14 @@ impl Space {
         // The record's lock, held until this returns, keeps every decommit and protection out. A
         // page the kernel refuses goes to the write trackers' fault handling, which makes it
         // writable only where a tracker armed it and the guest may write it.
-        let stored = self.res.write_claiming(addr.0 as usize, data, crate::sys::segv::fault);
+        let stored = self.res.write_claiming(addr.0 as usize, data, crate::sys::guard::fault);
         drop(rec);
-        stored.map_err(|e| match e.raw_os_error() {
-            Some(libc::EFAULT) => SpaceError::NotWritable { addr: addr.0, len },
-            _ => SpaceError::os("store", addr.0, len, e),
+        stored.map_err(|e| {
+            if crate::sys::codes::is_refused(&e) {
+                SpaceError::NotWritable { addr: addr.0, len }
+            } else {
+                SpaceError::os("store", addr.0, len, e)
+            }
         })
     }
 

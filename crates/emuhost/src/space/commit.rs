@@ -105,7 +105,7 @@ impl Space {
     /// A commit's `mprotect` (a call fault injection may fail with `ENOMEM`).
     fn commit_call(&self, off: usize, len: usize, prot: Prot) -> std::io::Result<()> {
         if crate::faults::fail_commit_call() {
-            return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+            return Err(crate::sys::codes::no_memory());
         }
         self.res.protect(off, len, prot.raw())
     }
@@ -114,7 +114,7 @@ impl Space {
     /// fail with `ENOMEM`).
     fn fill_call(&self, off: usize, len: usize, prot: Prot) -> std::io::Result<()> {
         if crate::faults::fail_commit_call() {
-            return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+            return Err(crate::sys::codes::no_memory());
         }
         self.res.fill_hole(off, len, prot.raw())
     }
@@ -291,7 +291,7 @@ impl Space {
         let regions = self.own_regions(&rec, "protect", range)?;
         let base = self.res.base();
         if !covers(&regions, base + off, base + off + len) {
-            return Err(err(std::io::Error::from_raw_os_error(libc::ENOMEM)));
+            return Err(err(crate::sys::codes::no_memory()));
         }
         if let Err(e) = self.res.protect(off, len, prot.raw()) {
             // The call may have changed some regions before it failed: give them theirs back.
@@ -323,7 +323,7 @@ impl Space {
         let base = self.res.base();
         if !covers(&regions, base + off, base + off + len) || regions.iter().any(|r| !r.write) {
             drop(rec);
-            return Err(err(std::io::Error::from_raw_os_error(libc::EFAULT))); // as the advice answers
+            return Err(err(crate::sys::codes::refused())); // as the advice answers
         }
         // SAFETY: every page of the range is mapped writable (checked just above, by a region
         // query), and the space's lock, held until this returns, keeps every decommit and

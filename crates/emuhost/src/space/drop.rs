@@ -12,7 +12,7 @@ impl Drop for Space {
         if !self.res.adopted() {
             // Dead write-tracking tables over the window go first: a fault there from now on is on
             // memory mapped anew, never a tracker's.
-            crate::sys::segv::unmapped(self.res.base(), self.res.base() + self.window() as usize);
+            crate::sys::guard::unmapped(self.res.base(), self.res.base() + self.window() as usize);
             return self.unmap_own();
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();

@@ -174,6 +174,17 @@ impl Space {
         self.res.adopted()
     }
 
+    /// Whether a shared view is mapped anywhere in the window now.
+    pub fn has_views(&self) -> bool {
+        self.state().views.iter().next().is_some()
+    }
+
+    /// The reservation, for a write tracker's backend that asks it for its allocations.
+    #[cfg(windows)]
+    pub(crate) fn reservation(&self) -> &Reservation {
+        &self.res
+    }
+
     /// The host address of a guest address inside the window.
     pub fn host_addr(&self, addr: GuestAddr) -> Result<usize, SpaceError> {
         if addr.0 >= self.window() {

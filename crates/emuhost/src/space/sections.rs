@@ -1,6 +1,6 @@
-//! Shared memory: memfd sections and the views that map them into the window.
+//! Shared memory: sections (a memfd on Linux, a pagefile-backed mapping on Windows) and the views
+//! that map them into the window.
 
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::layout::view;
@@ -18,20 +18,20 @@ pub(super) struct ViewEntry {
 
 #[derive(Debug)]
 pub(super) struct Section {
-    fd: Arc<OwnedFd>,
+    mem: Arc<crate::sys::mm::Section>,
     size: u64,
 }
 
 impl Space {
-    /// Creates a shared section of `len` bytes (a memfd), zero-filled.
+    /// Creates a shared section of `len` bytes, zero-filled.
     pub fn create_section(&self, len: u64) -> Result<SectionId, SpaceError> {
         GuestRange::new(GuestAddr(0), len)?;
         let mut st = self.state();
         let id = SectionId(st.next_section);
-        let fd = crate::sys::mm::memfd(&format!("emuhost-section-{}", id.0), len)
+        let mem = crate::sys::mm::Section::new(&format!("emuhost-section-{}", id.0), len)
             .map_err(|e| SpaceError::os("create section", 0, len, e))?;
         st.next_section += 1;
-        st.sections.insert(id, Section { fd: Arc::new(fd), size: len });
+        st.sections.insert(id, Section { mem: Arc::new(mem), size: len });
         Ok(id)
     }
 
@@ -60,11 +60,11 @@ impl Space {
         if offset.checked_add(range.len()).is_none_or(|end| end > sec.size) {
             return Err(SpaceError::PastSection { section: section.0, offset, len: range.len(), size: sec.size });
         }
-        let fd = sec.fd.clone();
+        let mem = sec.mem.clone();
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "map section", range)?;
         self.reserve_holes(range, &regions)
-            .and_then(|()| self.res.map_shared(off, len, &fd, offset, prot.raw()))
+            .and_then(|()| self.res.map_shared(off, len, &mem, offset, prot.raw()))
             .map_err(|e| SpaceError::os("map section", range.start().0, range.len(), e))?;
         st.forget(range.start().0, range.end().0);
         st.views.insert(range.start().0, range.end().0, ViewEntry { section, offset });

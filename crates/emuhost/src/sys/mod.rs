@@ -1,5 +1,25 @@
-//! The only place with OS calls. Each OS gets a folder with the same names (`linux/` now,
-//! `windows/` later); the rest of the library calls `crate::sys::*` and never the OS itself.
+//! The only place with OS calls. The rest of the library calls `crate::sys::*` and never the OS
+//! itself, and nothing here calls up.
+//!
+//! # The platform contract
+//! Each platform (`linux/`, `windows/`) provides the same modules with the same names, and the
+//! layers above use only those:
+//! - `mm`: the reservation (the window: made at a chosen base, placed by the system, or
+//!   adopted; given back on drop but for what later reservations hold), commit / decommit /
+//!   protect / reset / fill a hole / populate / zero, checked copies in and out that fail instead
+//!   of faulting, sections ([`mm::Section`]) and their views, the page size;
+//! - `query`: the OS's own record of the regions of an address range (`Maps::regions`);
+//! - `trap`: the fault handler behind write tracking by protection ([`guard`] holds the
+//!   platform-neutral page-state protocol; the platform installs the handler, which calls
+//!   [`guard::fault`], changes protections and gives the tables memory);
+//! - `sched`: the monotonic clock, thread CPU time, yield, a deadline wait on the best timer,
+//!   affinity, available memory and the CPU quota;
+//! - `pin`: locking pages in memory and asking which are resident;
+//! - `probe` and `procstat`: the machine's and the process's facts.
+//!
+//! Write tracking by the OS itself differs by nature and is platform-specific: userfaultfd with
+//! `PAGEMAP_SCAN` on Linux (`uffd`), `MEM_WRITE_WATCH` with `GetWriteWatch` on Windows
+//! (`writewatch`); the write tracker's backends name them under `cfg(target_os)`.
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)`. Every `unsafe` block in it carries a
@@ -7,7 +27,9 @@
 #![allow(unsafe_code)]
 
 mod counts;
+pub mod guard;
 pub mod hooks;
+pub mod live;
 
 #[cfg(feature = "counters")]
 pub mod counters;
@@ -15,7 +37,69 @@ pub mod counters;
 #[path = "counters_disabled.rs"]
 pub mod counters;
 
+#[cfg(not(any(target_os = "linux", windows)))]
+compile_error!("emuhost runs on Linux and Windows only: this target has no `sys` platform layer");
+
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
+use linux::segv as trap;
+#[cfg(target_os = "linux")]
 pub(crate) use linux::*;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows::fault as trap;
+#[cfg(windows)]
+pub(crate) use windows::*;
+
+/// Page protection, as the OS takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RawProt {
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+}
+
+/// The platform's error codes the layers above tell apart, and the errors they make.
+pub mod codes {
+    use std::io;
+
+    #[cfg(target_os = "linux")]
+    mod raw {
+        pub const NO_MEMORY: i32 = libc::ENOMEM;
+        pub const REFUSED: &[i32] = &[libc::EFAULT];
+        pub const TAKEN: i32 = libc::EEXIST;
+    }
+    #[cfg(windows)]
+    mod raw {
+        /// `ERROR_NOT_ENOUGH_MEMORY`.
+        pub const NO_MEMORY: i32 = 8;
+        /// `ERROR_NOACCESS`, `ERROR_PARTIAL_COPY` (a copy a page refused part way).
+        pub const REFUSED: &[i32] = &[998, 299];
+        /// `ERROR_INVALID_ADDRESS`: a reservation at a base where something is.
+        pub const TAKEN: i32 = 487;
+    }
+
+    /// The error of a call refused for want of memory (what fault injection makes a commit fail
+    /// with).
+    pub fn no_memory() -> io::Error {
+        io::Error::from_raw_os_error(raw::NO_MEMORY)
+    }
+
+    /// The error of a checked copy (or a populate) that a page's protection refused.
+    pub fn refused() -> io::Error {
+        io::Error::from_raw_os_error(raw::REFUSED[0])
+    }
+
+    /// Whether `e` is a checked copy refused by a page's protection.
+    pub fn is_refused(e: &io::Error) -> bool {
+        e.raw_os_error().is_some_and(|c| raw::REFUSED.contains(&c))
+    }
+
+    /// Whether a reservation at a chosen base failed because something is there already.
+    pub fn is_taken(e: &io::Error) -> bool {
+        e.raw_os_error() == Some(raw::TAKEN)
+    }
+}

@@ -14,8 +14,15 @@ pub const VERIFY_SWITCH: &str = "EMUHOST_VERIFY_COLLECT";
 /// A write-tracking backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendKind {
+    /// Linux: userfaultfd write-protection, read by `PAGEMAP_SCAN`.
     Uffd,
+    /// Linux: armed pages read-only (`mprotect`), writes claimed by a `SIGSEGV` handler.
     Mprotect,
+    /// Windows: `MEM_WRITE_WATCH` private allocations, read by one `GetWriteWatch` each.
+    WriteWatch,
+    /// Windows: armed pages read-only (`VirtualProtect`), writes claimed by a vectored exception
+    /// handler; the one for views and adopted memory, which write watch cannot see.
+    Guard,
 }
 
 impl BackendKind {
@@ -24,11 +31,27 @@ impl BackendKind {
         match self {
             BackendKind::Uffd => "uffd",
             BackendKind::Mprotect => "mprotect",
+            BackendKind::WriteWatch => "writewatch",
+            BackendKind::Guard => "guard",
         }
     }
 
-    /// Those tried when nothing is forced, best first.
+    /// Every backend, of every platform.
+    pub const ALL: [BackendKind; 4] =
+        [BackendKind::Uffd, BackendKind::Mprotect, BackendKind::WriteWatch, BackendKind::Guard];
+
+    /// This platform's backends, tried in this order when nothing is forced, best first.
+    #[cfg(target_os = "linux")]
     pub const AUTO: [BackendKind; 2] = [BackendKind::Uffd, BackendKind::Mprotect];
+    /// This platform's backends, tried in this order when nothing is forced, best first.
+    #[cfg(windows)]
+    pub const AUTO: [BackendKind; 2] = [BackendKind::WriteWatch, BackendKind::Guard];
+
+    /// Whether armed pages are read-only and a write to one faults (the handler claims it): the
+    /// protection backends.
+    pub fn protects(self) -> bool {
+        matches!(self, BackendKind::Mprotect | BackendKind::Guard)
+    }
 }
 
 /// Why the backend in use was chosen, for `emuhost probe`.
@@ -61,6 +84,21 @@ pub fn choose(config: &TrackerConfig) -> Result<Choice, WatchError> {
         }
     }
     Err(WatchError::NoBackend { tried: tried.join("; ") })
+}
+
+/// The backend for `space` when `chosen` passed its self-test: write watch sees private
+/// allocations only, so over a space with views or over a caller's (adopted) reservation the
+/// guard backend tracks instead, and the choice says why.
+pub(super) fn for_space(chosen: Choice, space: &Space) -> Choice {
+    if chosen.kind != BackendKind::WriteWatch {
+        return chosen;
+    }
+    let why = match (space.has_views(), space.adopted()) {
+        (true, _) => "the space has shared views, which write watch cannot see",
+        (false, true) => "the window is the caller's reservation, which write watch cannot see",
+        (false, false) => return chosen,
+    };
+    Choice { kind: BackendKind::Guard, why: format!("guard, not writewatch: {why} ({})", chosen.why) }
 }
 
 /// Arms a few pages of a small space of its own, writes one, collects, and expects exactly it.

@@ -1,7 +1,8 @@
-//! Faults handed over by an embedder's `SIGSEGV` handler.
+//! Faults handed over by an embedder's own fault handler (`SIGSEGV` on Linux, a vectored exception
+//! handler on Windows).
 
 use super::Tracker;
-use crate::sys::segv::{self, TableKey};
+use crate::sys::guard::{self, TableKey};
 
 /// What an embedder's `SIGSEGV` handler keeps to hand faults to one tracker: plain integers
 /// (`Copy`, `Send`, `Sync`, `'static`), so a handler may read it from a static without holding
@@ -31,7 +32,7 @@ impl FaultHandle {
     /// armed pages never fault there.
     pub fn handle_fault(&self, addr: usize, is_write: bool) -> bool {
         match &self.key {
-            Some(key) if is_write => segv::fault_in(key, addr),
+            Some(key) if is_write => guard::fault_in(key, addr),
             _ => false,
         }
     }
@@ -41,7 +42,7 @@ impl FaultHandle {
 /// armed (what emuhost's own handler does): [`FaultHandle::handle_fault`] for every tracker
 /// at once, for an embedder's handler that holds no tracker. Async-signal-safe.
 pub fn handle_fault(addr: usize, is_write: bool) -> bool {
-    is_write && segv::fault(addr)
+    is_write && guard::fault(addr)
 }
 
 impl Tracker {

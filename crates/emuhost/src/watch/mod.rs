@@ -161,7 +161,7 @@ impl Tracker {
         if let (Some(kind), true) = (config.backend, config.skip_self_test) {
             return Self::make(space, kind, config.verify, handler);
         }
-        let choice = choose(config)?;
+        let choice = config::for_space(choose(config)?, space);
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
         Self::make(space, choice.kind, config.verify, handler)
     }
@@ -232,9 +232,9 @@ impl Tracker {
         let todo = self.space.with_layout(range, |_| !self.to_arm(&self.inner(), range).is_empty());
         match (todo, self.kind()) {
             (true, _) => self.space.wait_for_long_reads(),
-            (false, BackendKind::Uffd) => return Ok(()),
             // The region query keeps verify mode's record of write-only pages.
-            (false, BackendKind::Mprotect) => {}
+            (false, kind) if kind.protects() => {}
+            (false, _) => return Ok(()),
         }
         self.space.with_layout(range, |_| {
             let regions = self.space.kernel_regions(range)?;
@@ -269,7 +269,7 @@ impl Tracker {
                 add(&mut inner.armed, x, y);
             }
         }
-        if self.kind() == BackendKind::Mprotect {
+        if self.kind().protects() {
             // Write-only pages lose their write to arming and look inaccessible (`---`): the guest's
             // doing, for verify mode.
             for r in regions.iter().filter(|r| r.write && !r.read && !r.exec) {

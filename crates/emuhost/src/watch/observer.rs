@@ -48,9 +48,10 @@ impl Core {
 
 impl Observer for Core {
     // With uffd a release that keeps the mappings keeps their registration: the re-arm of the
-    // released pages and a later arm of them register nothing.
+    // released pages and a later arm of them register nothing. With write watch a decommit in
+    // place keeps the allocation, and with it the pages' write watch.
     fn keeps_mappings(&self) -> bool {
-        self.backend.kind() == BackendKind::Uffd
+        matches!(self.backend.kind(), BackendKind::Uffd | BackendKind::WriteWatch)
     }
 
     fn changed(&self, space: &Space, change: Change) {
@@ -64,8 +65,7 @@ impl Observer for Core {
         };
         let (a, b) = (range.start().0, range.end().0);
         // With mprotect, armed write-only pages look inaccessible (`---`): the guest's doing too.
-        let hidden =
-            if self.backend.kind() == BackendKind::Mprotect { !prot.read && !prot.exec } else { prot == Prot::NONE };
+        let hidden = if self.backend.kind().protects() { !prot.read && !prot.exec } else { prot == Prot::NONE };
         match change {
             Change::Released { .. } => inner.noaccess.remove(a, b, |_, _, _| ()),
             _ if hidden => add(&mut inner.noaccess, a, b),

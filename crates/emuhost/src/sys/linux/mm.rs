@@ -46,15 +46,14 @@ fn populate_write_known() -> bool {
     })
 }
 
-/// Page protection, as the kernel takes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct RawProt {
-    pub read: bool,
-    pub write: bool,
-    pub exec: bool,
+pub use crate::sys::RawProt;
+
+trait Flags {
+    fn prot_flags(self) -> ProtFlags;
+    fn mprotect_flags(self) -> MprotectFlags;
 }
 
-impl RawProt {
+impl Flags for RawProt {
     fn prot_flags(self) -> ProtFlags {
         let mut f = ProtFlags::empty();
         if self.read {
@@ -88,40 +87,24 @@ pub struct Reservation {
     len: usize,
     guard: usize,
     adopted: bool,
-    /// Its number in [`LIVE`] (later reservations have larger ones).
+    /// Its id in [`crate::sys::live`] (later reservations have larger ones).
     id: u64,
     /// Unmapped already, part by part ([`Reservation::unmap_parts`]): the drop unmaps nothing.
     unmapped: std::sync::atomic::AtomicBool,
 }
 
-/// Every live reservation, made or adopted: `(id, start, end)`, host addresses, guards included.
-/// A reservation made later inside another's window lies in a hole foreign code unmapped there:
-/// it is that other's to leave alone.
-static LIVE: std::sync::Mutex<Vec<(u64, usize, usize)>> = std::sync::Mutex::new(Vec::new());
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-fn live() -> std::sync::MutexGuard<'static, Vec<(u64, usize, usize)>> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Reservation {
-    /// Registers a reservation of `base..base + len` with `guard` bytes beyond each end in [`LIVE`].
+    /// Records a reservation of `base..base + len` with `guard` bytes beyond each end in
+    /// [`crate::sys::live`].
     fn registered(base: usize, len: usize, guard: usize, adopted: bool) -> Self {
-        let id = NEXT_ID.fetch_add(1, Relaxed);
-        live().push((id, base - guard, base + len + guard));
+        let id = crate::sys::live::add(base - guard, base + len + guard);
         Self { base, len, guard, adopted, id, unmapped: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// The parts of host `start..end` that reservations made after this one hold (in holes of
     /// this window), in address order.
     pub fn later_within(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
-        let mut v: Vec<(usize, usize)> = live()
-            .iter()
-            .filter(|&&(id, s, e)| id > self.id && s < end && start < e)
-            .map(|&(_, s, e)| (s.max(start), e.min(end)))
-            .collect();
-        v.sort_unstable();
-        v
+        crate::sys::live::later_within(self.id, start, end)
     }
 
     /// The whole mapping, guards included: host `(start, end)`.
@@ -307,13 +290,20 @@ impl Reservation {
 
     /// Maps `len` bytes of `fd` from `file_off` at `off` as one shared view (`MAP_SHARED |
     /// MAP_FIXED`), replacing what was there.
-    pub fn map_shared(&self, off: usize, len: usize, fd: &OwnedFd, file_off: u64, prot: RawProt) -> io::Result<()> {
+    pub fn map_shared(
+        &self,
+        off: usize,
+        len: usize,
+        section: &Section,
+        file_off: u64,
+        prot: RawProt,
+    ) -> io::Result<()> {
         let p = self.span(off, len)?;
         count(Call::Mmap);
         // SAFETY: MAP_FIXED replaces only `span`-checked pages inside this reservation, which it
         // owns; no Rust reference into it exists.
         unsafe {
-            rustix::mm::mmap(p, len, prot.prot_flags(), MapFlags::SHARED | MapFlags::FIXED, fd.as_fd(), file_off)
+            rustix::mm::mmap(p, len, prot.prot_flags(), MapFlags::SHARED | MapFlags::FIXED, section.0.as_fd(), file_off)
         }?;
         Ok(())
     }
@@ -512,14 +502,19 @@ impl Drop for Reservation {
             parts.retain(|(s, e)| s < e);
             self.unmap_parts(&parts);
         }
-        let id = self.id;
-        live().retain(|&(i, _, _)| i != id);
+        crate::sys::live::remove(self.id);
     }
 }
 
-/// Creates a memfd of `len` bytes for a shared section.
-pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
-    rustix::fs::ftruncate(&fd, len)?;
-    Ok(fd)
+/// A shared section: a memfd, mapped as views by [`Reservation::map_shared`].
+#[derive(Debug)]
+pub struct Section(OwnedFd);
+
+impl Section {
+    /// Creates a zero-filled section of `len` bytes named `name` (a memfd).
+    pub fn new(name: &str, len: u64) -> io::Result<Self> {
+        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&fd, len)?;
+        Ok(Self(fd))
+    }
 }

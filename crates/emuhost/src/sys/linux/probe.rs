@@ -6,7 +6,7 @@ use std::io;
 use super::uapi::*;
 
 /// The kernel's release string (`uname -r`).
-pub fn kernel_release() -> String {
+pub fn os_release() -> String {
     rustix::system::uname().release().to_string_lossy().into_owned()
 }
 

@@ -1,0 +1,4 @@
+//! Windows 10 1803 and later (and Wine): placeholders carved into private `MEM_WRITE_WATCH`
+//! allocations and section views, `VirtualQuery` region queries, write tracking by
+//! `GetWriteWatch` and by `VirtualProtect` with a vectored exception handler, high-resolution
+//! waitable timers, and what the machine offers.

@@ -205,11 +205,14 @@ impl Cuda {
 
     /// Loads the driver library and its entry points.
     fn load() -> Result<(Library, Api), ImportError> {
+        // The driver's name: `libcuda.so.1` (or the development link) on Linux, `nvcuda.dll` on
+        // Windows.
+        let (first, second) = if cfg!(windows) { ("nvcuda.dll", "nvcuda.dll") } else { ("libcuda.so.1", "libcuda.so") };
         // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
-        let lib = unsafe { Library::new("libcuda.so.1") }
-            .or_else(|first| {
+        let lib = unsafe { Library::new(first) }
+            .or_else(|e| {
                 // SAFETY: as above.
-                unsafe { Library::new("libcuda.so") }.map_err(|_| first)
+                unsafe { Library::new(second) }.map_err(|_| e)
             })
             .map_err(|e| unavailable(format!("no CUDA driver library: {e}")))?;
         // SAFETY: each signature below is the driver API's, from cuda.h.

@@ -220,7 +220,7 @@ impl Space {
 }
 
 /// The error of a reservation at host `start..end` that failed with `source`: where something is
-/// mapped there (`EEXIST`; `ERROR_INVALID_ADDRESS` on Windows), [`SpaceError::Exists`] naming the first mapping (one region query).
+/// mapped there (`EEXIST`; `ERROR_ALREADY_EXISTS` on Windows), [`SpaceError::Exists`] naming the first mapping (one region query).
 fn reserve_at_failed(start: u64, end: u64, source: std::io::Error, config: &SpaceConfig) -> SpaceError {
     if !crate::sys::codes::is_taken(&source) {
         return SpaceError::ReserveAt { start, end, source };

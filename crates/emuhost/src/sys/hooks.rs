@@ -12,7 +12,8 @@ pub struct Hooks {
     pub fail_import: fn(u64) -> bool,
     /// The error the `userfaultfd` system call is to fail with, if any.
     pub uffd_errno: fn() -> Option<i32>,
-    /// Called just before the `SIGSEGV` handler is installed.
+    /// Called just before the fault handler (`SIGSEGV`; Windows' vectored exception handler) is
+    /// installed.
     pub before_segv_install: fn(),
 }
 
@@ -28,6 +29,7 @@ pub(crate) fn fail_import(len: u64) -> bool {
     HOOKS.get().is_some_and(|h| (h.fail_import)(len))
 }
 
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // userfaultfd is Linux's
 pub(crate) fn uffd_errno() -> Option<i32> {
     HOOKS.get().and_then(|h| (h.uffd_errno)())
 }

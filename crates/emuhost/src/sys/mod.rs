@@ -78,8 +78,8 @@ pub mod codes {
         pub const NO_MEMORY: i32 = 8;
         /// `ERROR_NOACCESS`, `ERROR_PARTIAL_COPY` (a copy a page refused part way).
         pub const REFUSED: &[i32] = &[998, 299];
-        /// `ERROR_INVALID_ADDRESS`: a reservation at a base where something is.
-        pub const TAKEN: i32 = 487;
+        /// `ERROR_ALREADY_EXISTS`: a reservation at a base where something is (what `mm` answers).
+        pub const TAKEN: i32 = 183;
     }
 
     /// The error of a call refused for want of memory (what fault injection makes a commit fail

@@ -101,7 +101,7 @@ pub(super) fn make(
         #[cfg(target_os = "linux")]
         BackendKind::Mprotect => guard::make(kind, space, install_handler),
         #[cfg(windows)]
-        BackendKind::WriteWatch => writewatch::make(space),
+        BackendKind::WriteWatch => writewatch::make(space, install_handler),
         #[cfg(windows)]
         BackendKind::Guard => guard::make(kind, space, install_handler),
         #[allow(unreachable_patterns)]

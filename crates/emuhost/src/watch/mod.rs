@@ -38,6 +38,7 @@
 //! (or a [`FaultHandle`], or [`handle_fault`]) from its own handler.
 
 mod backend;
+#[cfg(target_os = "linux")]
 pub mod bare;
 mod bitmap;
 mod cache;

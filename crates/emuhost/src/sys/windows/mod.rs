@@ -2,3 +2,12 @@
 //! allocations and section views, `VirtualQuery` region queries, write tracking by
 //! `GetWriteWatch` and by `VirtualProtect` with a vectored exception handler, high-resolution
 //! waitable timers, and what the machine offers.
+
+pub mod fault;
+pub mod mm;
+pub mod pin;
+pub mod probe;
+pub mod procstat;
+pub mod query;
+pub mod sched;
+pub mod writewatch;

@@ -17,15 +17,21 @@ type ProtRuns = Vec<(usize, usize, u16)>;
 /// The protection backend over `space`'s window, named `kind` (`mprotect` on Linux, `guard` on
 /// Windows); the fault handler is installed only if `install_handler`.
 pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<Box<dyn Backend>> {
+    Ok(Box::new(new(kind, space, install_handler)?))
+}
+
+/// [`make`], unboxed (the write-watch backend keeps one for the pages write watch cannot see).
+#[cfg_attr(not(windows), allow(dead_code))]
+pub(super) fn new(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<GuardBackend> {
     let pages = space.window() as usize / page_size();
-    Ok(Box::new(GuardBackend {
+    Ok(GuardBackend {
         kind,
         reg: Registration::new(space.host_base(), pages, install_handler)?,
         scratch: Mutex::default(),
-    }))
+    })
 }
 
-struct GuardBackend {
+pub(super) struct GuardBackend {
     kind: BackendKind,
     reg: Registration,
     /// A read's buffers (the runs to protect, the runs seen written), kept between reads so a

@@ -347,8 +347,12 @@ pub const SETTINGS: &[Switch] = &[
 
 /// `EMUHOST_*` names the README's table lists that are not settings of the library: the test
 /// suite and CI read them (name, default as the README states it).
-pub const TEST_SWITCHES: &[(&str, &str)] =
-    &[("EMUHOST_REQUIRE_VULKAN", "unset"), ("EMUHOST_REQUIRE_CUDA", "unset"), ("EMUHOST_FUZZ_SECONDS", "`10`")];
+pub const TEST_SWITCHES: &[(&str, &str)] = &[
+    ("EMUHOST_REQUIRE_VULKAN", "unset"),
+    ("EMUHOST_REQUIRE_CUDA", "unset"),
+    ("EMUHOST_FUZZ_SECONDS", "`10`"),
+    ("EMUHOST_CI_WINDOWS", "`1`"),
+];
 
 /// The switches' names, in the README's order.
 pub fn names() -> Vec<&'static str> {

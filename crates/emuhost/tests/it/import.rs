@@ -7,14 +7,17 @@
 //! Vulkan one: lavapipe is installed there). Vulkan's rule is the one of every test that needs a
 //! device (`tests/support/vulkan.rs`).
 
+#[cfg(target_os = "linux")]
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(target_os = "linux")]
+use emuhost::import::PopulateAhead;
 use emuhost::import::{
     Backend, BackendKind, Budget, ChunksConfig, Cuda, DEFAULT_AHEAD, HostSpan, ImportConfig, ImportCost, ImportError,
-    ImportPolicy, Importer, Pin, Planned, PoolsConfig, PopulateAhead, Vulkan, error_chain, verify,
+    ImportPolicy, Importer, Pin, Planned, PoolsConfig, Vulkan, error_chain, verify,
 };
 use emuhost::settings::Settings;
 use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
@@ -63,6 +66,7 @@ fn read(space: &Space, lo: u64, len: u64) -> Vec<u8> {
 }
 
 /// Whether a guest page is present (`/proc/self/pagemap`).
+#[cfg(target_os = "linux")]
 fn present(space: &Space, addr: u64) -> bool {
     let host = space.host_addr(GuestAddr(addr)).unwrap() as u64;
     let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
@@ -74,6 +78,7 @@ fn present(space: &Space, addr: u64) -> bool {
 
 /// The kB the kernel holds locked (`mlock`) in the mapping of `/proc/self/smaps` that holds the
 /// guest address `addr`.
+#[cfg(target_os = "linux")]
 fn locked_kb(space: &Space, addr: u64) -> u64 {
     let host = space.host_addr(GuestAddr(addr)).unwrap();
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
@@ -114,6 +119,7 @@ fn prots(space: &Space, lo: u64, len: u64) -> Vec<String> {
 /// the 2 MiB page (host-aligned) around `end`, which the kernel backs as a whole on a fault in it.
 /// Huge pages are right for guest memory (one fault and one TLB entry per 2 MiB), so the code
 /// leaves them to the kernel's setting; only write tracking opts out (`MADV_NOHUGEPAGE`).
+#[cfg(target_os = "linux")]
 fn past_the_huge_page(space: &Space, end: u64) -> u64 {
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if !thp.contains("[always]") {
@@ -168,13 +174,16 @@ mod conformance {
         space.write(GuestAddr(lo), &pattern(MIB, 5)).unwrap();
         let a = b.import(HostSpan::of(&space, lo, MIB).unwrap()).unwrap();
         let d = b.import(HostSpan::of(&space, lo + MIB, MIB).unwrap()).unwrap();
+        #[cfg(target_os = "linux")]
         let pin = b.kind() == BackendKind::Pin;
         drop(b);
         assert!(matches!(space.decommit(space.range(lo, 2 * MIB).unwrap()), Err(SpaceError::Held { .. })));
+        #[cfg(target_os = "linux")]
         if pin {
             assert!(locked_kb(&space, lo) >= 1024, "pinned while the import lives");
         }
         drop(a);
+        #[cfg(target_os = "linux")]
         if pin {
             assert_eq!(locked_kb(&space, lo), 0, "the dropped import unlocked its pages");
         }
@@ -259,6 +268,7 @@ mod conformance {
     pub fn untouched_pages_import_and_read_as_zero<B: Backend>(b: B) {
         let len = 4 * MIB;
         let (space, lo) = aligned_space(b.alignment(), len + MIB);
+        #[cfg(target_os = "linux")]
         assert!(!present(&space, lo + MIB));
         let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
         b.check(&a).unwrap();
@@ -780,6 +790,7 @@ fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
     );
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
     for ahead in [PopulateAhead::Off, PopulateAhead::Pools] {
@@ -804,6 +815,7 @@ fn populate_ahead_faults_a_pools_pages_in_on_the_background_thread() {
     }
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn populate_ahead_of_chunks_commits_and_faults_each_chunk_a_pool_touches_once() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
@@ -830,6 +842,7 @@ fn the_importer_commits_reserved_gaps_before_importing() {
     space.commit(space.range(16 * MIB, page_size()).unwrap(), Prot::READ_WRITE).unwrap();
     let b = imp.bind(16 * MIB + 0x10, 0x10).unwrap();
     assert_eq!(b.range, Planned { lo: 16 * MIB, hi: 32 * MIB });
+    #[cfg(target_os = "linux")]
     assert!(present(&space, 20 * MIB), "pinned, so present");
     space.write(GuestAddr(31 * MIB), b"ok").unwrap();
 }
@@ -950,6 +963,7 @@ fn pools_background_imports_wait_while_a_change_of_the_mappings_is_under_way() {
     imp.add_pool(5 * MIB + 0x8000, 0x4000).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(f.calls.lock().unwrap().len(), 1, "nothing imported ahead meanwhile");
+    #[cfg(target_os = "linux")]
     assert!(!present(&space, 5 * MIB + 0x8000), "nor populated");
     drop(changing);
     assert_eq!(space.changes_in_flight(), 0);

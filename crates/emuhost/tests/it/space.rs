@@ -1,8 +1,11 @@
+#[cfg(target_os = "linux")]
 use std::io::{Read, Seek, SeekFrom};
 
 use emuhost::counters;
 use emuhost::space::{CommitPath, GuestAddr, GuestRange, Prot, Space, SpaceConfig, SpaceError, page_size};
-use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
+#[cfg(target_os = "linux")]
+use emuhost::watch::BackendKind;
+use emuhost::watch::{Tracker, TrackerConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -23,6 +26,7 @@ fn calls() -> counters::Counts {
 }
 
 /// The `/proc/self/pagemap` entry of a guest page: (present, page frame number).
+#[cfg(target_os = "linux")]
 fn pagemap(space: &Space, addr: GuestAddr) -> (bool, u64) {
     let host = space.host_addr(addr).unwrap() as u64;
     let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
@@ -46,6 +50,7 @@ fn first_byte(space: &Space, addr: u64) -> Result<u8, SpaceError> {
 }
 
 /// Unmaps pages behind the space's back, as foreign code would.
+#[cfg(target_os = "linux")]
 fn unmap_behind(space: &Space, range: GuestRange) {
     let host = space.host_addr(range.start()).unwrap();
     // SAFETY: the pages lie inside the space's reservation, which the test owns; no reference into
@@ -78,6 +83,7 @@ fn commit_is_one_system_call_after_one_region_query() {
     assert_eq!(&b, b"guest");
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn commit_walks_regions_where_there_is_a_hole() {
     let s = space();
@@ -147,6 +153,7 @@ fn resident_pages_are_the_touched_ones_and_reading_them_faults_nothing_in() {
     ));
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn populate_faults_pages_in_ahead() {
     let s = space();
@@ -218,6 +225,7 @@ fn caller_mistakes_are_errors_of_their_own_naming_the_pages() {
     s.read(GuestAddr(2 * p), &mut buf).unwrap();
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn zero_keeps_the_pages_mapped() {
     let s = space();
@@ -429,6 +437,7 @@ fn bad_sections_and_windows_are_errors() {
 /// Maps anonymous read-write memory at `range` where nothing is mapped (`MAP_FIXED_NOREPLACE`), as
 /// the process's allocator would after foreign code unmapped a hole there, and fills it with
 /// `byte`. Returns its host address.
+#[cfg(target_os = "linux")]
 fn map_foreign(space: &Space, range: GuestRange, byte: u8) -> usize {
     let host = space.host_addr(range.start()).unwrap();
     let len = range.len() as usize;
@@ -452,6 +461,7 @@ fn map_foreign(space: &Space, range: GuestRange, byte: u8) -> usize {
 
 /// Whether the foreign memory of `range` (at host `host`) is still mapped read-write and holds
 /// `byte` everywhere.
+#[cfg(target_os = "linux")]
 fn foreign_intact(space: &Space, range: GuestRange, host: usize, byte: u8) -> bool {
     let regions = space.kernel_regions(range).unwrap();
     if !(regions.len() == 1 && regions[0].read && regions[0].write && !regions[0].shared) {
@@ -463,6 +473,7 @@ fn foreign_intact(space: &Space, range: GuestRange, host: usize, byte: u8) -> bo
     bytes.iter().all(|b| *b == byte)
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn a_foreign_mapping_in_the_window_is_never_taken_over() {
     let s = space();
@@ -498,6 +509,7 @@ fn a_foreign_mapping_in_the_window_is_never_taken_over() {
     assert!(foreign_intact(&s, hole, foreign, 0xa5));
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn a_hole_is_refilled_and_never_replaced_over() {
     let s = space();
@@ -548,6 +560,7 @@ fn in_child(name: &str) -> bool {
 }
 
 /// The host address of guest address `at`, as a pointer for a system call.
+#[cfg(target_os = "linux")]
 fn host_ptr(s: &Space, at: u64) -> *mut libc::c_void {
     s.host_addr(GuestAddr(at)).unwrap() as *mut libc::c_void
 }
@@ -555,6 +568,7 @@ fn host_ptr(s: &Space, at: u64) -> *mut libc::c_void {
 /// Issue 33, item 5: the embedder made a page read-only itself (inside [`Space::changing`]) where
 /// the space committed it read-write: a store to it raised `SIGSEGV`. It is an error naming the
 /// store, and the pages around it take stores as before.
+#[cfg(target_os = "linux")]
 #[test]
 fn store_to_a_page_the_embedder_made_read_only_is_an_error() {
     if !in_child("store_to_a_page_the_embedder_made_read_only_is_an_error") {
@@ -582,6 +596,7 @@ fn store_to_a_page_the_embedder_made_read_only_is_an_error() {
 /// Issue 33, item 5: with the mprotect backend, a store to an armed page from a thread that blocks
 /// `SIGSEGV` killed the process (the kernel forces a blocked fault signal to its default action).
 /// It lands, and the next collect reports it.
+#[cfg(target_os = "linux")]
 #[test]
 fn store_to_an_armed_page_from_a_thread_that_blocks_sigsegv_lands_and_is_reported() {
     if !in_child("store_to_an_armed_page_from_a_thread_that_blocks_sigsegv_lands_and_is_reported") {
@@ -627,7 +642,7 @@ fn store_to_an_armed_page_before_the_embedders_handler_is_in_lands_and_is_report
     let s = std::sync::Arc::new(space());
     let r = pages(&s, 0, 8);
     s.commit(r, Prot::READ_WRITE).unwrap();
-    let config = TrackerConfig::default().backend(Some(BackendKind::Mprotect)).embedder_handles_faults(true);
+    let config = TrackerConfig::default().backend(Some(crate::watch_gate::PROTECTION)).embedder_handles_faults(true);
     let t = Tracker::new(&s, &config).unwrap();
     t.arm(r).unwrap();
     s.store(GuestAddr(2 * page() + 1), b"no handler").unwrap();
@@ -643,6 +658,7 @@ fn store_to_an_armed_page_before_the_embedders_handler_is_in_lands_and_is_report
     assert!(matches!(s.store(GuestAddr(4 * page()), &[1]), Err(SpaceError::NotWritable { .. })));
 }
 
+#[cfg(target_os = "linux")]
 #[cfg(feature = "faults")]
 #[test]
 fn region_queries_read_proc_self_maps_where_procmap_query_is_missing() {
@@ -705,6 +721,7 @@ fn region_queries_read_proc_self_maps_where_procmap_query_is_missing() {
     assert_eq!(first_byte(&s, 27 * page() + 5).unwrap(), 9);
 }
 
+#[cfg(target_os = "linux")]
 #[cfg(feature = "faults")]
 #[test]
 fn populate_touches_the_pages_where_madv_populate_write_is_missing() {
@@ -734,15 +751,18 @@ fn populate_touches_the_pages_where_madv_populate_write_is_missing() {
 
 /// Host address space low in the user half, far below where the kernel places mappings (top
 /// down from below the stack), so nothing else in the process lands there while a test runs.
+#[cfg(target_os = "linux")]
 const LOW: usize = 0x2000_0000_0000;
 
 /// The `i`th of 16 bases 4 GiB apart that test `slot` tries (slots lie 64 GiB apart).
+#[cfg(target_os = "linux")]
 fn low_base(slot: usize, i: usize) -> usize {
     LOW + (slot * 16 + i) * (4 << 30)
 }
 
 /// Builds `config` (at most a 2 GiB window) at the first free base of `slot` (a parallel test may
 /// hold one).
+#[cfg(target_os = "linux")]
 fn at_free_base(config: SpaceConfig, slot: usize) -> Space {
     for i in 0..16 {
         let base = low_base(slot, i);
@@ -757,6 +777,7 @@ fn at_free_base(config: SpaceConfig, slot: usize) -> Space {
 
 /// Maps `len` bytes at host `at` with `prot` where nothing is mapped (`MAP_FIXED_NOREPLACE`), as a
 /// caller reserving its own window would; `None` where something is mapped there.
+#[cfg(target_os = "linux")]
 fn map_at(at: usize, len: usize, prot: libc::c_int, shared: bool) -> Option<usize> {
     let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
     // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped; it replaces nothing.
@@ -774,18 +795,21 @@ fn map_at(at: usize, len: usize, prot: libc::c_int, shared: bool) -> Option<usiz
 }
 
 /// A caller's own reservation of `len` bytes at a free low address (`slot` keeps tests apart).
+#[cfg(target_os = "linux")]
 fn caller_reservation(len: usize, prot: libc::c_int, shared: bool, slot: usize) -> usize {
     (0..16)
         .find_map(|i| map_at(low_base(slot, i), len, prot, shared))
         .expect("a free low address for the caller's reservation")
 }
 
+#[cfg(target_os = "linux")]
 fn unmap(at: usize, len: usize) {
     // SAFETY: the test's own mapping; nothing refers to it.
     assert_eq!(unsafe { libc::munmap(at as *mut libc::c_void, len) }, 0);
 }
 
 /// The lines of `/proc/self/maps` over host `a..b` as (start, end, perms), clipped to it.
+#[cfg(target_os = "linux")]
 fn maps(a: usize, b: usize) -> Vec<(usize, usize, String)> {
     let text = std::fs::read_to_string("/proc/self/maps").unwrap();
     text.lines()
@@ -800,6 +824,7 @@ fn maps(a: usize, b: usize) -> Vec<(usize, usize, String)> {
 }
 
 /// Whether host `a..b` is mapped entirely as `PROT_NONE` private memory (a reservation).
+#[cfg(target_os = "linux")]
 fn reserved(a: usize, b: usize) -> bool {
     let m = maps(a, b);
     let covered = m.first().is_some_and(|r| r.0 == a)
@@ -808,6 +833,7 @@ fn reserved(a: usize, b: usize) -> bool {
     covered && m.iter().all(|r| r.2 == "---p")
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn a_window_at_a_chosen_base_is_used_there() {
     let s = at_free_base(SpaceConfig::default().window(1 << 30), 0);
@@ -829,6 +855,7 @@ fn a_window_at_a_chosen_base_is_used_there() {
     unmap(again, 1 << 30);
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn an_occupied_base_is_refused_naming_it_and_left_intact() {
     let len = 8 * page() as usize;
@@ -872,6 +899,7 @@ fn an_occupied_base_is_refused_naming_it_and_left_intact() {
     assert!(matches!(e, SpaceError::BadPlacement { .. }), "{e}");
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn guard_pages_are_reserved_around_the_window() {
     let guard = 4 * page();
@@ -914,6 +942,7 @@ fn guard_pages_are_reserved_around_the_window() {
     }
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn an_adopted_reservation_is_used_and_given_back_reserved() {
     use emuhost::watch::{self, PageRun, Tracker};
@@ -963,6 +992,7 @@ fn an_adopted_reservation_is_used_and_given_back_reserved() {
     unmap(base, len);
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn adopt_refuses_what_is_not_a_reservation_naming_it() {
     let p = page() as usize;
@@ -1107,11 +1137,13 @@ fn a_long_read_kept_for_ever_delays_a_change_for_a_bounded_time() {
 }
 
 /// An observer that asks releases to keep the mappings, and records what each release did.
+#[cfg(target_os = "linux")]
 #[derive(Default)]
 struct KeepMappings {
     in_place: std::sync::Mutex<Vec<bool>>,
 }
 
+#[cfg(target_os = "linux")]
 impl emuhost::space::Observer for KeepMappings {
     fn changed(&self, _space: &Space, change: emuhost::space::Change) {
         if let emuhost::space::Change::Released { in_place, .. } = change {
@@ -1124,6 +1156,7 @@ impl emuhost::space::Observer for KeepMappings {
     }
 }
 
+#[cfg(target_os = "linux")]
 fn keeping(space: &Space) -> std::sync::Arc<KeepMappings> {
     let obs = std::sync::Arc::new(KeepMappings::default());
     let weak: std::sync::Weak<dyn emuhost::space::Observer> = std::sync::Arc::downgrade(&obs) as _;
@@ -1133,6 +1166,7 @@ fn keeping(space: &Space) -> std::sync::Arc<KeepMappings> {
 
 /// Where the kernel accounts commits strictly, releases map the range anew (only a new mapping
 /// gives the charge back).
+#[cfg(target_os = "linux")]
 fn strict_overcommit() -> bool {
     std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() == "2")
 }
@@ -1141,6 +1175,7 @@ fn strict_overcommit() -> bool {
 /// the pages as one that maps the range anew does: none resident, inaccessible, zeroes when
 /// committed again, and the kernel's regions reserved. Without an observer that asks, the range
 /// is mapped anew.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_release_that_keeps_the_mappings_drops_the_pages() {
     let s = space();
@@ -1178,6 +1213,7 @@ fn a_release_that_keeps_the_mappings_drops_the_pages() {
 
 /// A release that cannot keep the mappings maps the range anew: a shared view in it, or pages
 /// the kernel will not drop (locked behind the space's back).
+#[cfg(target_os = "linux")]
 #[test]
 fn a_release_maps_anew_where_it_cannot_keep_the_mappings() {
     if strict_overcommit() {
@@ -1207,6 +1243,7 @@ fn a_release_maps_anew_where_it_cannot_keep_the_mappings() {
 /// Issue 33, item 8: after foreign code unmapped a hole in the window, what lands there is not
 /// the space's: a foreign mapping survives the space's drop with its bytes, and a second space
 /// reserved in the hole is neither committed by the first space's calls nor unmapped by its drop.
+#[cfg(target_os = "linux")]
 #[test]
 fn what_lands_in_a_hole_outlives_the_space_and_is_never_committed_by_it() {
     let s = space();

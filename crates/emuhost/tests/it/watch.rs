@@ -8,6 +8,7 @@ use emuhost::space::{GuestAddr, GuestRange, Prot, Space, SpaceConfig, page_size}
 use emuhost::watch::{self, BackendKind, Collected, PageRun, Tracker, WatchError};
 
 pub(crate) use crate::watch_gate::usable;
+#[cfg(target_os = "linux")]
 use crate::watch_gate::{ALONE, expected};
 
 fn p() -> u64 {
@@ -47,6 +48,7 @@ fn calls() -> counters::Counts {
 }
 
 /// Releases pages behind the space's back, as foreign code would: a new reserved mapping.
+#[cfg(target_os = "linux")]
 fn release_behind(s: &Space, r: GuestRange) {
     let host = s.host_addr(r.start()).unwrap();
     // SAFETY: the pages lie inside the space's reservation; no reference into them is live.
@@ -65,6 +67,7 @@ fn release_behind(s: &Space, r: GuestRange) {
 
 /// Decommits one page in place behind the space's back: inaccessible and its bytes dropped, but
 /// still inside the same mappings.
+#[cfg(target_os = "linux")]
 fn decommit_in_place(s: &Space, page: u64) {
     let host = s.host_addr(GuestAddr(page * p())).unwrap() as *mut libc::c_void;
     // SAFETY: the page lies inside the space's reservation; no reference into it is live.
@@ -85,21 +88,28 @@ watch_conformance!(
     a_release_of_armed_pages_and_their_next_arm_register_nothing,
     an_arm_waits_for_long_reads_only_where_it_arms_pages,
     many_allocations,
+    #[cfg(target_os = "linux")]
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
+    #[cfg(target_os = "linux")]
     released_behind_the_mappings,
+    #[cfg(target_os = "linux")]
     released_behind_the_mappings_into_words,
+    #[cfg(target_os = "linux")]
     verify_catches_a_page_decommitted_in_place,
     commit_and_protect_over_watched_pages,
     view_split_keeps_tracking,
+    #[cfg(target_os = "linux")]
     host_writes_after_prepare,
     dropping_the_tracker_gives_the_pages_their_protection_back,
     a_second_tracker_on_a_space_is_refused,
+    #[cfg(target_os = "linux")]
     a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno,
     arm_and_disarm_racing_writers_lose_nothing,
     a_commit_and_arm_over_armed_pages_keep_their_writes,
     a_write_before_a_decommit_is_reported,
     a_write_through_one_alias_is_reported_at_every_armed_alias,
     decommitted_and_recommitted_pages_are_reported_once,
+    #[cfg(target_os = "linux")]
     a_host_write_may_block_while_collects_go_on,
     a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next,
     verify_accepts_write_only_pages,
@@ -176,7 +186,7 @@ fn writes_across_an_allocations_end(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), vec![15, 16]);
     let used = calls().since(&before);
     assert_eq!(used.query, 0, "no region query: {used:?}");
-    if kind == BackendKind::Uffd {
+    if !kind.protects() {
         assert_eq!(used.ioctl, 2, "one read per allocation: {used:?}");
     }
 }
@@ -241,7 +251,7 @@ fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
     let got = written(&t.collect(r).unwrap());
     // mprotect reports the pages the protection changes made writable (conservatively).
     assert!(got.contains(&3) && !got.contains(&2), "{got:?}");
-    if uffd {
+    if !kind.protects() {
         assert_eq!(got, [3]);
     }
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
@@ -288,7 +298,7 @@ fn a_release_of_armed_pages_and_their_next_arm_register_nothing(kind: BackendKin
     // The write before the release, and each released page once (its content is new); mprotect
     // reports every page of a writable commit over armed pages (conservatively).
     let got = written(&t.collect(r).unwrap());
-    assert!(got == [2, 4, 5, 6, 7] || (kind == BackendKind::Mprotect && got == (0..8).collect::<Vec<_>>()), "{got:?}");
+    assert!(got == [2, 4, 5, 6, 7] || (kind.protects() && got == (0..8).collect::<Vec<_>>()), "{got:?}");
     assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
     // A read is no write: the released pages are write-protected again, unpopulated ones too.
     let mut b = [0u8; 1];
@@ -314,7 +324,7 @@ fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
     let before = calls();
     t.arm(r).unwrap();
     assert_eq!(s.long_read_waits(), waits, "armed already: nothing to wait for");
-    if kind == BackendKind::Uffd {
+    if !kind.protects() {
         let used = calls().since(&before);
         assert_eq!(used.total(), 0, "armed already: no system call, no region query: {used:?}");
     }
@@ -328,6 +338,7 @@ fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
 
 /// `MADV_NOHUGEPAGE` takes the memory-map lock for writing: a uffd arm makes it only where the
 /// kernel's THP settings could give the space's own pages huge pages unasked (`always`).
+#[cfg(target_os = "linux")]
 fn an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages(kind: BackendKind) {
     let Some((s, t)) = setup(kind) else { return };
     let r = pages(&s, 0, 64);
@@ -367,11 +378,12 @@ fn many_allocations(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), want);
     let used = calls().since(&before);
     assert_eq!(used.query, 0, "{used:?}");
-    if kind == BackendKind::Uffd {
+    if !kind.protects() {
         assert_eq!(used.ioctl, n, "one read per allocation: {used:?}");
     }
 }
 
+#[cfg(target_os = "linux")]
 fn released_behind_the_mappings(kind: BackendKind) {
     let Some((s, t)) = setup(kind) else { return };
     let (a, b) = (pages(&s, 0, 8), pages(&s, 8, 8));
@@ -402,6 +414,7 @@ fn released_behind_the_mappings(kind: BackendKind) {
 
 /// Two allocations, of 8 and `b_pages` pages, committed and armed, with or without a consumer
 /// (kept alive with the tracker): the space, the tracker, the range of both.
+#[cfg(target_os = "linux")]
 #[allow(clippy::type_complexity)]
 fn two_armed(
     kind: BackendKind,
@@ -420,6 +433,7 @@ fn two_armed(
 /// The same into the caller's words, where the runs go straight into the bits (no consumer)
 /// or through the tracker's runs (a consumer needs them): the released allocation is reported
 /// whole and counted once, beside the page written in the other.
+#[cfg(target_os = "linux")]
 fn released_behind_the_mappings_into_words(kind: BackendKind) {
     for with_consumer in [false, true] {
         let Some((s, t, _consumer, r)) = two_armed(kind, 8, with_consumer) else { return };
@@ -454,6 +468,7 @@ fn released_behind_the_mappings_into_words(kind: BackendKind) {
     }
 }
 
+#[cfg(target_os = "linux")]
 fn verify_catches_a_page_decommitted_in_place(kind: BackendKind) {
     let Some((s, _)) = setup(kind) else { return };
     let verifying = Tracker::new(
@@ -517,12 +532,13 @@ fn view_split_keeps_tracking(kind: BackendKind) {
     // with it: more than needed, never less.)
     s.map_section(pages(&s, 64 + 20, 1), sec, 63 * p(), Prot::READ_WRITE).unwrap();
     let got = written(&t.collect(run).unwrap());
-    assert!(got == vec![84] || (kind == BackendKind::Mprotect && got == vec![84, 127]), "{got:?}");
+    assert!(got == vec![84] || (kind.protects() && got == vec![84, 127]), "{got:?}");
     poke(&s, 64 + 20);
     assert_eq!(written(&t.collect(run).unwrap()), vec![84, 127]);
     assert_eq!(written(&t.collect(run).unwrap()), Vec::<u64>::new());
 }
 
+#[cfg(target_os = "linux")]
 fn host_writes_after_prepare(kind: BackendKind) {
     let Some((s, t)) = setup(kind) else { return };
     let r = pages(&s, 0, 8);
@@ -584,6 +600,7 @@ fn a_write_at_a_host_address_equal_to_a_host_write_end_is_its_own_run(kind: Back
     assert_eq!(got, vec![2], "{:?}", c.runs);
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
     let choice = watch::choose(&emuhost::watch::TrackerConfig::default()).unwrap();
@@ -607,11 +624,12 @@ fn the_self_test_chooses_uffd_where_the_kernel_offers_it_else_mprotect() {
 #[test]
 fn bad_input_is_an_error_naming_it() {
     let e = emuhost::settings::Settings::default().set("EMUHOST_WATCH", "fast").unwrap_err();
-    assert_eq!(e.to_string(), "EMUHOST_WATCH=\"fast\" is not one of uffd, mprotect");
+    let here = if cfg!(windows) { "writewatch, guard" } else { "uffd, mprotect" };
+    assert_eq!(e.to_string(), format!("EMUHOST_WATCH=\"fast\" is not one of {here}"));
     let s = Arc::new(Space::with_window(1 << 20).unwrap());
     let t = Tracker::new(
         &s,
-        &emuhost::watch::TrackerConfig::default().backend(Some(BackendKind::Mprotect)).skip_self_test(true),
+        &emuhost::watch::TrackerConfig::default().backend(Some(crate::watch_gate::PROTECTION)).skip_self_test(true),
     )
     .unwrap();
     let outside = GuestRange::new(GuestAddr(1 << 20), p()).unwrap();
@@ -682,7 +700,7 @@ fn a_second_tracker_on_a_space_is_refused(kind: BackendKind) {
     let r = pages(&s, 0, 16);
     s.commit(r, Prot::READ_WRITE).unwrap();
     t.arm(pages(&s, 0, 8)).unwrap();
-    for other in [BackendKind::Uffd, BackendKind::Mprotect] {
+    for other in BackendKind::AUTO {
         let e = Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(other)).skip_self_test(true))
             .unwrap_err();
         assert!(matches!(e, WatchError::SecondTracker { base } if base == s.host_base()), "{e}");
@@ -700,11 +718,13 @@ fn a_second_tracker_on_a_space_is_refused(kind: BackendKind) {
     assert_eq!(written(&t2.collect(r2).unwrap()), vec![1]);
 }
 
+#[cfg(target_os = "linux")]
 static FOREIGN_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A handler installed before emuhost's, as a runtime's would be: it maps a missing page back (a
 /// fault it resolves), and for a signal sent by a process it resets the disposition to the
 /// default, as Rust's own stack-overflow handler does for anything that is not an overflow.
+#[cfg(target_os = "linux")]
 extern "C" fn foreign_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     FOREIGN_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: the kernel passes a valid siginfo; mmap and sigaction are async-signal-safe; the
@@ -733,6 +753,7 @@ extern "C" fn foreign_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: 
 /// the process; and the handler's failed `mprotect` of a page unmapped behind the space's back
 /// left `ENOMEM` in the interrupted code's `errno`. Runs in a child process (the failure is a
 /// signal death).
+#[cfg(target_os = "linux")]
 fn a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno(kind: BackendKind) {
     if !in_child(kind, "a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno") {
         return;
@@ -779,11 +800,14 @@ fn a_sigsegv_that_is_not_a_fault_keeps_tracking_and_errno(kind: BackendKind) {
     assert_eq!(written(&t.collect(r).unwrap()), vec![3], "tracking goes on");
 }
 
+#[cfg(target_os = "linux")]
 static DELIVERIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+#[cfg(target_os = "linux")]
 static EMUHOST_ACTION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A handler installed after emuhost's, as an emulator's may be: it counts every delivery of
 /// `SIGSEGV` and passes it on to emuhost's.
+#[cfg(target_os = "linux")]
 extern "C" fn counting_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     DELIVERIES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let f = EMUHOST_ACTION.load(std::sync::atomic::Ordering::SeqCst);
@@ -796,6 +820,7 @@ extern "C" fn counting_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *
 /// installed before emuhost's at once, also after a disarm: one delivery per fault. Before the
 /// fix, after any disarm emuhost retried every fault it did not own once before passing it on, so
 /// each such fault was delivered twice. Runs in a child process (handlers are per process).
+#[cfg(target_os = "linux")]
 #[test]
 fn after_a_disarm_a_fault_outside_the_windows_is_passed_on_at_once() {
     use std::sync::atomic::Ordering::SeqCst;
@@ -928,7 +953,7 @@ fn a_commit_and_arm_over_armed_pages_keep_their_writes(kind: BackendKind) {
     t.arm(r).unwrap();
     // mprotect reports every page of a writable commit over armed pages (conservatively: the
     // commit made them writable before the tracker heard of it); uffd reports the write alone.
-    let exact = kind != BackendKind::Mprotect;
+    let exact = !kind.protects();
     let got = written(&t.collect(r).unwrap());
     assert!(got.contains(&3) && (!exact || got == [3]), "the write before the recommit: {got:?}");
     // A commit that grows the armed range: the old pages keep their writes, the new ones start
@@ -1011,7 +1036,7 @@ fn a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next(kind: Back
         t.arm(r).unwrap();
         // With mprotect the pages under the host write are reported while it runs (they are
         // writable and untracked); with uffd nothing was written yet.
-        let hosting = if kind == BackendKind::Mprotect { vec![4, 5, 6, 7] } else { vec![] };
+        let hosting = if kind.protects() { vec![4, 5, 6, 7] } else { vec![] };
         assert_eq!(written(&t.collect(r).unwrap()), hosting);
         poke(&s, 5);
         poke(&s, 9);
@@ -1020,7 +1045,7 @@ fn a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next(kind: Back
     })
     .unwrap();
     // The host write's end arms them, and reports them once more (the host may have written them).
-    let after = if kind == BackendKind::Mprotect { vec![4, 5, 6, 7] } else { vec![] };
+    let after = if kind.protects() { vec![4, 5, 6, 7] } else { vec![] };
     assert_eq!(written(&t.collect(r).unwrap()), after);
     poke(&s, 6);
     assert_eq!(written(&t.collect(r).unwrap()), vec![6], "tracked as usual after the host write");
@@ -1031,6 +1056,7 @@ fn a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next(kind: Back
 /// waits; it reports the page (the host may be writing it) and leaves it writable, so the read
 /// lands; the collect after it reports the page again, and tracking goes on. A watchdog feeds the
 /// pipe after a minute if the collect is still stuck (so a regression fails instead of hanging).
+#[cfg(target_os = "linux")]
 fn a_host_write_may_block_while_collects_go_on(kind: BackendKind) {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let Some((s, t)) = setup(kind) else { return };
@@ -1083,7 +1109,7 @@ fn a_host_write_may_block_while_collects_go_on(kind: BackendKind) {
         let during = during.unwrap();
         // With mprotect the page is reported while the host may be writing it; with uffd the
         // write is reported once it happened, as any write.
-        if kind == BackendKind::Mprotect {
+        if kind.protects() {
             assert_eq!(during, vec![5], "a page under a host write is reported");
         }
         assert_eq!((fed, read), (5, 5), "the kernel's write into the watched page must not fail");
@@ -1129,6 +1155,7 @@ fn verify_accepts_write_only_pages(kind: BackendKind) {
 /// An embedder's own userfaultfd over part of the window: the tracker cannot register the whole
 /// window when it is made (`EBUSY`), so each arm registers its pages. Those pages cannot be armed
 /// (an error), every other page is tracked.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_window_registered_in_part_elsewhere_is_registered_arm_by_arm() {
     if !usable(BackendKind::Uffd) {
@@ -1195,6 +1222,7 @@ fn a_window_registered_in_part_elsewhere_is_registered_arm_by_arm() {
 /// (`OtherProcess`), changing nothing, and the parent loses no write, also when the child drops
 /// its copies. Runs alone in a child process of its own (a fork with other test threads running
 /// could copy a lock they hold).
+#[cfg(target_os = "linux")]
 fn fork_leaves_the_parent_its_writes(kind: BackendKind, name: &str) {
     if std::env::var_os(ALONE).is_none() {
         return crate::watch_gate::in_child_alone(&format!("watch::{name}"));
@@ -1243,11 +1271,13 @@ fn fork_leaves_the_parent_its_writes(kind: BackendKind, name: &str) {
     assert_eq!(written(&t.collect(r).unwrap()), vec![6], "the parent's pages are still armed");
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn uffd_fork_leaves_the_parent_its_writes() {
     fork_leaves_the_parent_its_writes(BackendKind::Uffd, "uffd_fork_leaves_the_parent_its_writes")
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn mprotect_fork_leaves_the_parent_its_writes() {
     fork_leaves_the_parent_its_writes(BackendKind::Mprotect, "mprotect_fork_leaves_the_parent_its_writes")
@@ -1260,7 +1290,7 @@ fn mprotect_fork_leaves_the_parent_its_writes() {
 /// elsewhere or the tracker's drop; not twice; not after the guest changed the page itself.
 #[test]
 fn handle_fault_claims_only_faults_its_own_changes_cause() {
-    let Some((s, t)) = setup(BackendKind::Mprotect) else { return };
+    let Some((s, t)) = setup(crate::watch_gate::PROTECTION) else { return };
     let host = |page: u64| s.host_addr(GuestAddr(page * p())).unwrap();
     s.commit(pages(&s, 0, 64), Prot::READ_WRITE).unwrap();
     t.arm(pages(&s, 0, 32)).unwrap();

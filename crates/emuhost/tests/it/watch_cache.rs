@@ -3,10 +3,13 @@
 //! dirty pages, and `handle_fault` called from the test's own `SIGSEGV` handler.
 
 use std::sync::Arc;
+#[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
-use emuhost::watch::{self, BackendKind, FaultHandle, Tracker, TrackerConfig, WatchError};
+#[cfg(target_os = "linux")]
+use emuhost::watch::TrackerConfig;
+use emuhost::watch::{self, BackendKind, FaultHandle, Tracker, WatchError};
 
 use crate::watch::usable;
 
@@ -20,7 +23,9 @@ watch_conformance!(
     a_query_reports_without_taking,
     two_consumers_both_see_every_write,
     every_reader_sees_every_write_whatever_the_order,
+    #[cfg(target_os = "linux")]
     handle_fault_from_the_embedders_own_handler,
+    #[cfg(target_os = "linux")]
     handle_fault_racing_collects_loses_nothing,
     collect_into_allocates_nothing_once_warm,
 );
@@ -263,9 +268,13 @@ fn every_reader_sees_every_write_whatever_the_order(kind: BackendKind) {
 /// The test's own handler: a fault on its foreign page maps it in (a fault of the embedder's
 /// own); any other goes to the tracker's handle, and one it refuses restores the default action
 /// (the process dies, and the test with it).
+#[cfg(target_os = "linux")]
 static HANDLE: std::sync::OnceLock<FaultHandle> = std::sync::OnceLock::new();
+#[cfg(target_os = "linux")]
 static FOREIGN: AtomicUsize = AtomicUsize::new(0);
+#[cfg(target_os = "linux")]
 static FOREIGN_SEEN: AtomicUsize = AtomicUsize::new(0);
+#[cfg(target_os = "linux")]
 static TAKEN: AtomicUsize = AtomicUsize::new(0);
 
 /// What a signal handler may keep: a handle is plain data, and a consumer moves between threads.
@@ -279,17 +288,18 @@ fn a_fault_handle_is_plain_data_and_a_consumer_is_send_and_sync() {
 }
 
 /// Whether the fault was a write: the page-fault error code's write bit.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 fn is_write(ctx: *mut libc::c_void) -> bool {
     // SAFETY: for SA_SIGINFO handlers the third argument is the thread's ucontext.
     unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0 }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(all(target_os = "linux", not(target_arch = "x86_64")))]
 fn is_write(_ctx: *mut libc::c_void) -> bool {
     true
 }
 
+#[cfg(target_os = "linux")]
 extern "C" fn embedder_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo; for a fault si_addr is the address.
     let addr = unsafe { (*info).si_addr() } as usize;
@@ -314,6 +324,7 @@ extern "C" fn embedder_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
 }
 
 /// The `SIGSEGV` handler now.
+#[cfg(target_os = "linux")]
 fn current_handler() -> usize {
     // SAFETY: reads the action into a zeroed struct.
     unsafe {
@@ -326,6 +337,7 @@ fn current_handler() -> usize {
 /// In a child process (handlers are the process's): installs the test's handler, makes a tracker
 /// that installs none, and returns it with its space, the range armed; `None` in the parent (the
 /// child ran and passed) or where the backend is not usable.
+#[cfg(target_os = "linux")]
 fn embedded(kind: BackendKind, name: &str, pages: u64) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
     let full = format!("watch_cache::{}::{name}", kind.name());
     if std::env::var("EMUHOST_WATCH_CACHE_CHILD").ok().as_deref() != Some(full.as_str()) {
@@ -363,25 +375,27 @@ fn embedded(kind: BackendKind, name: &str, pages: u64) -> Option<(Arc<Space>, Ar
 
 /// A store by the CPU, as guest code makes (`Space::store` never faults: it hands a refused page
 /// to the tracker without a signal).
+#[cfg(target_os = "linux")]
 fn cpu_poke(s: &Space, page: u64) {
     // SAFETY: the test's pages are committed read-write and armed, and the test's handler hands
     // their faults to the tracker; nothing decommits or protects them meanwhile.
     unsafe { s.store_unchecked(GuestAddr(page * p() + 8), &[0x5a]) }.unwrap();
 }
 
+#[cfg(target_os = "linux")]
 fn handle_fault_from_the_embedders_own_handler(kind: BackendKind) {
     let Some((s, t, r)) = embedded(kind, "handle_fault_from_the_embedders_own_handler", 64) else { return };
     cpu_poke(&s, 2);
     cpu_poke(&s, 9);
     cpu_poke(&s, 9);
     // With mprotect each first write faults once, into the handle; uffd's never fault.
-    let want = if kind == BackendKind::Mprotect { 2 } else { 0 };
+    let want = if kind.protects() { 2 } else { 0 };
     assert_eq!(TAKEN.load(SeqCst), want);
     let mut words = [0u64; 1];
     t.collect_into(r, p(), &mut words).unwrap();
     assert_eq!(bits(&words), vec![2, 9]);
     cpu_poke(&s, 9);
-    let want = if kind == BackendKind::Mprotect { 3 } else { 0 };
+    let want = if kind.protects() { 3 } else { 0 };
     assert_eq!(TAKEN.load(SeqCst), want, "armed again by the collect");
     assert_eq!(t.collect(r).unwrap().page_addrs(), vec![GuestAddr(9 * p())]);
     // A fault outside the window: the handle refuses it, and the test's handler sees it.
@@ -402,9 +416,9 @@ fn handle_fault_from_the_embedders_own_handler(kind: BackendKind) {
     // A page of the window never armed is not the tracker's (the self-test's trackers were
     // dropped: that changes nothing here).
     assert!(!t.handle_fault(host(100), true), "never armed");
-    assert_eq!(t.handle_fault(host(30) + 5, true), kind == BackendKind::Mprotect);
-    assert_eq!(watch::handle_fault(host(31), true), kind == BackendKind::Mprotect);
-    let marked: Vec<u64> = if kind == BackendKind::Mprotect { vec![30, 31] } else { vec![] };
+    assert_eq!(t.handle_fault(host(30) + 5, true), kind.protects());
+    assert_eq!(watch::handle_fault(host(31), true), kind.protects());
+    let marked: Vec<u64> = if kind.protects() { vec![30, 31] } else { vec![] };
     assert_eq!(t.collect(r).unwrap().page_addrs(), marked.iter().map(|&i| GuestAddr(i * p())).collect::<Vec<_>>());
     // Still no handler of emuhost's.
     assert_eq!(current_handler(), embedder_segv as *const () as usize);
@@ -413,6 +427,7 @@ fn handle_fault_from_the_embedders_own_handler(kind: BackendKind) {
 /// A writer stores to every page of the range, round after round, through the CPU (faults go to
 /// the test's handler and on to the handle) while a collector collects into words; each round
 /// starts after a collect, so every page must be in the round's collects: none lost.
+#[cfg(target_os = "linux")]
 fn handle_fault_racing_collects_loses_nothing(kind: BackendKind) {
     let pages = 512;
     let Some((s, t, r)) = embedded(kind, "handle_fault_racing_collects_loses_nothing", pages) else { return };
@@ -440,7 +455,7 @@ fn handle_fault_racing_collects_loses_nothing(kind: BackendKind) {
         lost += seen.iter().map(|w| w.count_zeros() as u64).sum::<u64>();
     }
     assert_eq!(lost, 0, "pages written and never reported");
-    if kind == BackendKind::Mprotect {
+    if kind.protects() {
         assert!(TAKEN.load(SeqCst) >= pages as usize, "the handle took {} faults", TAKEN.load(SeqCst));
     }
 }

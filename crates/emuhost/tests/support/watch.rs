@@ -4,27 +4,50 @@
 
 #![allow(dead_code)]
 
+#[cfg(target_os = "linux")]
 use emuhost::probe::{Offer, Probe};
 use emuhost::watch::{self, BackendKind};
+
+/// This platform's protection backend (armed pages read-only, a write claimed by the fault
+/// handler): for the tests of what only such a backend does (`handle_fault`, a store from a thread
+/// that blocks faults, the embedder's own handler).
+#[cfg(target_os = "linux")]
+pub const PROTECTION: BackendKind = BackendKind::Mprotect;
+/// This platform's protection backend (armed pages read-only, a write claimed by the fault
+/// handler): for the tests of what only such a backend does (`handle_fault`, a store from a thread
+/// that blocks faults, the embedder's own handler).
+#[cfg(windows)]
+pub const PROTECTION: BackendKind = BackendKind::Guard;
 
 /// Whether this machine should have `kind`, by its probed capabilities (not by the backend's own
 /// self-test): `Err(why not)` where the kernel lacks what it needs.
 pub fn expected(kind: BackendKind) -> Result<(), String> {
     match kind {
-        BackendKind::Uffd => {
-            let p = Probe::run();
-            if !p.uffd_wp_async() {
-                return Err(format!("userfaultfd has no WP_ASYNC (features: {:?})", p.uffd_features));
-            }
-            match p.pagemap_scan {
-                Offer::Yes(()) => Ok(()),
-                Offer::No(why) => Err(format!("PAGEMAP_SCAN: {why}")),
-            }
-        }
-        BackendKind::Mprotect => Ok(()),
+        BackendKind::Uffd => uffd_expected(),
+        BackendKind::Mprotect if cfg!(target_os = "linux") => Ok(()),
         // Windows: write watch is in every Windows and Wine; the guard is the portable one.
-        BackendKind::WriteWatch | BackendKind::Guard => Ok(()),
+        BackendKind::WriteWatch | BackendKind::Guard if cfg!(windows) => Ok(()),
+        _ => Err(format!("{} is not a backend of this platform", kind.name())),
     }
+}
+
+/// Whether this kernel offers what the uffd backend needs (`WP_ASYNC` and `PAGEMAP_SCAN`).
+#[cfg(target_os = "linux")]
+fn uffd_expected() -> Result<(), String> {
+    let p = Probe::run();
+    if !p.uffd_wp_async() {
+        return Err(format!("userfaultfd has no WP_ASYNC (features: {:?})", p.uffd_features));
+    }
+    match p.pagemap_scan {
+        Offer::Yes(()) => Ok(()),
+        Offer::No(why) => Err(format!("PAGEMAP_SCAN: {why}")),
+    }
+}
+
+/// userfaultfd is Linux's.
+#[cfg(not(target_os = "linux"))]
+fn uffd_expected() -> Result<(), String> {
+    Err("userfaultfd is Linux only".into())
 }
 
 /// Whether a test of `kind` can run here: `false` (a test that then returns) after printing

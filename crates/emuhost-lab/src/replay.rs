@@ -1062,7 +1062,8 @@ mod tests {
         let mut cfg = ReplayConfig::default();
         cfg.settings.import_backend = BackendChoice::Only(emuhost::import::BackendKind::Pin);
         cfg.settings.import.policy = emuhost::settings::ImportPolicyName::Chunks;
-        cfg.settings.watch = Some(watch::BackendKind::Mprotect);
+        // The platform's protection backend.
+        cfg.settings.watch = Some(if cfg!(windows) { watch::BackendKind::Guard } else { watch::BackendKind::Mprotect });
         replay_with(&Header::default(), records.into_iter().map(Ok), &cfg, stack)
     }
 

@@ -522,7 +522,8 @@ fn blocks(s: &Space, t: &Tracker) -> Result<(u64, u64), WatchError> {
 
 /// A space of its own whose pages alternate in protection (each change splits a mapping), as many
 /// as bring the process to [`MAP_HEADROOM`] mappings below `vm.max_map_count`. Dropped, it gives
-/// them back.
+/// them back. Linux only: the map limit is Linux's.
+#[cfg(target_os = "linux")]
 fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
     let os = |op, source| WatchError::Os { op, range: whole, backend: kind.name(), source };
     let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
@@ -539,6 +540,21 @@ fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> 
         filler.protect(filler.range((2 * j + 1) * p, p)?, Prot::READ)?;
     }
     Ok(filler)
+}
+
+/// Map pressure is Linux's (`vm.max_map_count`; Windows has no limit on the number of regions
+/// to run into): elsewhere a stress that asks for it is refused, naming why.
+#[cfg(not(target_os = "linux"))]
+fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
+    Err(WatchError::Os {
+        op: "map pressure",
+        range: whole,
+        backend: kind.name(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "the map limit (vm.max_map_count) it runs into is Linux's",
+        ),
+    })
 }
 
 /// Reports of block pages (`b0..b1`) that no write of their window explains.
@@ -558,7 +574,9 @@ fn unwritten_reports(reported: &[Vec<u32>], writes: &[Write], (b0, b1): (u64, u6
 
 /// Forks the process; the child (this thread alone, copied mid-run) collects through the
 /// parent's tracker and consumer, which must refuse (`OtherProcess`) before touching anything, and
-/// exits at once. An error where the child's collects were not refused.
+/// exits at once. An error where the child's collects were not refused. Linux only: Windows has
+/// no fork (the forker's steps do nothing there, and no fork is counted).
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // fork(2) and the child's _exit(2): see the SAFETY comments
 fn fork_and_collect(t: &Tracker, c: &Consumer, range: GuestRange) -> Result<(), WatchError> {
     let os = |source| WatchError::Os { op: "fork", range, backend: t.kind().name(), source };
@@ -587,6 +605,12 @@ fn fork_and_collect(t: &Tracker, c: &Consumer, range: GuestRange) -> Result<(), 
             "a fork's child collected through the parent's tracker (status {status:#x})"
         ))));
     }
+    Ok(())
+}
+
+/// Windows has no fork: never called there (the forker's steps do nothing).
+#[cfg(not(target_os = "linux"))]
+fn fork_and_collect(_: &Tracker, _: &Consumer, _: GuestRange) -> Result<(), WatchError> {
     Ok(())
 }
 
@@ -689,6 +713,11 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let (s, t, sec) = layout(kind)?;
     let whole = s.range(0, PAGES * p)?;
     let zone = s.range(ZONE.start * p, (ZONE.end - ZONE.start) * p)?;
+    // Refused up front where the platform has no map limit (before any thread starts).
+    #[cfg(not(target_os = "linux"))]
+    if cfg.map_pressure {
+        fill_maps(whole, kind)?;
+    }
     let skip = |pg: &u64| !VOLATILE.contains(pg) && !RELEASED.contains(pg);
     let block = if cfg.map_pressure { Some(blocks(&s, &t)?) } else { None };
     let (b0, b1) = block.unwrap_or((PAGES, PAGES));
@@ -715,8 +744,10 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         let (consumer, pc) = (consumer.clone(), pace.clone());
         background(&pace, 4, 2, move |_| consumer.collect(&pc))
     };
+    // Forks on Linux only (Windows has no fork), and not under map pressure.
+    let forking = cfg!(target_os = "linux") && !cfg.map_pressure;
     let forker = {
-        let (t, c, forks) = (t.clone(), consumer.consumer.clone(), !cfg.map_pressure);
+        let (t, c, forks) = (t.clone(), consumer.consumer.clone(), forking);
         background(&pace, 5, 1, move |_| if forks { fork_and_collect(&t, &c, whole) } else { Ok(()) })
     };
     let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
@@ -766,7 +797,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     result?;
     let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
     consumer_collects?;
-    let forks = if cfg.map_pressure { 0 } else { forks? };
+    let forks = if forking { forks? } else { 0 };
     let rounds = if cfg.map_pressure { 0 } else { rounds };
     // A collect after every thread is done: it checks the last writes.
     let n = pace.epoch.fetch_add(1, SeqCst) as u32 + 1;

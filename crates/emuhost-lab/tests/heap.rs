@@ -1,5 +1,7 @@
 //! The C allocator's figures and `trim_heap`, in a process of their own (resident memory is the
-//! process's: other tests running beside this one would move it).
+//! process's: other tests running beside this one would move it). Linux only: the figures are
+//! glibc's and the kernel's (`/proc/self/status`).
+#![cfg(target_os = "linux")]
 
 use emuhost_lab::soak::{memory, trim_heap};
 

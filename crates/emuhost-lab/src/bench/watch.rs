@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+#[cfg(target_os = "linux")]
 use emuhost::watch::bare::BareUffd;
 use emuhost::watch::{BackendKind, Tracker};
 
@@ -184,6 +185,7 @@ fn steady(s: &Space, t: &Tracker, r: GuestRange, out: &mut Samples) -> Result<()
 
 /// The bare kernel's round on the uffd round's memory: armed and scanned with the kernel's calls
 /// alone, written with plain stores; the same figures under `bare_` names.
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // plain stores into the committed guest pages: see the SAFETY comment
 fn bare_round(s: &Space, size: u64, out: &mut Samples) -> Result<(), BenchError> {
     let p = page_size();
@@ -236,6 +238,12 @@ fn bare_round(s: &Space, size: u64, out: &mut Samples) -> Result<(), BenchError>
     put("bare_first_write_ns", ns_since(start) / n as f64);
     b.scan(host, size as usize)?;
     b.disarm(host, size as usize)?;
+    Ok(())
+}
+
+/// The bare kernel's calls are userfaultfd's, Linux's: never called elsewhere (no uffd round).
+#[cfg(not(target_os = "linux"))]
+fn bare_round(_: &Space, _: u64, _: &mut Samples) -> Result<(), BenchError> {
     Ok(())
 }
 

@@ -193,6 +193,11 @@ pub fn parse_journal(text: &str, dev: &DeviceInfo) -> Result<Vec<u64>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // A symbolic link to a file (Windows tells file and folder links apart).
+    #[cfg(unix)]
+    use std::os::unix::fs::symlink;
+    #[cfg(windows)]
+    use std::os::windows::fs::symlink_file as symlink;
 
     fn dev() -> DeviceInfo {
         DeviceInfo {
@@ -268,7 +273,7 @@ mod tests {
         std::fs::write(&precious, b"a user's file").unwrap();
         check_ours(&file).unwrap();
         for (n, target) in [&precious, &nowhere].into_iter().enumerate() {
-            std::os::unix::fs::symlink(target, sibling(&file, ".tmp")).unwrap();
+            symlink(target, sibling(&file, ".tmp")).unwrap();
             let bytes = wrap(format!("cache {n}").as_bytes());
             write_atomic(&file, &bytes).unwrap();
             assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file", "{target:?}: the link's target untouched");

@@ -415,13 +415,30 @@ fn open_journal(
 /// itself: a link put there since the run began (it checked that the journal was a regular file)
 /// is refused before anything is written, and what it points to is left as it is.
 fn open_append(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::MetadataExt as _;
     let f = std::fs::OpenOptions::new().append(true).open(path)?;
     let (opened, named) = (f.metadata()?, std::fs::symlink_metadata(path)?);
-    if !named.file_type().is_file() || (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+    if !named.file_type().is_file() || !same_file(&opened, &named) {
         return Err(std::io::Error::other("not the regular file the run began with (a link put there since?)"));
     }
     Ok(f)
+}
+
+/// Whether `opened` (an open file's metadata) and `named` (the path's, the link itself where it is
+/// one) are the same file: the same device and inode.
+#[cfg(unix)]
+fn same_file(opened: &std::fs::Metadata, named: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    (opened.dev(), opened.ino()) == (named.dev(), named.ino())
+}
+
+/// Whether `opened` and `named` are the same file, weaker than on unix: Windows' file index
+/// (`std::os::windows::fs::MetadataExt::file_index`) is not stable Rust, so the same length and
+/// modification time stand in for it. A link at the path is still refused (by the file type);
+/// what this misses is a regular file of the same length and time put there between the open and
+/// the check.
+#[cfg(not(unix))]
+fn same_file(opened: &std::fs::Metadata, named: &std::fs::Metadata) -> bool {
+    opened.len() == named.len() && opened.modified().ok() == named.modified().ok()
 }
 
 /// What phase 1 made: each variant's SPIR-V (program, variant, key), in corpus order.
@@ -573,6 +590,11 @@ pub fn parse_vm_hwm(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // A symbolic link to a file (Windows tells file and folder links apart).
+    #[cfg(unix)]
+    use std::os::unix::fs::symlink;
+    #[cfg(windows)]
+    use std::os::windows::fs::symlink_file as symlink;
 
     fn dev() -> DeviceInfo {
         DeviceInfo {
@@ -599,7 +621,7 @@ mod tests {
         let precious = dir.join("precious");
         std::fs::write(&precious, b"a user's file\n").unwrap();
         for start in [JournalStart::None, JournalStart::Discarded("test".into())] {
-            std::os::unix::fs::symlink(&precious, &journal).unwrap();
+            symlink(&precious, &journal).unwrap();
             let f = open_journal(true, &start, &journal, &dev()).unwrap();
             drop(f);
             assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file\n", "{start:?}");
@@ -607,7 +629,7 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&journal).unwrap(), format!("{}\n", journal_header(&dev())));
             std::fs::remove_file(&journal).unwrap();
         }
-        std::os::unix::fs::symlink(&precious, &journal).unwrap();
+        symlink(&precious, &journal).unwrap();
         let e = open_journal(true, &JournalStart::Resumed { skipped: 0 }, &journal, &dev()).unwrap_err();
         assert!(e.to_string().contains(journal.to_str().unwrap()), "{e}");
         assert_eq!(std::fs::read(&precious).unwrap(), b"a user's file\n");

@@ -273,7 +273,10 @@ fn files_that_are_not_emuhosts_are_refused_and_left_alone() {
     let e = prepare(&c, &opts, &|_, _, _| {}).unwrap_err();
     assert!(e.to_string().contains("c.vkpc.journal: a directory"), "{e}");
     std::fs::remove_dir(dir.join("c.vkpc.journal")).unwrap();
+    #[cfg(unix)]
     std::os::unix::fs::symlink("/dev/null", &cache).unwrap();
+    #[cfg(windows)]
+    std::os::windows::fs::symlink_file("NUL", &cache).unwrap();
     let e = prepare(&c, &opts, &|_, _, _| {}).unwrap_err();
     assert!(e.to_string().contains("symbolic link"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();

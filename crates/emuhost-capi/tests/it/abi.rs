@@ -38,6 +38,15 @@ pub(crate) fn fails(e: *mut emuhost_error_t, code: u32, says: &str) -> String {
     message
 }
 
+/// The platform's protection backend (armed pages read-only, a write claimed by the fault
+/// handler): its code, and its name as `EMUHOST_WATCH` takes it.
+#[cfg(target_os = "linux")]
+const PROTECTION: (u32, &CStr) = (EMUHOST_WATCH_MPROTECT, c"mprotect");
+/// The platform's protection backend (armed pages read-only, a write claimed by the fault
+/// handler): its code, and its name as `EMUHOST_WATCH` takes it.
+#[cfg(windows)]
+const PROTECTION: (u32, &CStr) = (EMUHOST_WATCH_GUARD, c"guard");
+
 pub(crate) fn page() -> u64 {
     emuhost::space::page_size()
 }
@@ -228,20 +237,16 @@ fn settings_are_set_by_name_and_a_bad_one_is_named() {
             "not UTF-8",
         );
         // A setting reaches what is made with it: the tracker's backend.
-        ok(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), c"mprotect".as_ptr()));
+        ok(emuhost_settings_set(st, c"EMUHOST_WATCH".as_ptr(), PROTECTION.1.as_ptr()));
         let s = space(4);
         let mut t = null_mut();
         ok(emuhost_tracker_new(s, st, EMUHOST_WATCH_AUTO, 0, &mut t));
         let mut backend = 0;
         ok(emuhost_tracker_backend(t, &mut backend));
-        assert_eq!(backend, EMUHOST_WATCH_MPROTECT);
+        assert_eq!(backend, PROTECTION.0);
         // One tracker per space.
         let mut t2 = null_mut();
-        fails(
-            emuhost_tracker_new(s, st, EMUHOST_WATCH_MPROTECT, 0, &mut t2),
-            EMUHOST_ERROR_REFUSED,
-            "one tracker per space",
-        );
+        fails(emuhost_tracker_new(s, st, PROTECTION.0, 0, &mut t2), EMUHOST_ERROR_REFUSED, "one tracker per space");
         ok(emuhost_tracker_delete(t));
         ok(emuhost_space_delete(s));
         // The sleep switch reaches the sleeper's rule.
@@ -474,6 +479,8 @@ fn a_panic_inside_emuhost_comes_back_as_an_error() {
     ok(emuhost_space_delete(s));
 }
 
+// Linux by nature for now: the caller's reservation is made with libc's mmap.
+#[cfg(target_os = "linux")]
 #[test]
 fn an_adopted_window_goes_back_to_the_caller_reserved() {
     let p = page();
@@ -627,7 +634,7 @@ fn fault_handles_are_checked_deleted_twice_or_mistyped() {
     // SAFETY: out-pointers are locals; the fault is handed over by a direct call (no signal).
     unsafe {
         ok(emuhost_space_commit(s, 0, 4 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
-        ok(emuhost_tracker_new(s, null(), EMUHOST_WATCH_MPROTECT, 0, &mut t));
+        ok(emuhost_tracker_new(s, null(), PROTECTION.0, 0, &mut t));
         let mut info = std::mem::zeroed::<emuhost_space_info_t>();
         ok(emuhost_space_info(s, &mut info));
         ok(emuhost_tracker_arm(t, 0, 4 * p));
@@ -724,6 +731,7 @@ fn a_sleep_past_the_bound_is_an_error_not_centuries() {
 }
 
 /// `read(2)` from a pipe into `len` bytes at `at`: the bytes read, or the OS error.
+#[cfg(target_os = "linux")]
 fn read_pipe_into(at: *mut u8, len: usize, fill: u8) -> std::io::Result<usize> {
     let mut fds = [0; 2];
     // SAFETY: a fresh pipe the function owns and closes; `at` is memory the caller vouches for
@@ -741,6 +749,7 @@ fn read_pipe_into(at: *mut u8, len: usize, fill: u8) -> std::io::Result<usize> {
 }
 
 /// The pages a collect of the first `pages` pages reports.
+#[cfg(target_os = "linux")]
 fn collected(t: *const emuhost_tracker_t, pages: u64) -> Vec<u64> {
     let mut out = vec![0u64; pages as usize];
     let mut r = emuhost_collect_t::default();
@@ -753,6 +762,7 @@ fn collected(t: *const emuhost_tracker_t, pages: u64) -> Vec<u64> {
 /// The embedder's own kernel write into armed memory (a `read(2)` from a pipe) between
 /// `emuhost_tracker_host_write_begin` and `emuhost_host_write_end`: with the mprotect backend it
 /// fails with EFAULT without them, succeeds with them, and the next collect reports its pages.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_read_into_armed_memory_between_host_write_begin_and_end() {
     let p = page();

@@ -4,4 +4,7 @@
 mod abi;
 mod header;
 mod log;
+// Linux by nature for now: C and C++ programs built with `cc` against `libemuhost_capi.so` (the
+// DLL comes with the next Windows issue).
+#[cfg(target_os = "linux")]
 mod programs;

@@ -204,7 +204,7 @@ pub const SETTINGS: &[Switch] = &[
     },
     Switch {
         name: WATCH_SWITCH,
-        default: "unset (self-test: `uffd`, then `mprotect`)",
+        default: "unset (self-test: `uffd`, then `mprotect`; on Windows `writewatch`, then `guard`)",
         doc: "force a write-tracking backend: `uffd` or `mprotect`; empty is as unset",
         apply: |s, v| {
             s.watch = parse_watch(v)?;
@@ -571,6 +571,9 @@ pub fn import_cost_value(cost: &ImportCost) -> String {
 mod tests {
     use super::*;
 
+    /// The platform's protection backend (a name every platform's tests can set).
+    const PROTECTION: BackendKind = if cfg!(windows) { BackendKind::Guard } else { BackendKind::Mprotect };
+
     #[test]
     fn backend_names_parse() {
         use crate::import::BackendKind;
@@ -664,7 +667,7 @@ mod tests {
             }
         }
         let mut bad = vec![
-            ("EMUHOST_WATCH", "mprotect", "fast", "EMUHOST_WATCH=\"fast\" is not one of"),
+            ("EMUHOST_WATCH", PROTECTION.name(), "fast", "EMUHOST_WATCH=\"fast\" is not one of"),
             ("EMUHOST_VERIFY_COLLECT", "1", "maybe", "EMUHOST_VERIFY_COLLECT=\"maybe\" is not one of"),
             ("EMUHOST_IMPORT_BACKEND", "pin", "gpu", "EMUHOST_IMPORT_BACKEND=\"gpu\""),
             ("EMUHOST_IMPORT_CHUNK_MB", "32", "3", "EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"),
@@ -713,7 +716,7 @@ mod tests {
             Some(
                 match name {
                     "EMUHOST_LOG" => "debug",
-                    "EMUHOST_WATCH" => " MPROTECT ",
+                    "EMUHOST_WATCH" => return Some(format!(" {} ", PROTECTION.name().to_uppercase())),
                     "EMUHOST_VERIFY_COLLECT" => "yes",
                     "EMUHOST_SHORT_SLEEP_TIMER" => "timer",
                     "EMUHOST_IMPORT_BACKEND" => "pin",
@@ -732,7 +735,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.log, "debug");
-        assert_eq!(s.watch, Some(BackendKind::Mprotect));
+        assert_eq!(s.watch, Some(PROTECTION));
         assert!(s.verify_collect);
         assert_eq!(s.short_sleep_timer, Some(true));
         assert_eq!(s.import_backend, BackendChoice::Only(crate::import::BackendKind::Pin));

@@ -75,8 +75,16 @@ fn commit_is_one_system_call_after_one_region_query() {
     let before = calls();
     assert_eq!(s.commit(r, Prot::READ_WRITE).unwrap(), CommitPath::OneCall);
     let used = calls().since(&before);
-    // The query checks that the range still holds the space's own mappings only.
+    // The query checks that the range still holds the space's own mappings only. The commit is
+    // an `mprotect` on Linux, a `VirtualAlloc2` replacing the placeholder (or a `VirtualAlloc`
+    // commit) on Windows.
+    #[cfg(target_os = "linux")]
     assert_eq!((used.mprotect, used.query, used.total()), (1, 1, 2), "{used:?}");
+    // With placeholders a commit also splits the placeholder (`VirtualFree` with
+    // `MEM_PRESERVE_PLACEHOLDER`) and asks `VirtualQuery` where it ends; without them it is one
+    // `VirtualAlloc(MEM_COMMIT)`. Either way one call commits, and nothing is protected.
+    #[cfg(windows)]
+    assert!((used.mmap, used.mprotect) == (1, 0) && used.total() <= 4, "{used:?}");
     s.write(GuestAddr(16 * MIB + 5), b"guest").unwrap();
     let mut b = [0u8; 5];
     s.read(GuestAddr(16 * MIB + 5), &mut b).unwrap();
@@ -307,6 +315,9 @@ fn shared_regions(s: &Space, r: GuestRange) -> Vec<(u64, u64)> {
 
 #[test]
 fn a_run_of_section_pages_is_one_view() {
+    if !crate::watch_gate::views("a_run_of_section_pages_is_one_view") {
+        return;
+    }
     let s = space();
     let sec = s.create_section(64 * page()).unwrap();
     let before = calls();
@@ -323,6 +334,9 @@ fn a_run_of_section_pages_is_one_view() {
 
 #[test]
 fn a_release_inside_a_run_splits_it_and_keeps_every_other_page() {
+    if !crate::watch_gate::views("a_release_inside_a_run_splits_it_and_keeps_every_other_page") {
+        return;
+    }
     let s = space();
     let sec = s.create_section(64 * page()).unwrap();
     let run = pages(&s, 128, 64);
@@ -341,6 +355,9 @@ fn a_release_inside_a_run_splits_it_and_keeps_every_other_page() {
 
 #[test]
 fn a_split_keeps_the_protection_of_every_other_page() {
+    if !crate::watch_gate::views("a_split_keeps_the_protection_of_every_other_page") {
+        return;
+    }
     let s = space();
     let sec = s.create_section(64 * page()).unwrap();
     let run = pages(&s, 0, 64);
@@ -366,6 +383,9 @@ fn a_split_keeps_the_protection_of_every_other_page() {
 
 #[test]
 fn aliases_see_each_others_writes() {
+    if !crate::watch_gate::views("aliases_see_each_others_writes") {
+        return;
+    }
     let s = space();
     let sec = s.create_section(16 * page()).unwrap();
     assert_eq!(s.map_pages(GuestAddr(0), sec, &[5, 5, 5], Prot::READ_WRITE).unwrap(), 3);
@@ -380,9 +400,23 @@ fn aliases_see_each_others_writes() {
 
 #[test]
 fn mapping_a_view_over_private_pages_takes_them_out_of_the_extent_map() {
+    if !crate::watch_gate::views("mapping_a_view_over_private_pages_takes_them_out_of_the_extent_map") {
+        return;
+    }
     let s = space();
     s.commit(pages(&s, 0, 16), Prot::READ_WRITE).unwrap();
     let sec = s.create_section(4 * page()).unwrap();
+    // Windows cannot shrink an allocation: a view over part of a committed private allocation
+    // whose other pages are committed is refused, and nothing changes (docs/windows.md).
+    #[cfg(windows)]
+    {
+        let e = s.map_section(pages(&s, 4, 4), sec, 0, Prot::READ_WRITE).unwrap_err();
+        assert!(format!("{e:?}").contains("cuts private allocation"), "{e:?}");
+        assert_eq!(extents(&s), vec![(0, 16)]);
+        s.write(GuestAddr(5 * page()), b"kept").unwrap();
+        return;
+    }
+    #[allow(unreachable_code)]
     s.map_section(pages(&s, 4, 4), sec, 0, Prot::READ_WRITE).unwrap();
     assert_eq!(extents(&s), vec![(0, 4), (8, 16)]);
     // A commit over the view re-protects it but does not record it as private.

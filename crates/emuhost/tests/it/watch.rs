@@ -216,6 +216,9 @@ fn rearm(kind: BackendKind) {
 /// armed pages register nothing. Pages mapped anew (a view) are registered. Tracking is the same
 /// either way.
 fn a_rearm_and_a_commit_over_armed_pages_register_nothing(kind: BackendKind) {
+    if !crate::watch_gate::views("a_rearm_and_a_commit_over_armed_pages_register_nothing") {
+        return;
+    }
     let Some((s, t)) = setup(kind) else { return };
     let uffd = kind == BackendKind::Uffd;
     let r = pages(&s, 0, 8);
@@ -513,6 +516,9 @@ fn commit_and_protect_over_watched_pages(kind: BackendKind) {
 }
 
 fn view_split_keeps_tracking(kind: BackendKind) {
+    if !crate::watch_gate::views("view_split_keeps_tracking") {
+        return;
+    }
     let Some((s, t)) = setup(kind) else { return };
     let sec = s.create_section(64 * p()).unwrap();
     let run = pages(&s, 64, 64);
@@ -1323,6 +1329,9 @@ fn handle_fault_claims_only_faults_its_own_changes_cause() {
 /// collect asks for (a collect of one alias's range takes the marks of the others, and keeps
 /// them for their own next collect). A write through an alias that is not armed is not seen.
 fn a_write_through_one_alias_is_reported_at_every_armed_alias(kind: BackendKind) {
+    if !crate::watch_gate::views("a_write_through_one_alias_is_reported_at_every_armed_alias") {
+        return;
+    }
     let Some((s, t)) = setup(kind) else { return };
     let sec = s.create_section(4 * p()).unwrap();
     s.map_section(pages(&s, 100, 4), sec, 0, Prot::READ_WRITE).unwrap();

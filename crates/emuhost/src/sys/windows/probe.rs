@@ -92,19 +92,25 @@ pub fn write_watch() -> io::Result<()> {
     let r = unsafe { GetWriteWatch(0, p, 2 * page, addrs.as_mut_ptr(), &mut n, &mut granularity) };
     let result = if r != 0 {
         Err(io::Error::last_os_error())
-    } else if n == 1 && addrs[0] as usize == written && granularity as usize == page {
-        Ok(())
     } else {
-        let got: Vec<String> = addrs[..n.min(2)].iter().map(|a| format!("{:#x}", *a as usize)).collect();
-        Err(io::Error::other(format!(
-            "GetWriteWatch reported [{}] (granularity {granularity}) for one write to {written:#x}",
-            got.join(", ")
-        )))
+        exactly(&addrs[..n.min(addrs.len())], granularity as usize, written, page)
     };
     count(Call::Munmap);
     // SAFETY: the allocation made above; nothing refers to it any more.
     unsafe { VirtualFree(p, 0, MEM_RELEASE) };
     result
+}
+
+/// Whether `GetWriteWatch` reported exactly the page `written`, at page granularity.
+fn exactly(reported: &[*mut c_void], granularity: usize, written: usize, page: usize) -> io::Result<()> {
+    if reported.len() == 1 && reported[0] as usize == written && granularity == page {
+        return Ok(());
+    }
+    let got: Vec<String> = reported.iter().map(|a| format!("{:#x}", *a as usize)).collect();
+    Err(io::Error::other(format!(
+        "GetWriteWatch reported [{}] (granularity {granularity}) for one write to {written:#x}",
+        got.join(", ")
+    )))
 }
 
 /// Always false on Windows: the system charges commit when memory is committed (`VirtualAlloc`
@@ -127,6 +133,14 @@ mod tests {
             assert!(os.contains(" (Wine "), "{os}");
         }
         write_watch().unwrap();
+        // What the probe refuses: another page, one more, none, another granularity.
+        let at = |a: usize| a as *mut c_void;
+        assert!(exactly(&[at(0x2000)], 4096, 0x2000, 4096).is_ok());
+        assert!(exactly(&[at(0x1000)], 4096, 0x2000, 4096).is_err());
+        assert!(exactly(&[at(0x1000), at(0x2000)], 4096, 0x2000, 4096).is_err());
+        assert!(exactly(&[], 4096, 0x2000, 4096).is_err());
+        let e = exactly(&[at(0x2000)], 65536, 0x2000, 4096).unwrap_err();
+        assert!(e.to_string().contains("[0x2000] (granularity 65536) for one write to 0x2000"), "{e}");
         assert!(affinity_cpus().unwrap() >= 1);
         assert!(!strict_overcommit());
     }

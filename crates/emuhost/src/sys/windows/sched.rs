@@ -420,6 +420,59 @@ mod tests {
         }
     }
 
+    /// Set: the test binary was started by `the_job_cap_is_read_where_the_system_has_one`.
+    const JOB_CHILD_VAR: &str = "EMUHOST_TEST_JOB_CHILD";
+
+    /// Run in a child (a process cannot leave its job): puts itself in a new job with a 50 % hard
+    /// cap where the system takes one (Windows; Wine refuses it with error 87) and reads it back.
+    #[test]
+    fn child_in_a_job() {
+        use windows_sys::Win32::System::JobObjects::{
+            AssignProcessToJobObject, CreateJobObjectW, JOBOBJECT_CPU_RATE_CONTROL_INFORMATION_0,
+            SetInformationJobObject,
+        };
+        if std::env::var_os(JOB_CHILD_VAR).is_none() {
+            return;
+        }
+        // SAFETY: a job of our own (no name, no attributes); `info` is a valid struct of the size
+        // passed; the current process's pseudo handle is valid.
+        let capped = unsafe {
+            let job = CreateJobObjectW(std::ptr::null(), std::ptr::null());
+            assert!(!job.is_null());
+            let info = JOBOBJECT_CPU_RATE_CONTROL_INFORMATION {
+                ControlFlags: JOB_OBJECT_CPU_RATE_CONTROL_ENABLE | JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
+                Anonymous: JOBOBJECT_CPU_RATE_CONTROL_INFORMATION_0 { CpuRate: 5_000 },
+            };
+            let capped = SetInformationJobObject(
+                job,
+                JobObjectCpuRateControlInformation,
+                (&raw const info).cast(),
+                size_of::<JOBOBJECT_CPU_RATE_CONTROL_INFORMATION>() as u32,
+            ) != 0;
+            assert_ne!(AssignProcessToJobObject(job, GetCurrentProcess()), 0);
+            capped
+        };
+        // SAFETY: no preconditions.
+        let cpus = u64::from(unsafe { GetActiveProcessorCount(ALL_PROCESSOR_GROUPS) });
+        let want = capped.then(|| rate_quota(5_000, cpus));
+        assert_eq!(cpu_quota().unwrap(), want);
+    }
+
+    #[test]
+    fn the_job_cap_is_read_where_the_system_has_one() {
+        if std::env::var_os(JOB_CHILD_VAR).is_some() {
+            return;
+        }
+        let name = module_path!().split_once("::").map_or("", |m| m.1).to_string() + "::child_in_a_job";
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name.as_str(), "--exact", "--test-threads=1"])
+            .env(JOB_CHILD_VAR, "1")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+
     #[test]
     fn job_rates_become_quotas() {
         // 50 % of 4 processors: 2 processors' worth.

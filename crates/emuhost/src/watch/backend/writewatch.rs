@@ -35,6 +35,9 @@ pub(super) fn make(space: &Arc<Space>, install_handler: bool) -> io::Result<Box<
     }))
 }
 
+/// Written page addresses, and host `(start, end)` allocation pieces.
+type Scratch = (Vec<usize>, Vec<(usize, usize)>);
+
 struct WriteWatchBackend {
     /// The space (its reservation records the allocations); weak, as the space's observers are.
     space: std::sync::Weak<Space>,
@@ -42,22 +45,30 @@ struct WriteWatchBackend {
     /// Tracks the armed pages no write-watched allocation covers; made at the first such arm
     /// (its page-state table is committed memory, two bytes per page of the window).
     guard: OnceLock<GuardBackend>,
-    /// Scratch for the written pages one `GetWriteWatch` returns.
-    pages: Mutex<Vec<usize>>,
+    /// Scratch: the written pages one `GetWriteWatch` returns, and a read's allocations (a warm
+    /// collect allocates nothing).
+    pages: Mutex<Scratch>,
 }
 
 impl WriteWatchBackend {
     /// The write-watched allocations' parts inside host `start..end`, in address order.
     fn pieces(&self, start: usize, end: usize) -> io::Result<Vec<(usize, usize)>> {
-        let space = self.space.upgrade().ok_or_else(|| io::Error::other("the space is gone"))?;
         let mut out = Vec::new();
+        self.pieces_into(start, end, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::pieces`] into `out` (cleared first).
+    fn pieces_into(&self, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> io::Result<()> {
+        let space = self.space.upgrade().ok_or_else(|| io::Error::other("the space is gone"))?;
+        out.clear();
         space.reservation().private_allocations(start, end, |s, e| {
             let (s, e) = (s.max(start), e.min(end));
             if s < e {
                 out.push((s, e));
             }
         });
-        Ok(out)
+        Ok(())
     }
 
     /// The parts of host `start..end` outside `pieces` (sorted, apart).
@@ -80,15 +91,16 @@ impl WriteWatchBackend {
     /// for the allocations, the guard for the rest, in address order.
     fn written(&self, start: usize, end: usize, reset: bool, out: &mut Runs) -> io::Result<()> {
         let p = page_size();
-        let pieces = self.pieces(start, end)?;
-        let mut pages = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        let mut scratch = self.pages.lock().unwrap_or_else(|p| p.into_inner());
+        let (pages, pieces) = &mut *scratch;
+        self.pieces_into(start, end, pieces)?;
         let mut at = start;
-        for &(s, e) in &pieces {
+        for &(s, e) in pieces.iter() {
             if s > at {
                 self.guard_read(at, s, reset, out)?;
             }
             pages.clear();
-            writewatch::written(s, e - s, reset, &mut pages)?;
+            writewatch::written(s, e - s, reset, pages)?;
             for &a in pages.iter() {
                 out.push(a as u64, (a + p) as u64);
             }
@@ -210,7 +222,8 @@ impl Backend for WriteWatchBackend {
         self.guard.get().map_or(Ok(()), |g| g.prepare_host_write(start, end))
     }
 
+    // Only once the guard tracks pages: write watch needs nothing.
     fn needs_host_write_prepare(&self) -> bool {
-        true
+        self.guard.get().is_some()
     }
 }

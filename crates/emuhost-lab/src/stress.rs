@@ -194,7 +194,8 @@ const VOLATILE: [u64; 2] = [512 + 16, 512 + 48];
 const MIN_STEPS: [u64; 6] = [1000, 500, 100, 60, 100, 10];
 const MIN_COLLECTS: u64 = 200;
 /// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
-/// starts (stacks, allocator arenas) and a few splits.
+/// starts (stacks, allocator arenas) and a few splits (Linux's limit).
+#[cfg(target_os = "linux")]
 const MAP_HEADROOM: u64 = 96;
 /// Under map pressure, a writer waits for the next collect after this many writes (at most
 /// `PACE_WAIT`).

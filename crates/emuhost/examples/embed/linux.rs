@@ -19,7 +19,8 @@
 //! cargo run -p emuhost --example embed
 //! ```
 //!
-//! The integration suite runs the same code ([`run`]) in a process of its own.
+//! The integration suite runs the same code ([`run`]) in a process of its own. Linux only for now
+//! (`examples/embed.rs` says why).
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use emuhost::watch::{self, BackendKind, Tracker, TrackerConfig, WatchError};
 // The one skip rule of every test that needs a device. The integration suite, which includes this
 // file, has the same module at its root.
 #[allow(clippy::duplicate_mod)]
-#[path = "../tests/support/vulkan.rs"]
+#[path = "../../tests/support/vulkan.rs"]
 mod vulkan_gate;
 
 /// Where the emulator puts its guest window, and how big it is.
@@ -383,7 +384,7 @@ pub fn run() -> Result<Report, String> {
 }
 
 #[allow(dead_code)] // the integration suite includes this file for `run`
-fn main() {
+pub fn main() {
     match run() {
         Ok(r) => {
             println!("guest window: {:#x}+{WINDOW:#x} (adopted)", r.base);

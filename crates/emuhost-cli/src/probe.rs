@@ -100,6 +100,8 @@ pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
+/// `yes` or `no` (for userfaultfd's features, Linux's).
+#[cfg(target_os = "linux")]
 fn yes(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }

@@ -81,10 +81,12 @@ fn given_settings_the_environment_is_not_read() {
     // And the settings given are the ones in force.
     let mut cfg = cfg.clone();
     cfg.settings.set("EMUHOST_SHORT_SLEEP_TIMER", "off").unwrap();
-    cfg.settings.set("EMUHOST_WATCH", "mprotect").unwrap();
+    // The platform's protection backend.
+    let protection = crate::watch_gate::PROTECTION.name();
+    cfg.settings.set("EMUHOST_WATCH", protection).unwrap();
     cfg.settings.set("EMUHOST_VERIFY_COLLECT", "on").unwrap();
     let (header, records) = read_str(TRACE).unwrap();
     let r = replay(&header, records.into_iter().enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), &cfg).unwrap();
     assert!(r.sleep_rule.contains("EMUHOST_SHORT_SLEEP_TIMER is set and off"), "{}", r.sleep_rule);
-    assert!(r.verify_collect && r.watch_backend == "mprotect", "{r:?}");
+    assert!(r.verify_collect && r.watch_backend == protection, "{r:?}");
 }

@@ -251,6 +251,7 @@ impl Space {
             && regions.iter().all(|r| !r.shared && !r.file)
             && !crate::sys::probe::strict_overcommit();
         st.tell(self, Change::Releasing { range });
+        let kept = st.cut_views(range.start().0, range.end().0);
         let in_place = in_place
             && match self.res.drop_pages(off, len) {
                 Ok(()) => true,
@@ -267,6 +268,7 @@ impl Space {
         st.forget(range.start().0, range.end().0);
         rec.forget(range.start().0, range.end().0);
         st.tell(self, Change::Released { range, in_place });
+        st.tell_remapped(self, &rec.prots, &kept);
         Ok(())
     }
 

@@ -112,6 +112,34 @@ impl State {
         }
     }
 
+    /// The parts outside `a..b` of the views `a..b` cuts, where the OS maps them anew
+    /// (`sys::mm::CUTS_REMAP`: Windows unmaps a view whole): an operation over `a..b` tells its
+    /// observers they were mapped ([`Space::tell_remapped`]). Empty on Linux.
+    fn cut_views(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        if !crate::sys::mm::CUTS_REMAP {
+            return Vec::new();
+        }
+        let mut kept = Vec::new();
+        for (s, e, _) in self.views.overlapping(a, b) {
+            kept.extend([(s, a.min(e)), (b.max(s), e)].into_iter().filter(|(x, y)| x < y));
+        }
+        kept
+    }
+
+    /// Tells the observers that the `kept` parts of cut views ([`State::cut_views`]) were mapped
+    /// anew, each run with its protection in `prots`.
+    fn tell_remapped(&mut self, space: &Space, prots: &RangeMap<Prot>, kept: &[(u64, u64)]) {
+        for &(x, y) in kept {
+            let runs: Vec<(u64, u64, Prot)> =
+                prots.overlapping(x, y).map(|(s, e, p)| (s.max(x), e.min(y), *p)).collect();
+            for (s, e, prot) in runs {
+                if let Ok(range) = GuestRange::from_bounds(s, e) {
+                    self.tell(space, Change::Mapped { range, prot });
+                }
+            }
+        }
+    }
+
     /// Forgets private extents and shared views over `a..b`, splitting those that run across it.
     fn forget(&mut self, a: u64, b: u64) {
         let mut next = self.generation;

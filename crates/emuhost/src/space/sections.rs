@@ -63,6 +63,7 @@ impl Space {
         let mem = sec.mem.clone();
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "map section", range)?;
+        let kept = st.cut_views(range.start().0, range.end().0);
         self.reserve_holes(range, &regions)
             .and_then(|()| self.res.map_shared(off, len, &mem, offset, prot.raw()))
             .map_err(|e| SpaceError::os("map section", range.start().0, range.len(), e))?;
@@ -72,6 +73,7 @@ impl Space {
         rec.set_prot(range.start().0, range.end().0, prot);
         rec.shared.insert(range.start().0, range.end().0, ());
         st.tell(self, Change::Mapped { range, prot });
+        st.tell_remapped(self, &rec.prots, &kept);
         Ok(())
     }
 

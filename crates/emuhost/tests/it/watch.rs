@@ -538,7 +538,11 @@ fn view_split_keeps_tracking(kind: BackendKind) {
     // with it: more than needed, never less.)
     s.map_section(pages(&s, 64 + 20, 1), sec, 63 * p(), Prot::READ_WRITE).unwrap();
     let got = written(&t.collect(run).unwrap());
-    assert!(got == vec![84] || (kind.protects() && got == vec![84, 127]), "{got:?}");
+    // On Windows the view the page cuts (64..94 since the release above) is unmapped whole and
+    // its other pages mapped anew: they are reported once too.
+    let cut: Vec<u64> = (64..94).collect();
+    let remapped = cfg!(windows) && cut.iter().all(|p| got.contains(p)) && got.iter().all(|p| *p < 94 || *p == 127);
+    assert!(got == vec![84] || (kind.protects() && got == vec![84, 127]) || remapped, "{got:?}");
     poke(&s, 64 + 20);
     assert_eq!(written(&t.collect(run).unwrap()), vec![84, 127]);
     assert_eq!(written(&t.collect(run).unwrap()), Vec::<u64>::new());

@@ -73,6 +73,10 @@ impl Flags for RawProt {
     }
 }
 
+/// Whether a release or a view over part of a view maps the view's other pages anew: no on Linux,
+/// where one `mmap` replaces only the pages it covers.
+pub const CUTS_REMAP: bool = false;
+
 /// The system's page size.
 pub fn page_size() -> usize {
     rustix::param::page_size()

@@ -27,6 +27,9 @@
 use std::ffi::c_void;
 use std::io;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use windows_sys::Win32::System::Threading::SwitchToThread;
 
 use windows_sys::Win32::Foundation::{EXCEPTION_ACCESS_VIOLATION, GetLastError, SetLastError};
 use windows_sys::Win32::System::Diagnostics::Debug::{
@@ -67,19 +70,74 @@ unsafe extern "system" fn on_exception(info: *mut EXCEPTION_POINTERS) -> i32 {
     // SAFETY: the system passes a valid EXCEPTION_POINTERS whose record lives for this call; both
     // pointers are checked for null all the same.
     let record = unsafe { info.as_ref().and_then(|i| i.ExceptionRecord.as_ref()) };
-    let write_at = record
-        .filter(|r| {
-            r.ExceptionCode == EXCEPTION_ACCESS_VIOLATION
-                && r.NumberParameters >= 2
-                && r.ExceptionInformation[0] == WRITE_ACCESS
-        })
-        .map(|r| r.ExceptionInformation[1]);
-    let ours = write_at.is_some_and(crate::sys::guard::fault);
+    let fault = record
+        .filter(|r| r.ExceptionCode == EXCEPTION_ACCESS_VIOLATION && r.NumberParameters >= 2)
+        .map(|r| (r.ExceptionInformation[0], r.ExceptionInformation[1]));
+    // A page of a view being mapped again (a split): wait until it is, then retry the access.
+    let ours = fault.is_some_and(|(_, addr)| wait_remapped(addr))
+        || fault.is_some_and(|(how, addr)| how == WRITE_ACCESS && crate::sys::guard::fault(addr));
     #[cfg(test)]
     tests::passed_on(record, ours);
     // SAFETY: SetLastError only writes the calling thread's TEB.
     unsafe { SetLastError(saved) };
     if ours { EXCEPTION_CONTINUE_EXECUTION } else { EXCEPTION_CONTINUE_SEARCH }
+}
+
+/// Ranges being mapped anew (a view split: Windows unmaps the whole view and maps its parts
+/// again, where Linux replaces one page in place), host `(start, end)`; `(0, 0)` is a free slot.
+/// An access to such a page in between faults, and the handler waits for the remap to end and
+/// retries it, so a split is atomic to the guest's threads as it is on Linux.
+static REMAPS: [(AtomicUsize, AtomicUsize); REMAP_SLOTS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; REMAP_SLOTS];
+const REMAP_SLOTS: usize = 16;
+
+/// A range being mapped anew, until dropped (see [`REMAPS`]).
+pub struct Remapping(usize);
+
+/// Marks host `start..end` as being mapped anew until the returned value drops; installs the
+/// handler that makes accesses there wait. Waits for a free slot (there are 16; a slot is held
+/// for a few system calls).
+pub fn remapping(start: usize, end: usize) -> io::Result<Remapping> {
+    install()?;
+    loop {
+        for (i, (s, e)) in REMAPS.iter().enumerate() {
+            if s.compare_exchange(0, start, SeqCst, SeqCst).is_ok() {
+                e.store(end, SeqCst);
+                return Ok(Remapping(i));
+            }
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl Drop for Remapping {
+    fn drop(&mut self) {
+        let (s, e) = &REMAPS[self.0];
+        e.store(0, SeqCst);
+        s.store(0, SeqCst);
+    }
+}
+
+/// Whether `addr` lies in a range being mapped anew.
+fn remapping_now(addr: usize) -> bool {
+    REMAPS.iter().any(|(s, e)| {
+        let start = s.load(SeqCst);
+        start != 0 && start <= addr && addr < e.load(SeqCst)
+    })
+}
+
+/// Waits while `addr` lies in a range being mapped anew; whether it did (the access is then to
+/// be retried). No lock, no allocation.
+fn wait_remapped(addr: usize) -> bool {
+    if !remapping_now(addr) {
+        return false;
+    }
+    while remapping_now(addr) {
+        std::hint::spin_loop();
+        // SAFETY: SwitchToThread only yields the processor.
+        unsafe { SwitchToThread() };
+    }
+    true
 }
 
 /// The page protection of `prot`. Windows has no write-only or execute-only page that x86 would

@@ -138,6 +138,11 @@ fn system_info() -> (usize, usize) {
 }
 
 /// The system's page size (`GetSystemInfo`: 4 KiB).
+/// Whether a release or a view over part of a view maps the view's other pages anew: yes on
+/// Windows, where a view is unmapped whole and its kept parts mapped again.
+pub const CUTS_REMAP: bool = true;
+
+/// The system's page size.
 pub fn page_size() -> usize {
     system_info().0
 }
@@ -601,6 +606,12 @@ impl Reservation {
                 at = to;
             }
         }
+        // Until the kept parts are mapped again, an access to the view's pages waits in the fault
+        // handler and is retried after: the split does not kill a guest thread that touches the
+        // view meanwhile, as Linux's one MAP_FIXED would not. The kept parts come back writable
+        // until their protections are set again; the space tells its observers they were mapped
+        // anew (`CUTS_REMAP`), so a write tracker arms them again and reports them once.
+        let _remapping = super::fault::remapping(x, y)?;
         count(Call::Munmap);
         // SAFETY: `x` is the base of a view this reservation mapped and recorded.
         if unsafe { (f.unmap2)(process(), x as *mut c_void, MEM_PRESERVE_PLACEHOLDER) } == 0 {

@@ -201,6 +201,12 @@ impl Backend for WriteWatchBackend {
         let raw = prot.raw();
         let region = Region { start, end, read: raw.read, write: raw.write, exec: raw.exec, shared: true, file: true };
         self.arm_rest(&pieces, start, end, &[region], 0)?;
+        // The guard's pages take the new protection, written (as the guard's own remap does).
+        for (s, e) in Self::outside(&pieces, start, end) {
+            if let Some(g) = self.guard.get() {
+                g.remapped(s, e, prot)?;
+            }
+        }
         Ok(true)
     }
 

@@ -150,6 +150,8 @@ pub extern "C" fn emuhost_watch_backend_name(backend: u32) -> *const c_char {
         EMUHOST_WATCH_AUTO => c"auto".as_ptr(),
         EMUHOST_WATCH_UFFD => c"uffd".as_ptr(),
         EMUHOST_WATCH_MPROTECT => c"mprotect".as_ptr(),
+        EMUHOST_WATCH_WRITEWATCH => c"writewatch".as_ptr(),
+        EMUHOST_WATCH_GUARD => c"guard".as_ptr(),
         _ => std::ptr::null(),
     }
 }

@@ -345,14 +345,17 @@ pub(crate) fn panic_at_commit() {
 
 /// The error opening a userfaultfd must fail with, if any.
 pub(crate) fn uffd_errno() -> Option<i32> {
-    #[cfg(not(target_os = "linux"))]
-    return None;
     #[cfg(target_os = "linux")]
-    let a = active()?;
-    let f = a.plan.uffd?;
-    a.uffd_failed.fetch_add(1, Relaxed);
-    tracing::warn!("fault injected: userfaultfd fails with {f:?}");
-    Some(f.errno())
+    {
+        let a = active()?;
+        let f = a.plan.uffd?;
+        a.uffd_failed.fetch_add(1, Relaxed);
+        tracing::warn!("fault injected: userfaultfd fails with {f:?}");
+        Some(f.errno())
+    }
+    // userfaultfd is Linux's.
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// Runs `f` with no fault injected on this thread (a backend's start-up check: a fault there would
@@ -386,9 +389,12 @@ pub(crate) fn at_collect() -> io::Result<()> {
     if !process().foreign {
         return Ok(());
     }
-    #[cfg(not(target_os = "linux"))]
-    return Err(io::Error::new(io::ErrorKind::Unsupported, "a foreign fault handler is injected on Linux only"));
-    #[cfg(target_os = "linux")]
+    foreign_fault_once()
+}
+
+/// Faults once on the foreign page; an error where its handler did not resolve it exactly once.
+#[cfg(target_os = "linux")]
+fn foreign_fault_once() -> io::Result<()> {
     let page = ForeignPage::install()?;
     let (calls, resolved) = (page.calls(), page.resolved());
     if page.touch(0x5a)? != 0x5a {
@@ -401,6 +407,12 @@ pub(crate) fn at_collect() -> io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A foreign fault handler is injected on Linux only.
+#[cfg(not(target_os = "linux"))]
+fn foreign_fault_once() -> io::Result<()> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "a foreign fault handler is injected on Linux only"))
 }
 
 #[cfg(test)]

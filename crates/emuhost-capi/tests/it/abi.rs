@@ -144,6 +144,18 @@ fn ranges_outside_the_window_and_bad_constants_are_errors() {
     fails(emuhost_sleeper_sleep(null(), 9, 1), EMUHOST_ERROR_NULL, "NULL");
     fails(emuhost_set_log_level(0), EMUHOST_ERROR_INVALID_ARGUMENT, "log level 0");
     assert!(emuhost_watch_backend_name(9).is_null() && emuhost_wait_name(9).is_null());
+    // Every backend code has its name, on every platform (a kind of another platform too).
+    for (code, name) in [
+        (EMUHOST_WATCH_AUTO, "auto"),
+        (EMUHOST_WATCH_UFFD, "uffd"),
+        (EMUHOST_WATCH_MPROTECT, "mprotect"),
+        (EMUHOST_WATCH_WRITEWATCH, "writewatch"),
+        (EMUHOST_WATCH_GUARD, "guard"),
+    ] {
+        // SAFETY: a non-null name is a static NUL-terminated string.
+        let got = unsafe { std::ffi::CStr::from_ptr(emuhost_watch_backend_name(code)) };
+        assert_eq!(got.to_str(), Ok(name));
+    }
     ok(emuhost_space_delete(s));
 }
 

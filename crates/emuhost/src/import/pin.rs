@@ -60,7 +60,7 @@ impl Backend for Pin {
     }
 
     fn describe(&self) -> String {
-        "mlock (no GPU)".into()
+        if cfg!(windows) { "VirtualLock (no GPU)" } else { "mlock (no GPU)" }.into()
     }
 
     fn alignment(&self) -> u64 {

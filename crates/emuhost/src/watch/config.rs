@@ -119,7 +119,7 @@ pub fn self_test_with(kind: BackendKind, config: &TrackerConfig) -> Result<(), W
     let t = Tracker::make(&space, kind, config.verify, !config.embedder_handles_faults)?;
     t.arm(range)?;
     let at = GuestAddr(5 * p + 8);
-    if config.embedder_handles_faults && kind == BackendKind::Mprotect && !t.handle_fault(space.host_addr(at)?, true) {
+    if config.embedder_handles_faults && kind.protects() && !t.handle_fault(space.host_addr(at)?, true) {
         return Err(fail("handle_fault did not take a write to an armed page".into()));
     }
     space.store(at, &[1])?;

@@ -272,7 +272,7 @@ fn a_timer_that_fails_is_yielded_out() {
 
 /// Captures the log lines (`tracing` events at `info` or above, what the CLI shows) of one thread.
 #[derive(Default, Clone)]
-struct Lines(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Lines(pub(crate) Arc<Mutex<Vec<String>>>);
 
 struct Visit<'a>(&'a mut String);
 impl tracing::field::Visit for Visit<'_> {

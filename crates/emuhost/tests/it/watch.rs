@@ -1377,3 +1377,34 @@ fn a_write_through_one_alias_is_reported_at_every_armed_alias(kind: BackendKind)
     poke(&s, 300);
     assert_eq!(written(&t.collect(all).unwrap()), Vec::<u64>::new());
 }
+
+/// Write watch cannot see shared views: a tracker made over a space that has one is a guard
+/// tracker, and the log line of its choice says why; over a space without views the best
+/// backend stays.
+#[cfg(windows)]
+#[test]
+fn a_tracker_over_a_view_falls_back_to_guard_and_says_why() {
+    if !crate::watch_gate::views("a_tracker_over_a_view_falls_back_to_guard_and_says_why")
+        || !usable(BackendKind::WriteWatch)
+    {
+        return;
+    }
+    let plain = Arc::new(Space::with_window(1 << 24).unwrap());
+    assert_eq!(
+        Tracker::new(&plain, &emuhost::watch::TrackerConfig::default()).unwrap().kind(),
+        BackendKind::WriteWatch
+    );
+    let s = Arc::new(Space::with_window(1 << 24).unwrap());
+    let sec = s.create_section(p()).unwrap();
+    s.map_section(pages(&s, 4, 1), sec, 0, Prot::READ_WRITE).unwrap();
+    let lines = crate::sched::Lines::default();
+    let t = crate::logs::scoped(lines.clone(), || Tracker::new(&s, &emuhost::watch::TrackerConfig::default()).unwrap());
+    assert_eq!(t.kind(), BackendKind::Guard);
+    let got = lines.0.lock().unwrap().clone();
+    assert!(got.iter().any(|l| l.contains("guard, not writewatch: the space has shared views")), "{got:?}");
+    // And it tracks the view.
+    let r = pages(&s, 4, 1);
+    t.arm(r).unwrap();
+    poke(&s, 4);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![4]);
+}

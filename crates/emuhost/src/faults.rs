@@ -344,17 +344,18 @@ pub(crate) fn panic_at_commit() {
 }
 
 /// The error opening a userfaultfd must fail with, if any.
+#[cfg(target_os = "linux")]
 pub(crate) fn uffd_errno() -> Option<i32> {
-    #[cfg(target_os = "linux")]
-    {
-        let a = active()?;
-        let f = a.plan.uffd?;
-        a.uffd_failed.fetch_add(1, Relaxed);
-        tracing::warn!("fault injected: userfaultfd fails with {f:?}");
-        Some(f.errno())
-    }
-    // userfaultfd is Linux's.
-    #[cfg(not(target_os = "linux"))]
+    let a = active()?;
+    let f = a.plan.uffd?;
+    a.uffd_failed.fetch_add(1, Relaxed);
+    tracing::warn!("fault injected: userfaultfd fails with {f:?}");
+    Some(f.errno())
+}
+
+/// userfaultfd is Linux's: nothing to fail elsewhere.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn uffd_errno() -> Option<i32> {
     None
 }
 

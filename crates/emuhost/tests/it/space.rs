@@ -1319,3 +1319,62 @@ fn what_lands_in_a_hole_outlives_the_space_and_is_never_committed_by_it() {
     // SAFETY: unmaps the test's own foreign mapping.
     unsafe { libc::munmap(foreign as *mut libc::c_void, 4 * page() as usize) };
 }
+
+/// Windows: what foreign code can do to the window is free a placeholder piece (split off with
+/// `MEM_PRESERVE_PLACEHOLDER`, then released) and allocate there itself, at the 64 KiB
+/// granularity. The space refuses every call over that allocation, naming it, and leaves it and
+/// its bytes alone; around it the space works as before.
+#[cfg(windows)]
+#[test]
+fn a_foreign_allocation_in_the_window_is_never_taken_over() {
+    use windows_sys::Win32::System::Memory::{
+        MEM_COMMIT, MEM_PRESERVE_PLACEHOLDER, MEM_RELEASE, MEM_RESERVE, PAGE_READWRITE, VirtualAlloc, VirtualFree,
+    };
+    if !crate::watch_gate::views("a_foreign_allocation_in_the_window_is_never_taken_over") {
+        return;
+    }
+    let s = space();
+    s.commit(pages(&s, 0, 8), Prot::READ_WRITE).unwrap();
+    fill(&s, pages(&s, 0, 8), |p| p as u8 + 1);
+    // 64 KiB at guest 128 KiB: the base is 64 KiB-aligned, so this is on the granularity.
+    let hole = pages(&s, 32, 16);
+    let host = s.host_addr(hole.start()).unwrap();
+    assert_eq!(host % (64 << 10), 0);
+    let len = hole.len() as usize;
+    // SAFETY: the test frees a piece of the space's own placeholder behind its back and puts its
+    // own allocation there, as foreign code would; nothing refers to those pages.
+    let foreign = unsafe {
+        assert_ne!(VirtualFree(host as *mut _, len, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER), 0);
+        assert_ne!(VirtualFree(host as *mut _, 0, MEM_RELEASE), 0);
+        let p = VirtualAlloc(host as *const _, len, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+        assert_eq!(p as usize, host);
+        std::ptr::write_bytes(p as *mut u8, 0xa5, len);
+        p as usize
+    };
+    let intact = || {
+        // SAFETY: the test's own allocation, still committed read-write (the space never touches
+        // it); nobody writes to it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(foreign as *const u8, len) };
+        bytes.iter().all(|b| *b == 0xa5)
+    };
+    let sec = s.create_section(64 * page()).unwrap();
+    let foreign_err = |e: SpaceError, op: &str| {
+        let t = e.to_string();
+        assert!(matches!(e, SpaceError::Foreign { .. }), "{op}: {t}");
+        assert!(t.starts_with(&format!("{op} refused: guest range 0x20000+0x10000")), "{t}");
+    };
+    foreign_err(s.commit(pages(&s, 0, 64), Prot::READ_WRITE).unwrap_err(), "commit");
+    foreign_err(s.decommit(pages(&s, 16, 48)).unwrap_err(), "decommit");
+    foreign_err(s.protect(pages(&s, 16, 48), Prot::READ).unwrap_err(), "protect");
+    foreign_err(s.map_section(pages(&s, 32, 16), sec, 0, Prot::READ_WRITE).unwrap_err(), "map section");
+    foreign_err(s.zero(pages(&s, 32, 16)).unwrap_err(), "zero");
+    assert!(intact(), "the foreign allocation and its bytes are untouched");
+    assert_eq!(extents(&s), vec![(0, 8)]);
+    for p in 0..8 {
+        assert_eq!(first_byte(&s, p * page()).unwrap(), p as u8 + 1);
+    }
+    // Around it the space works as before.
+    s.commit(pages(&s, 48, 16), Prot::READ_WRITE).unwrap();
+    s.decommit(pages(&s, 0, 32)).unwrap();
+    assert!(intact());
+}

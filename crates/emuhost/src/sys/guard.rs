@@ -133,7 +133,7 @@ impl Registration {
     /// [`fault`] or [`fault_in`], called by the embedder's own handler.
     pub fn new(base: usize, pages: usize, install_handler: bool) -> io::Result<Self> {
         if install_handler {
-            trap::install()?;
+            trap::install(fault)?;
         }
         let page = super::mm::page_size();
         let states = trap::alloc_states(pages.max(1) * 2)? as *mut AtomicU16;

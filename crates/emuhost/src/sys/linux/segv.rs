@@ -1,7 +1,7 @@
 //! The Linux half of write tracking by page protection ([`crate::sys::guard`]): the `SIGSEGV`
 //! handler, `mprotect`, and the state tables' memory.
 //!
-//! The handler is async-signal-safe: it calls [`crate::sys::guard::fault`] (atomics and
+//! The handler is async-signal-safe: it calls the claim [`install`] was given (`sys::guard::fault`: atomics and
 //! `mprotect`, no lock, no allocation). Faults that are not a tracker's (an address no tracker
 //! armed, a page the guest itself made unwritable) go to the handler installed before ours. A
 //! `SIGSEGV` sent by a process (`si_code <= 0`, `kill -SEGV`) is no fault: it is passed on, and
@@ -14,10 +14,11 @@ use std::sync::atomic::{AtomicPtr, Ordering::SeqCst};
 
 use crate::sys::RawProt;
 use crate::sys::counters::{Call, count};
-use crate::sys::guard::fault;
 
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: OnceLock<io::Result<()>> = OnceLock::new();
+/// The claim the handler asks first (set once, before the handler goes in).
+static CLAIM: OnceLock<fn(usize) -> bool> = OnceLock::new();
 
 fn flags(p: RawProt) -> libc::c_int {
     (if p.read { libc::PROT_READ } else { 0 })
@@ -87,7 +88,12 @@ pub unsafe fn free_states(p: *mut u8, bytes: usize) {
 }
 
 /// Installs the `SIGSEGV` handler, once per process.
-pub fn install() -> io::Result<()> {
+///
+/// `claim` decides a fault at an address: true where it was a tracker's (the write is retried).
+/// The first installation's claim holds (there is one: `sys::guard::fault`); it is given here so
+/// that this file names nothing of the protocol that calls it.
+pub fn install(claim: fn(usize) -> bool) -> io::Result<()> {
+    let _ = CLAIM.set(claim);
     INSTALL
         .get_or_init(|| {
             // Fault injection may put a foreign handler in first, to be chained to.
@@ -141,7 +147,7 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     if code > 0 {
         // SAFETY: for a fault (si_code > 0) si_addr is the faulting address.
         let addr = unsafe { (*info).si_addr() } as usize;
-        if !fault(addr) {
+        if !CLAIM.get().is_some_and(|claim| claim(addr)) {
             chain_fault(sig, info, ctx);
         }
     } else {

@@ -6,7 +6,7 @@
 //! The handler is added first in the process's list (`AddVectoredExceptionHandler(1, ..)`), once
 //! per process. It looks only at `EXCEPTION_ACCESS_VIOLATION` raised by a write
 //! (`ExceptionInformation[0] == 1`; 0 is a read, 8 an execute, DEP): for those it asks
-//! [`crate::sys::guard::fault`] with the faulting address (`ExceptionInformation[1]`) and resumes
+//! the claim [`install`] was given (`sys::guard::fault`) with the faulting address (`ExceptionInformation[1]`) and resumes
 //! the write (`EXCEPTION_CONTINUE_EXECUTION`) where the guard claims it. Everything else (a read
 //! or execute fault, a write the guard does not claim, any other exception code) goes on to the
 //! next vectored handler and then to the frame-based (SEH) handlers
@@ -52,7 +52,20 @@ static INSTALL: OnceLock<bool> = OnceLock::new();
 
 /// Adds the vectored exception handler, once per process; later calls return what the first did.
 /// It is never removed (a write that faulted before a tracker was dropped may reach it after).
-pub fn install() -> io::Result<()> {
+///
+/// `claim` decides a write fault at an address: true where it was a tracker's (the write is
+/// retried); the first installation's claim holds (there is one: `sys::guard::fault`), given here
+/// so that this file names nothing of the protocol that calls it.
+pub fn install(claim: fn(usize) -> bool) -> io::Result<()> {
+    let _ = CLAIM.set(claim);
+    install_handler()
+}
+
+/// The claim the handler asks about a write fault (set once).
+static CLAIM: OnceLock<fn(usize) -> bool> = OnceLock::new();
+
+/// Adds the handler (once), with or without a claim yet (a view split needs only its waits).
+fn install_handler() -> io::Result<()> {
     let added = *INSTALL.get_or_init(|| {
         // Fault injection may want a foreign handler in first (a no-op on Windows for now).
         crate::sys::hooks::before_segv_install();
@@ -75,7 +88,7 @@ unsafe extern "system" fn on_exception(info: *mut EXCEPTION_POINTERS) -> i32 {
         .map(|r| (r.ExceptionInformation[0], r.ExceptionInformation[1]));
     // A page of a view being mapped again (a split): wait until it is, then retry the access.
     let ours = fault.is_some_and(|(_, addr)| wait_remapped(addr))
-        || fault.is_some_and(|(how, addr)| how == WRITE_ACCESS && crate::sys::guard::fault(addr));
+        || fault.is_some_and(|(how, addr)| how == WRITE_ACCESS && CLAIM.get().is_some_and(|claim| claim(addr)));
     #[cfg(test)]
     tests::passed_on(record, ours);
     // SAFETY: SetLastError only writes the calling thread's TEB.
@@ -98,7 +111,7 @@ pub struct Remapping(usize);
 /// handler that makes accesses there wait. Waits for a free slot (there are 16; a slot is held
 /// for a few system calls).
 pub fn remapping(start: usize, end: usize) -> io::Result<Remapping> {
-    install()?;
+    install_handler()?;
     loop {
         for (i, (s, e)) in REMAPS.iter().enumerate() {
             if s.compare_exchange(0, start, SeqCst, SeqCst).is_ok() {
@@ -440,8 +453,8 @@ mod tests {
     fn faults_not_ours_are_passed_on() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         add_catcher();
-        install().unwrap();
-        install().unwrap();
+        install(crate::sys::guard::fault).unwrap();
+        install(crate::sys::guard::fault).unwrap();
         let pages = Pages::new(2);
         let reg = Registration::new(pages.at(0), 2, true).unwrap();
         // Unarmed (the state says nothing), read-only.

@@ -3,11 +3,9 @@
 //! dirty pages, and `handle_fault` called from the test's own `SIGSEGV` handler.
 
 use std::sync::Arc;
-#[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
-#[cfg(target_os = "linux")]
 use emuhost::watch::TrackerConfig;
 use emuhost::watch::{self, BackendKind, FaultHandle, Tracker, WatchError};
 
@@ -458,4 +456,57 @@ fn handle_fault_racing_collects_loses_nothing(kind: BackendKind) {
     if kind.protects() {
         assert!(TAKEN.load(SeqCst) >= pages as usize, "the handle took {} faults", TAKEN.load(SeqCst));
     }
+}
+
+/// Windows: the embedder owns exception handling. emuhost adds no vectored handler of its own
+/// (`embedder_handles_faults`, checked in a child process where no other test added one); the
+/// embedder's handler hands write faults to the tracker's `FaultHandle` and resumes where it
+/// takes them, and passes everything else on.
+#[cfg(windows)]
+#[test]
+fn an_embedders_vectored_handler_hands_faults_to_the_guard() {
+    use windows_sys::Win32::Foundation::EXCEPTION_ACCESS_VIOLATION;
+    use windows_sys::Win32::System::Diagnostics::Debug::{
+        AddVectoredExceptionHandler, EXCEPTION_CONTINUE_EXECUTION, EXCEPTION_CONTINUE_SEARCH, EXCEPTION_POINTERS,
+    };
+    static EMBEDDED: std::sync::OnceLock<FaultHandle> = std::sync::OnceLock::new();
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+    unsafe extern "system" fn embedder(info: *mut EXCEPTION_POINTERS) -> i32 {
+        // SAFETY: the system passes a valid record for this call.
+        let r = unsafe { &*(*info).ExceptionRecord };
+        if r.ExceptionCode == EXCEPTION_ACCESS_VIOLATION && r.NumberParameters >= 2 {
+            SEEN.fetch_add(1, SeqCst);
+            let write = r.ExceptionInformation[0] == 1;
+            if EMBEDDED.get().is_some_and(|h| h.handle_fault(r.ExceptionInformation[1], write)) {
+                return EXCEPTION_CONTINUE_EXECUTION;
+            }
+        }
+        EXCEPTION_CONTINUE_SEARCH
+    }
+    const NAME: &str = "watch_cache::an_embedders_vectored_handler_hands_faults_to_the_guard";
+    if std::env::var_os(crate::watch_gate::ALONE).is_none() {
+        return crate::watch_gate::in_child_alone(NAME);
+    }
+    // SAFETY: `embedder` has the handler's signature and lives as long as the process.
+    assert!(!unsafe { AddVectoredExceptionHandler(1, Some(embedder)) }.is_null());
+    let s = Arc::new(Space::with_window(1 << 24).unwrap());
+    let config = TrackerConfig::default().backend(Some(BackendKind::Guard)).embedder_handles_faults(true);
+    let t = Tracker::new(&s, &config).unwrap();
+    EMBEDDED.set(t.fault_handle()).unwrap();
+    let r = s.range(0, 16 * p()).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let seen = SEEN.load(SeqCst);
+    for page in [2, 9, 9] {
+        // SAFETY: the pages are committed read-write and armed; the embedder's handler hands
+        // their faults to the tracker; nothing decommits or protects them meanwhile.
+        unsafe { s.store_unchecked(GuestAddr(page * p() + 8), &[0x5a]) }.unwrap();
+    }
+    // Each first write faulted once, into the embedder's handler (emuhost has none here).
+    assert_eq!(SEEN.load(SeqCst) - seen, 2);
+    assert_eq!(t.collect(r).unwrap().page_addrs(), vec![GuestAddr(2 * p()), GuestAddr(9 * p())]);
+    // Outside the window and for reads the handle takes nothing.
+    let host = s.host_addr(GuestAddr(3 * p())).unwrap();
+    assert!(!t.handle_fault(host, false));
+    assert!(!t.handle_fault(usize::MAX - 4096, true));
 }

@@ -1378,3 +1378,54 @@ fn a_foreign_allocation_in_the_window_is_never_taken_over() {
     s.decommit(pages(&s, 0, 32)).unwrap();
     assert!(intact());
 }
+
+/// Windows: a caller's reservation (`VirtualAlloc` `MEM_RESERVE`) adopted as the window is
+/// committed, written, protected and released by the space; write watch cannot see it (its
+/// allocation is not the space's, nor `MEM_WRITE_WATCH`), so the tracker the machine chooses is a
+/// guard tracker, and it reports exactly the written page. Views need placeholders, which an
+/// adopted window has not: map_section is refused, naming them. The drop leaves the reservation
+/// the caller's.
+#[cfg(windows)]
+#[test]
+fn an_adopted_reservation_is_tracked_by_the_guard() {
+    use emuhost::watch::{BackendKind, PageRun, Tracker, TrackerConfig};
+    use windows_sys::Win32::System::Memory::{
+        MEM_FREE, MEM_RELEASE, MEM_RESERVE, MEMORY_BASIC_INFORMATION, PAGE_NOACCESS, VirtualAlloc, VirtualFree,
+        VirtualQuery,
+    };
+    let len = 256 * page() as usize;
+    // SAFETY: a fresh reservation the system places; the test owns it until it frees it below.
+    let base = unsafe { VirtualAlloc(std::ptr::null(), len, MEM_RESERVE, PAGE_NOACCESS) } as usize;
+    assert_ne!(base, 0);
+    {
+        // SAFETY: the test made the reservation, keeps it until after the space is dropped, and
+        // puts nothing else in it.
+        let s = std::sync::Arc::new(unsafe { SpaceConfig::default().adopt(base, len as u64) }.unwrap());
+        assert!(s.adopted());
+        let r = pages(&s, 8, 32);
+        s.commit(r, Prot::READ_WRITE).unwrap();
+        s.write(GuestAddr(8 * page() + 1), b"adopted").unwrap();
+        assert_eq!(first_byte(&s, 8 * page() + 1).unwrap(), b'a');
+        s.protect(pages(&s, 12, 1), Prot::READ).unwrap();
+        let sec = s.create_section(4 * page()).unwrap();
+        let e = s.map_section(pages(&s, 100, 4), sec, 0, Prot::READ_WRITE).unwrap_err();
+        assert!(format!("{e:?}").contains("placeholders"), "{e:?}");
+        let t = Tracker::new(&s, &TrackerConfig::default()).unwrap();
+        assert_eq!(t.kind(), BackendKind::Guard);
+        let armed = pages(&s, 16, 8);
+        t.arm(armed).unwrap();
+        s.store(GuestAddr(20 * page() + 9), &[1]).unwrap();
+        assert_eq!(t.collect(armed).unwrap().runs, vec![PageRun { start: GuestAddr(20 * page()), pages: 1 }]);
+        s.decommit(pages(&s, 30, 2)).unwrap();
+        assert!(first_byte(&s, 30 * page()).is_err(), "decommitted");
+    }
+    // The caller's reservation is still there, and the caller gives it back.
+    // SAFETY: an all-zero MEMORY_BASIC_INFORMATION is valid; VirtualQuery only reads the
+    // address space's description.
+    let mut m: MEMORY_BASIC_INFORMATION = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `m` is a valid out buffer of its size.
+    assert_ne!(unsafe { VirtualQuery(base as *const _, &mut m, size_of::<MEMORY_BASIC_INFORMATION>()) }, 0);
+    assert_ne!(m.State, MEM_FREE, "the adopted reservation stays the caller's");
+    // SAFETY: the test's own reservation, unused from here on.
+    assert_ne!(unsafe { VirtualFree(base as *mut _, 0, MEM_RELEASE) }, 0);
+}

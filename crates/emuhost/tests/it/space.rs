@@ -1429,3 +1429,53 @@ fn an_adopted_reservation_is_tracked_by_the_guard() {
     // SAFETY: the test's own reservation, unused from here on.
     assert_ne!(unsafe { VirtualFree(base as *mut _, 0, MEM_RELEASE) }, 0);
 }
+
+/// Windows: a window at a chosen base (on the 64 KiB granularity) is made there and given back
+/// on drop; a base where the caller holds memory is refused with its own error, naming what is
+/// there, and that memory is left as it was.
+#[cfg(windows)]
+#[test]
+fn a_window_at_a_chosen_base_and_an_occupied_one_on_windows() {
+    use windows_sys::Win32::System::Memory::{
+        MEM_COMMIT, MEM_FREE, MEM_RELEASE, MEM_RESERVE, MEMORY_BASIC_INFORMATION, PAGE_NOACCESS, PAGE_READWRITE,
+        VirtualAlloc, VirtualFree, VirtualQuery,
+    };
+    let state = |a: usize| {
+        // SAFETY: an all-zero MEMORY_BASIC_INFORMATION is valid; VirtualQuery only reads.
+        let mut m: MEMORY_BASIC_INFORMATION = unsafe { std::mem::zeroed() };
+        // SAFETY: `m` is a valid out buffer of its size.
+        assert_ne!(unsafe { VirtualQuery(a as *const _, &mut m, size_of::<MEMORY_BASIC_INFORMATION>()) }, 0);
+        m.State
+    };
+    let len = 1usize << 24;
+    // A free base: reserve a range the system places, then give it back.
+    // SAFETY: a fresh reservation, released at once; nothing refers to it.
+    let base = unsafe {
+        let p = VirtualAlloc(std::ptr::null(), len, MEM_RESERVE, PAGE_NOACCESS) as usize;
+        assert_ne!(p, 0);
+        assert_ne!(VirtualFree(p as *mut _, 0, MEM_RELEASE), 0);
+        p
+    };
+    let s = SpaceConfig::default().window(len as u64).at(base).build().unwrap();
+    assert_eq!(s.host_base(), base);
+    s.commit(pages(&s, 16, 4), Prot::READ_WRITE).unwrap();
+    s.write(GuestAddr(16 * page() + 3), b"at base").unwrap();
+    assert_eq!(first_byte(&s, 16 * page() + 3).unwrap(), b'a');
+    drop(s);
+    assert_eq!(state(base), MEM_FREE, "the window was given back");
+    // The caller's memory at that base now.
+    // SAFETY: the test's own allocation at a free address; freed below.
+    let mine =
+        unsafe { VirtualAlloc(base as *const _, 16 * page() as usize, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE) };
+    assert_eq!(mine as usize, base);
+    // SAFETY: the test's own read-write allocation.
+    unsafe { std::ptr::write_bytes(mine as *mut u8, 0x6b, 16 * page() as usize) };
+    let e = SpaceConfig::default().window(len as u64).at(base).build().unwrap_err();
+    assert!(matches!(&e, SpaceError::Exists { .. }), "{e:?}");
+    assert!(e.to_string().contains("is mapped there (a rw- private"), "{e}");
+    // SAFETY: the test's own allocation, untouched by the refused space.
+    let bytes = unsafe { std::slice::from_raw_parts(mine as *const u8, 16 * page() as usize) };
+    assert!(bytes.iter().all(|b| *b == 0x6b));
+    // SAFETY: the test's own allocation, unused from here on.
+    assert_ne!(unsafe { VirtualFree(mine, 0, MEM_RELEASE) }, 0);
+}

@@ -27,9 +27,11 @@
 #![allow(unsafe_code)]
 
 mod counts;
+pub mod cpu;
 pub mod guard;
 pub mod hooks;
 pub mod live;
+pub mod status;
 
 #[cfg(feature = "counters")]
 pub mod counters;
@@ -53,6 +55,22 @@ mod windows;
 use windows::fault as trap;
 #[cfg(windows)]
 pub(crate) use windows::*;
+
+/// One region of the address space as the OS records it (`PROCMAP_QUERY` or `/proc/self/maps` on
+/// Linux, `VirtualQuery` on Windows): a reserved page is a region with no access, nothing mapped
+/// is a gap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub start: usize,
+    pub end: usize,
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+    /// A view of a section (`MAP_SHARED`; `MEM_MAPPED`).
+    pub shared: bool,
+    /// Backed by a file (a memfd section; on Windows every view, a pagefile-backed one too).
+    pub file: bool,
+}
 
 /// Page protection, as the OS takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

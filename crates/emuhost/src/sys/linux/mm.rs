@@ -15,7 +15,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 
@@ -336,13 +336,9 @@ impl Reservation {
     /// `SIGSEGV`), and no Rust reference may point into it.
     pub unsafe fn touch_write(&self, off: usize, len: usize) -> io::Result<()> {
         let p = self.span(off, len)? as usize;
-        for at in (p..p + len).step_by(page_size()) {
-            // SAFETY: the byte lies in the `span`-checked range, writable by the caller's contract;
-            // every access emuhost makes to guest memory through the CPU is atomic (see `store`).
-            let b = unsafe { AtomicU8::from_ptr(at as *mut u8) };
-            let v = b.load(Relaxed);
-            let _ = b.compare_exchange(v, v, Relaxed, Relaxed);
-        }
+        // SAFETY: the range is `span`-checked inside this reservation; writable and referenced
+        // by nothing by the caller's contract.
+        unsafe { crate::sys::cpu::touch_write(p, p + len, page_size()) };
         Ok(())
     }
 
@@ -387,12 +383,9 @@ impl Reservation {
         if end > self.len {
             return Err(einval());
         }
-        for (i, b) in data.iter().enumerate() {
-            // SAFETY: the byte lies inside this reservation (checked above), no Rust reference
-            // points into it, and it is writable (or its fault handled) by the caller's contract.
-            let at = unsafe { AtomicU8::from_ptr((self.base + off + i) as *mut u8) };
-            at.store(*b, Relaxed);
-        }
+        // SAFETY: the bytes lie inside this reservation (checked above); no Rust reference points
+        // into them, and they are writable (or their fault handled) by the caller's contract.
+        unsafe { crate::sys::cpu::store(self.base + off, data) };
         Ok(())
     }
 

@@ -3,29 +3,11 @@
 
 use std::io;
 
+pub use crate::sys::status::{Heap, status_bytes};
+
 /// `/proc/self/status` as text.
 pub fn self_status() -> io::Result<String> {
     std::fs::read_to_string("/proc/self/status")
-}
-
-/// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes; `None` where
-/// the field is missing or not in kB.
-pub fn status_bytes(status: &str, key: &str) -> Option<u64> {
-    let rest = status.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
-    let mut f = rest.split_whitespace();
-    match (f.next(), f.next()) {
-        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
-        _ => None,
-    }
-}
-
-/// What the C allocator holds, in bytes (glibc's `mallinfo2`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Heap {
-    /// Handed out and not yet freed: small chunks in the arenas plus the chunks mapped on their own.
-    pub in_use: u64,
-    /// Freed but kept by the allocator in its arenas (resident where it was touched).
-    pub free_held: u64,
 }
 
 /// What glibc's allocator holds now, over all its arenas; `None` where the C library is not glibc.
@@ -57,18 +39,5 @@ pub fn trim_heap() -> bool {
     #[cfg(not(target_env = "gnu"))]
     {
         false
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::status_bytes;
-
-    /// A line with the key and nothing after it is no field (and no panic).
-    #[test]
-    fn a_bare_key_is_no_field() {
-        assert_eq!(status_bytes("VmHWM", "VmHWM"), None);
-        assert_eq!(status_bytes("VmHWM:", "VmHWM"), None);
-        assert_eq!(status_bytes("VmHWM:\t 8 kB", "VmHWM"), Some(8192));
     }
 }

@@ -15,19 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use super::uapi::*;
 use crate::sys::counters::{Call, count};
 
-/// One kernel mapping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub start: usize,
-    pub end: usize,
-    pub read: bool,
-    pub write: bool,
-    pub exec: bool,
-    /// `MAP_SHARED` (a view of a section).
-    pub shared: bool,
-    /// Backed by a file (a memfd section included).
-    pub file: bool,
-}
+pub use crate::sys::Region;
 
 /// How region queries are answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

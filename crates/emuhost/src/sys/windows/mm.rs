@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::io;
 use std::ptr::{null, null_mut};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use windows_sys::Win32::Foundation::{
@@ -951,13 +951,9 @@ impl Reservation {
     /// dies of the access violation), and no Rust reference may point into it.
     pub unsafe fn touch_write(&self, off: usize, len: usize) -> io::Result<()> {
         let (a, b) = self.span(off, len)?;
-        for at in (a..b).step_by(page_size()) {
-            // SAFETY: the byte lies in the `span`-checked range, writable by the caller's contract;
-            // every access emuhost makes to guest memory through the CPU is atomic.
-            let byte = unsafe { AtomicU8::from_ptr(at as *mut u8) };
-            let v = byte.load(Relaxed);
-            let _ = byte.compare_exchange(v, v, Relaxed, Relaxed);
-        }
+        // SAFETY: the range is `span`-checked inside the window; writable and referenced by
+        // nothing by the caller's contract.
+        unsafe { crate::sys::cpu::touch_write(a, b, page_size()) };
         Ok(())
     }
 
@@ -1001,12 +997,9 @@ impl Reservation {
         if end > self.len {
             return Err(einval());
         }
-        for (i, b) in data.iter().enumerate() {
-            // SAFETY: the byte lies inside the window (checked above), no Rust reference points
-            // into it, and it is writable (or its fault handled) by the caller's contract.
-            let at = unsafe { AtomicU8::from_ptr((self.base + off + i) as *mut u8) };
-            at.store(*b, Relaxed);
-        }
+        // SAFETY: the bytes lie inside the window (checked above); no Rust reference points into
+        // them, and they are writable (or their fault handled) by the caller's contract.
+        unsafe { crate::sys::cpu::store(self.base + off, data) };
         Ok(())
     }
 

@@ -11,6 +11,8 @@ use std::io;
 use windows_sys::Win32::System::ProcessStatus::{K32GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS};
 use windows_sys::Win32::System::Threading::GetCurrentProcess;
 
+pub use crate::sys::status::{Heap, status_bytes};
+
 /// The process's memory figures as `/proc/self/status`-style text: one `Key:\t N kB` line each
 /// for `VmRSS`, `VmHWM`, `VmCommit`, `VmPeakCommit` and `VmLck`.
 pub fn self_status() -> io::Result<String> {
@@ -31,26 +33,6 @@ pub fn self_status() -> io::Result<String> {
         let _ = writeln!(text, "{key}:\t{:>8} kB", bytes / 1024);
     }
     Ok(text)
-}
-
-/// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes; `None` where
-/// the field is missing or not in kB. The same code as Linux's (`sys/linux/procstat.rs`).
-pub fn status_bytes(status: &str, key: &str) -> Option<u64> {
-    let rest = status.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
-    let mut f = rest.split_whitespace();
-    match (f.next(), f.next()) {
-        (Some(n), Some("kB")) => n.parse::<u64>().ok()?.checked_mul(1024),
-        _ => None,
-    }
-}
-
-/// What the C allocator holds, in bytes (glibc's `mallinfo2` on Linux).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Heap {
-    /// Handed out and not yet freed: small chunks in the arenas plus the chunks mapped on their own.
-    pub in_use: u64,
-    /// Freed but kept by the allocator in its arenas (resident where it was touched).
-    pub free_held: u64,
 }
 
 /// Always `None` on Windows: the process heap (which Rust's allocator and the C runtime use) has
@@ -81,14 +63,6 @@ pub fn trim_heap() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A line with the key and nothing after it is no field (and no panic).
-    #[test]
-    fn a_bare_key_is_no_field() {
-        assert_eq!(status_bytes("VmHWM", "VmHWM"), None);
-        assert_eq!(status_bytes("VmHWM:", "VmHWM"), None);
-        assert_eq!(status_bytes("VmHWM:\t 8 kB", "VmHWM"), Some(8192));
-    }
 
     #[test]
     fn the_status_text_has_the_keys() {

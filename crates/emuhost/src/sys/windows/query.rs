@@ -17,19 +17,7 @@ use windows_sys::Win32::System::Memory::{
 
 use crate::sys::counters::{Call, count};
 
-/// One region of the address space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub start: usize,
-    pub end: usize,
-    pub read: bool,
-    pub write: bool,
-    pub exec: bool,
-    /// A view of a section (`MEM_MAPPED`).
-    pub shared: bool,
-    /// Backed by a section (every view is: a pagefile-backed one included, as a memfd on Linux).
-    pub file: bool,
-}
+pub use crate::sys::Region;
 
 /// How region queries are answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

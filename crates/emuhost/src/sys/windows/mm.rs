@@ -50,7 +50,7 @@ use windows_sys::Win32::System::Memory::{
     CreateFileMappingW, MEM_COMMIT, MEM_DECOMMIT, MEM_FREE, MEM_MAPPED, MEM_PRESERVE_PLACEHOLDER, MEM_RELEASE,
     MEM_REPLACE_PLACEHOLDER, MEM_RESERVE, MEM_RESERVE_PLACEHOLDER, MEMORY_BASIC_INFORMATION,
     MEMORY_MAPPED_VIEW_ADDRESS, PAGE_EXECUTE, PAGE_EXECUTE_READ, PAGE_EXECUTE_READWRITE, PAGE_NOACCESS, PAGE_READONLY,
-    PAGE_READWRITE, UnmapViewOfFile, VirtualAlloc, VirtualFree, VirtualProtect, VirtualQuery,
+    PAGE_READWRITE, UnmapViewOfFile, VirtualAlloc, VirtualFree, VirtualProtect,
 };
 use windows_sys::Win32::System::SystemInformation::{GetSystemInfo, SYSTEM_INFO};
 use windows_sys::Win32::System::SystemServices::MEM_WRITE_WATCH;
@@ -225,14 +225,10 @@ unsafe fn release_allocations(start: usize, end: usize) {
     }
 }
 
-/// `VirtualQuery` of one address: `None` above the user address space.
+/// `VirtualQuery` of one address (`fault::query`, the one call of it): `None` above the user
+/// address space.
 fn query(addr: usize) -> Option<MEMORY_BASIC_INFORMATION> {
-    // SAFETY: plain data; zero is a valid bit pattern.
-    let mut mbi: MEMORY_BASIC_INFORMATION = unsafe { std::mem::zeroed() };
-    count(Call::Query);
-    // SAFETY: `mbi` is a valid out buffer of the size passed; VirtualQuery reads no memory at addr.
-    let n = unsafe { VirtualQuery(addr as *const c_void, &mut mbi, size_of::<MEMORY_BASIC_INFORMATION>()) };
-    (n != 0).then_some(mbi)
+    super::fault::query(addr).ok()
 }
 
 impl RawProt {

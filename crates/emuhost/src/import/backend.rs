@@ -243,6 +243,11 @@ pub fn verify<B: Backend>(b: &B) -> Result<(), ImportError> {
     space.commit(whole, Prot::READ_WRITE)?;
     let pattern: Vec<u8> = (0..half).map(|i| (i * 7 + i / 4096) as u8 ^ 0x5a).collect();
     space.write(GuestAddr(skew), &pattern)?;
+    // The copy's destination holds other bytes first, written by the CPU: a copy that did not
+    // happen cannot pass, and a page the OS tracks by protection (Windows' write watch as Wine
+    // implements it) is writable before a CPU driver's own thread (lavapipe's) stores into it.
+    let other: Vec<u8> = pattern.iter().map(|b| !b).collect();
+    space.write(GuestAddr(skew + half), &other)?;
     let a = b.import(HostSpan::of(&space, skew, half)?)?;
     let dst = HostSpan::of(&space, skew + half, half);
     let outcome = (|| {

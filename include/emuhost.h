@@ -2,7 +2,9 @@
  * emuhost: the host layer a console emulator or static recompiler runs its game on, as a C ABI.
  *
  * Link libemuhost_capi.so (or libemuhost_capi.a with -lpthread -ldl -lm -lgcc_s), built by
- * `cargo build -p emuhost-capi --release`. C++17: include/emuhost.hpp wraps this header.
+ * `cargo build -p emuhost-capi --release`. Windows: emuhost_capi.dll and its import library,
+ * libemuhost_capi.dll.a (`--target x86_64-pc-windows-gnu`, mingw) or emuhost_capi.dll.lib (MSVC);
+ * docs/capi.md says what differs there. C++17: include/emuhost.hpp wraps this header.
  *
  * Errors. Every call that can fail returns an emuhost_error_t * : NULL on success, else an error
  * the caller owns; read it (emuhost_error_code, emuhost_error_message) and delete it
@@ -54,7 +56,12 @@
 // space's own, a second tracker on a space, an import refused or cooling, a budget spent.
 #define EMUHOST_ERROR_REFUSED 5
 
-// A backend that is not available here (no userfaultfd, no Vulkan device, no libcuda).
+// A backend or a platform feature that is not available here: no userfaultfd, no Vulkan device,
+// no CUDA driver (`libcuda.so.1`, `nvcuda.dll`), a watch backend of the other platform (uffd and
+// mprotect on Windows, writewatch and guard on Linux); on Windows, shared views (sections) in a
+// space without placeholders (before Windows 10 1803, Wine 8) or over an adopted window, and a
+// view that would cut a committed private allocation whose other pages hold data (Windows cannot
+// shrink an allocation). The message says which.
 #define EMUHOST_ERROR_UNAVAILABLE 6
 
 // A system call failed (the message names it and the OS error).
@@ -145,7 +152,8 @@
 #define EMUHOST_SLEEP_MAX_NS 1000000000
 
 // The backend the self-test picks (Linux: userfaultfd, then mprotect; Windows: write watch, then
-// guard), or the one `EMUHOST_WATCH` in the settings forces.
+// guard), or the one `EMUHOST_WATCH` in the settings forces. The other platform's backends are
+// `EMUHOST_ERROR_UNAVAILABLE`.
 #define EMUHOST_WATCH_AUTO 0
 
 // userfaultfd write-protect (async) read by `PAGEMAP_SCAN` (Linux 6.7+).
@@ -160,9 +168,11 @@
 // `VirtualProtect` and a vectored exception handler (Windows; views and adopted memory).
 #define EMUHOST_WATCH_GUARD 4
 
-// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV`. emuhost installs no handler (not
-// even for its self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
-// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
+// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV` (on Windows: access violations,
+// through its own vectored exception handler). emuhost installs no handler (not even for its
+// self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
+// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1 (on Windows
+// with `EXCEPTION_CONTINUE_EXECUTION`).
 #define EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS 1
 
 // The most fault handles live at once: [`emuhost_tracker_fault_handle`] past it is
@@ -234,7 +244,9 @@ typedef struct emuhost_space_t emuhost_space_t;
 // Thread safety: every call may be made from any thread, concurrently; collects run one at a
 // time. The guest may write armed pages from any thread meanwhile. The tracker keeps its space
 // alive. With the mprotect backend emuhost installs a `SIGSEGV` handler that chains to the one
-// installed before it.
+// installed before it. On Windows, with the guard backend (and with writewatch once it arms
+// pages write watch cannot see: views, an adopted window) emuhost adds a vectored exception
+// handler, first in the chain, that takes only writes to pages a tracker armed.
 typedef struct emuhost_tracker_t emuhost_tracker_t;
 
 // A generic function pointer (as `PFN_vkVoidFunction`).
@@ -416,8 +428,8 @@ struct emuhost_error_t *emuhost_importer_new_vulkan(const struct emuhost_space_t
 // retains and releases nothing. `settings` may be NULL.
 //
 // # Safety
-// `context` is a valid `CUcontext` of the `libcuda.so.1` this process has loaded, and stays
-// valid until the importer is deleted. `out` is NULL or writable.
+// `context` is a valid `CUcontext` of the `libcuda.so.1` (Windows: `nvcuda.dll`) this process
+// has loaded, and stays valid until the importer is deleted. `out` is NULL or writable.
 struct emuhost_error_t *emuhost_importer_new_cuda(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, void *context, struct emuhost_importer_t **out);
 
 // Deletes the importer and releases its imports. NULL does nothing; a handle deleted already is
@@ -590,8 +602,11 @@ struct emuhost_error_t *emuhost_space_reserve_at(void *base, uint64_t window, ui
 
 // Makes a space of the caller's reservation `base..base + len` (host address, page-aligned; all
 // of it mapped `PROT_NONE`, private and anonymous, as `mmap(PROT_NONE, MAP_PRIVATE |
-// MAP_ANONYMOUS | MAP_NORESERVE)` gives). When the space goes, its pages are given back reserved
-// (decommitted), not unmapped.
+// MAP_ANONYMOUS | MAP_NORESERVE)` gives; on Windows one reservation, as
+// `VirtualAlloc(MEM_RESERVE, PAGE_NOACCESS)` gives). When the space goes, its pages are given
+// back reserved (decommitted), not unmapped (released). On Windows a tracker over an adopted
+// window is the guard backend (write watch cannot see memory emuhost did not allocate), and
+// sections cannot be mapped in it (`EMUHOST_ERROR_UNAVAILABLE`).
 //
 // # Safety
 // The range is a reservation the caller made; it stays mapped while the space lives (trackers
@@ -632,7 +647,8 @@ struct emuhost_error_t *emuhost_space_protect(const struct emuhost_space_t *spac
 struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Marks a change of the mappings of the space's window that the caller makes itself (its own
-// `mprotect`, `mmap` or `munmap` there) as in flight, until `emuhost_change_end`. Each takes the
+// `mprotect`, `mmap` or `munmap` there; on Windows `VirtualProtect`, `VirtualAlloc`,
+// `VirtualFree`) as in flight, until `emuhost_change_end`. Each takes the
 // process's memory-map lock for writing: while one is marked, an importer's background threads
 // start no populate and no pin, and before this returns it waits (100 ms at most) for those
 // under way to end, so that the caller's call does not wait for them in the kernel, where
@@ -686,7 +702,8 @@ struct emuhost_error_t *emuhost_space_write(const struct emuhost_space_t *space,
 // `buf` points to `len` writable bytes (may be NULL when `len` is 0).
 struct emuhost_error_t *emuhost_space_read(const struct emuhost_space_t *space, uint64_t addr, void *buf, size_t len);
 
-// Creates a shared section of `len` bytes (a memfd, zero-filled); `id` receives its id.
+// Creates a shared section of `len` bytes (a memfd; on Windows a pagefile-backed file mapping;
+// zero-filled); `id` receives its id.
 //
 // # Safety
 // `id` is NULL or writable.
@@ -697,11 +714,14 @@ struct emuhost_error_t *emuhost_space_destroy_section(const struct emuhost_space
 
 // Maps section `id`'s bytes from `offset` (page-aligned) at guest `addr..addr + len` as ONE
 // view with `prot`, replacing what was there. One section page at several addresses makes
-// aliases.
+// aliases. Windows: views need placeholders (Windows 10 1803 and later; not Wine 8) in a window
+// emuhost reserved, and may not cut a committed private allocation whose other pages hold data;
+// otherwise `EMUHOST_ERROR_UNAVAILABLE`, saying which, and nothing changes.
 struct emuhost_error_t *emuhost_space_map_section(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint64_t id, uint64_t offset, uint32_t prot_bits);
 
 // Maps section pages at consecutive guest pages from `addr`: guest page `i` shows section page
-// `pages[i]`; each run of consecutive section pages is one view. `views` (may be NULL) receives
+// `pages[i]`; each run of consecutive section pages is one view (on Windows, as
+// [`emuhost_space_map_section`] says). `views` (may be NULL) receives
 // the number of views made.
 //
 // # Safety
@@ -737,14 +757,15 @@ struct emuhost_error_t *emuhost_tracker_new(const struct emuhost_space_t *space,
 // deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
 struct emuhost_error_t *emuhost_tracker_delete(struct emuhost_tracker_t *tracker);
 
-// The tracker's backend (`EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`).
+// The tracker's backend (Linux: `EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`; Windows:
+// `EMUHOST_WATCH_WRITEWATCH` or `EMUHOST_WATCH_GUARD`).
 //
 // # Safety
 // `backend` is NULL or writable.
 struct emuhost_error_t *emuhost_tracker_backend(const struct emuhost_tracker_t *tracker, uint32_t *backend);
 
-// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`; static storage), or NULL for
-// a value that is none.
+// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`, `"writewatch"`, `"guard"`;
+// static storage), or NULL for a value that is none.
 const char *emuhost_watch_backend_name(uint32_t backend);
 
 // Arms `addr..addr + len`: writes to its pages from now on are reported by the next collect.
@@ -775,8 +796,13 @@ struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *
 // changed after its disarm, a repeat, a page of a deleted space): handle it, or chain to the
 // previous handler.
 //
-// Async-signal-safe: no allocation, no lock, no panic. With the uffd backend writes never fault,
-// and it returns 0.
+// Windows: call it first in the embedder's vectored exception handler for an
+// `EXCEPTION_ACCESS_VIOLATION`, with `addr` = `ExceptionInformation[1]` and `is_write` =
+// `ExceptionInformation[0] == 1`; on 1 return `EXCEPTION_CONTINUE_EXECUTION`, else go on
+// (`EXCEPTION_CONTINUE_SEARCH`, or the handler's own work).
+//
+// Async-signal-safe: no allocation, no lock, no panic. With the uffd and writewatch backends
+// writes never fault, and it returns 0.
 int32_t emuhost_handle_fault(size_t addr, int32_t is_write);
 
 // A new fault handle of the tracker, for [`emuhost_fault_handle_handle`]; delete it with
@@ -800,15 +826,16 @@ int32_t emuhost_fault_handle_handle(const struct emuhost_fault_handle_t *handle,
 bool emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
 
 // Begins a write of the embedder's own into guest `addr..addr + len` that the kernel makes (a
-// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write): with the mprotect
-// backend such a write into armed pages fails with `EFAULT`, since the kernel does not fault
-// as the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
+// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write; on Windows a
+// `ReadFile` or `recv`): with the mprotect backend (on Windows the guard backend) such a write
+// into armed pages fails with `EFAULT` (`ERROR_NOACCESS`), since the kernel does not fault as
+// the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
 // and every collect reports them written (and leaves them writable); after it, they are armed
 // again, and the next collect reports them once more (the write may have ended just before).
 // No lock is held in between: the write may block (a pipe another thread feeds), and collects,
 // commits and arms go on meanwhile (an arm of the range waits for the end). The other backends
-// need nothing of this and record nothing (their tracking sees the kernel's writes as it sees
-// the guest's; the begin and end are cheap there).
+// (uffd, writewatch) need nothing of this and record nothing (their tracking sees the kernel's
+// writes as it sees the guest's; the begin and end are cheap there).
 //
 // # Safety
 // `out` is NULL or writable.

@@ -22,7 +22,12 @@ pub const EMUHOST_ERROR_OUT_OF_RANGE: u32 = 4;
 /// The runtime refused the operation as things stand: held pages, a mapping that is not the
 /// space's own, a second tracker on a space, an import refused or cooling, a budget spent.
 pub const EMUHOST_ERROR_REFUSED: u32 = 5;
-/// A backend that is not available here (no userfaultfd, no Vulkan device, no libcuda).
+/// A backend or a platform feature that is not available here: no userfaultfd, no Vulkan device,
+/// no CUDA driver (`libcuda.so.1`, `nvcuda.dll`), a watch backend of the other platform (uffd and
+/// mprotect on Windows, writewatch and guard on Linux); on Windows, shared views (sections) in a
+/// space without placeholders (before Windows 10 1803, Wine 8) or over an adopted window, and a
+/// view that would cut a committed private allocation whose other pages hold data (Windows cannot
+/// shrink an allocation). The message says which.
 pub const EMUHOST_ERROR_UNAVAILABLE: u32 = 6;
 /// A system call failed (the message names it and the OS error).
 pub const EMUHOST_ERROR_OS: u32 = 7;
@@ -109,6 +114,8 @@ fn space_code(e: &SpaceError) -> u32 {
         SpaceError::NotCommitted { .. } => EMUHOST_ERROR_NOT_COMMITTED,
         SpaceError::Protection { .. } => EMUHOST_ERROR_PROTECTION,
         SpaceError::Exists { .. } => EMUHOST_ERROR_EXISTS,
+        // What the platform cannot do (Windows: views without placeholders), not a failed call.
+        SpaceError::Os { source, .. } if source.kind() == std::io::ErrorKind::Unsupported => EMUHOST_ERROR_UNAVAILABLE,
         SpaceError::Reserve { .. } | SpaceError::ReserveAt { .. } | SpaceError::Os { .. } => EMUHOST_ERROR_OS,
         // What the space module may add (its errors are `#[non_exhaustive]`).
         _ => EMUHOST_ERROR_OTHER,
@@ -203,4 +210,21 @@ pub unsafe extern "C" fn emuhost_error_message(error: *const emuhost_error_t, bu
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_error_delete(error: *mut emuhost_error_t) -> bool {
     crate::entry_or(false, || handle::delete::<Error>(error).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the platform cannot do (an OS layer's `Unsupported`: on Windows, shared views without
+    /// placeholders) is `UNAVAILABLE`; a call that failed is still `OS`.
+    #[test]
+    fn an_unsupported_platform_feature_is_unavailable_and_a_failed_call_os() {
+        let io = |kind| std::io::Error::new(kind, "why");
+        let os = |source| SpaceError::Os { op: "map section", addr: 0, len: 0x1000, source };
+        assert_eq!(space_code(&os(io(std::io::ErrorKind::Unsupported))), EMUHOST_ERROR_UNAVAILABLE);
+        assert_eq!(space_code(&os(io(std::io::ErrorKind::PermissionDenied))), EMUHOST_ERROR_OS);
+        let e = Error::from(os(io(std::io::ErrorKind::Unsupported)));
+        assert_eq!((e.code, e.message.as_str()), (EMUHOST_ERROR_UNAVAILABLE, "map section 0x0+0x1000 failed: why"));
+    }
 }

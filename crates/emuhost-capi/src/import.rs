@@ -207,8 +207,8 @@ pub unsafe extern "C" fn emuhost_importer_new_vulkan(
 /// retains and releases nothing. `settings` may be NULL.
 ///
 /// # Safety
-/// `context` is a valid `CUcontext` of the `libcuda.so.1` this process has loaded, and stays
-/// valid until the importer is deleted. `out` is NULL or writable.
+/// `context` is a valid `CUcontext` of the `libcuda.so.1` (Windows: `nvcuda.dll`) this process
+/// has loaded, and stays valid until the importer is deleted. `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_new_cuda(
     space: *const emuhost_space_t,

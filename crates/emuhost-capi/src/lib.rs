@@ -1,7 +1,8 @@
 //! emuhost's C ABI: the runtime (`emuhost`) for emulators written in C, C++ or C# (P/Invoke).
 //!
 //! Built as `libemuhost_capi.so` and `libemuhost_capi.a` (`cargo build -p emuhost-capi
-//! --release`); the header `include/emuhost.h` is generated from this crate by cbindgen (a test
+//! --release`; for Windows `emuhost_capi.dll` with its import library, `libemuhost_capi.dll.a`
+//! with mingw, `emuhost_capi.dll.lib` with MSVC); the header `include/emuhost.h` is generated from this crate by cbindgen (a test
 //! checks it is current) and `include/emuhost.hpp` wraps it for C++17.
 //!
 //! The shape is wasmtime's C API: opaque handles with a `*_delete` each, and every call that can

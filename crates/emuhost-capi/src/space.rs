@@ -110,8 +110,11 @@ pub unsafe extern "C" fn emuhost_space_reserve_at(
 
 /// Makes a space of the caller's reservation `base..base + len` (host address, page-aligned; all
 /// of it mapped `PROT_NONE`, private and anonymous, as `mmap(PROT_NONE, MAP_PRIVATE |
-/// MAP_ANONYMOUS | MAP_NORESERVE)` gives). When the space goes, its pages are given back reserved
-/// (decommitted), not unmapped.
+/// MAP_ANONYMOUS | MAP_NORESERVE)` gives; on Windows one reservation, as
+/// `VirtualAlloc(MEM_RESERVE, PAGE_NOACCESS)` gives). When the space goes, its pages are given
+/// back reserved (decommitted), not unmapped (released). On Windows a tracker over an adopted
+/// window is the guard backend (write watch cannot see memory emuhost did not allocate), and
+/// sections cannot be mapped in it (`EMUHOST_ERROR_UNAVAILABLE`).
 ///
 /// # Safety
 /// The range is a reservation the caller made; it stays mapped while the space lives (trackers
@@ -246,7 +249,8 @@ impl Kind for OwnedChanging {
 }
 
 /// Marks a change of the mappings of the space's window that the caller makes itself (its own
-/// `mprotect`, `mmap` or `munmap` there) as in flight, until `emuhost_change_end`. Each takes the
+/// `mprotect`, `mmap` or `munmap` there; on Windows `VirtualProtect`, `VirtualAlloc`,
+/// `VirtualFree`) as in flight, until `emuhost_change_end`. Each takes the
 /// process's memory-map lock for writing: while one is marked, an importer's background threads
 /// start no populate and no pin, and before this returns it waits (100 ms at most) for those
 /// under way to end, so that the caller's call does not wait for them in the kernel, where
@@ -376,7 +380,8 @@ pub unsafe extern "C" fn emuhost_space_read(
     })
 }
 
-/// Creates a shared section of `len` bytes (a memfd, zero-filled); `id` receives its id.
+/// Creates a shared section of `len` bytes (a memfd; on Windows a pagefile-backed file mapping;
+/// zero-filled); `id` receives its id.
 ///
 /// # Safety
 /// `id` is NULL or writable.
@@ -406,7 +411,9 @@ pub extern "C" fn emuhost_space_destroy_section(space: *const emuhost_space_t, i
 
 /// Maps section `id`'s bytes from `offset` (page-aligned) at guest `addr..addr + len` as ONE
 /// view with `prot`, replacing what was there. One section page at several addresses makes
-/// aliases.
+/// aliases. Windows: views need placeholders (Windows 10 1803 and later; not Wine 8) in a window
+/// emuhost reserved, and may not cut a committed private allocation whose other pages hold data;
+/// otherwise `EMUHOST_ERROR_UNAVAILABLE`, saying which, and nothing changes.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_map_section(
     space: *const emuhost_space_t,
@@ -422,7 +429,8 @@ pub extern "C" fn emuhost_space_map_section(
 }
 
 /// Maps section pages at consecutive guest pages from `addr`: guest page `i` shows section page
-/// `pages[i]`; each run of consecutive section pages is one view. `views` (may be NULL) receives
+/// `pages[i]`; each run of consecutive section pages is one view (on Windows, as
+/// [`emuhost_space_map_section`] says). `views` (may be NULL) receives
 /// the number of views made.
 ///
 /// # Safety

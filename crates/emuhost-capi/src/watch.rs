@@ -14,7 +14,8 @@ use crate::settings::emuhost_settings_t;
 use crate::space::emuhost_space_t;
 
 /// The backend the self-test picks (Linux: userfaultfd, then mprotect; Windows: write watch, then
-/// guard), or the one `EMUHOST_WATCH` in the settings forces.
+/// guard), or the one `EMUHOST_WATCH` in the settings forces. The other platform's backends are
+/// `EMUHOST_ERROR_UNAVAILABLE`.
 pub const EMUHOST_WATCH_AUTO: u32 = 0;
 /// userfaultfd write-protect (async) read by `PAGEMAP_SCAN` (Linux 6.7+).
 pub const EMUHOST_WATCH_UFFD: u32 = 1;
@@ -30,7 +31,9 @@ pub const EMUHOST_WATCH_GUARD: u32 = 4;
 /// Thread safety: every call may be made from any thread, concurrently; collects run one at a
 /// time. The guest may write armed pages from any thread meanwhile. The tracker keeps its space
 /// alive. With the mprotect backend emuhost installs a `SIGSEGV` handler that chains to the one
-/// installed before it.
+/// installed before it. On Windows, with the guard backend (and with writewatch once it arms
+/// pages write watch cannot see: views, an adopted window) emuhost adds a vectored exception
+/// handler, first in the chain, that takes only writes to pages a tracker armed.
 pub struct emuhost_tracker_t {
     _private: [u8; 0],
 }
@@ -74,9 +77,11 @@ fn code_of(kind: BackendKind) -> u32 {
     }
 }
 
-/// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV`. emuhost installs no handler (not
-/// even for its self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
-/// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1.
+/// Flag of [`emuhost_tracker_new`]: the embedder owns `SIGSEGV` (on Windows: access violations,
+/// through its own vectored exception handler). emuhost installs no handler (not even for its
+/// self-test); the embedder's handler calls [`emuhost_handle_fault`] (or
+/// [`emuhost_fault_handle_handle`]) first for every fault and returns when it says 1 (on Windows
+/// with `EXCEPTION_CONTINUE_EXECUTION`).
 pub const EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS: u32 = 1;
 
 /// A tracker on `space`. `backend`: `EMUHOST_WATCH_AUTO` (the settings' `EMUHOST_WATCH`, else the
@@ -126,7 +131,8 @@ fn get(tracker: *const emuhost_tracker_t, what: &str) -> Result<Arc<Tracker>, Er
     handle::get::<Tracker>(tracker, what)
 }
 
-/// The tracker's backend (`EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`).
+/// The tracker's backend (Linux: `EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`; Windows:
+/// `EMUHOST_WATCH_WRITEWATCH` or `EMUHOST_WATCH_GUARD`).
 ///
 /// # Safety
 /// `backend` is NULL or writable.
@@ -142,8 +148,8 @@ pub unsafe extern "C" fn emuhost_tracker_backend(
     })
 }
 
-/// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`; static storage), or NULL for
-/// a value that is none.
+/// The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`, `"writewatch"`, `"guard"`;
+/// static storage), or NULL for a value that is none.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_watch_backend_name(backend: u32) -> *const c_char {
     match backend {
@@ -232,8 +238,13 @@ pub unsafe extern "C" fn emuhost_tracker_collect(
 /// changed after its disarm, a repeat, a page of a deleted space): handle it, or chain to the
 /// previous handler.
 ///
-/// Async-signal-safe: no allocation, no lock, no panic. With the uffd backend writes never fault,
-/// and it returns 0.
+/// Windows: call it first in the embedder's vectored exception handler for an
+/// `EXCEPTION_ACCESS_VIOLATION`, with `addr` = `ExceptionInformation[1]` and `is_write` =
+/// `ExceptionInformation[0] == 1`; on 1 return `EXCEPTION_CONTINUE_EXECUTION`, else go on
+/// (`EXCEPTION_CONTINUE_SEARCH`, or the handler's own work).
+///
+/// Async-signal-safe: no allocation, no lock, no panic. With the uffd and writewatch backends
+/// writes never fault, and it returns 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_handle_fault(addr: usize, is_write: i32) -> i32 {
     emuhost::watch::handle_fault(addr, is_write != 0) as i32
@@ -319,15 +330,16 @@ impl Kind for OwnedHostWrite {
 }
 
 /// Begins a write of the embedder's own into guest `addr..addr + len` that the kernel makes (a
-/// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write): with the mprotect
-/// backend such a write into armed pages fails with `EFAULT`, since the kernel does not fault
-/// as the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
+/// `read(2)` or `recv(2)` into guest memory, an `io_uring` or driver write; on Windows a
+/// `ReadFile` or `recv`): with the mprotect backend (on Windows the guard backend) such a write
+/// into armed pages fails with `EFAULT` (`ERROR_NOACCESS`), since the kernel does not fault as
+/// the CPU does. Until [`emuhost_host_write_end`], the armed pages of the range are writable
 /// and every collect reports them written (and leaves them writable); after it, they are armed
 /// again, and the next collect reports them once more (the write may have ended just before).
 /// No lock is held in between: the write may block (a pipe another thread feeds), and collects,
 /// commits and arms go on meanwhile (an arm of the range waits for the end). The other backends
-/// need nothing of this and record nothing (their tracking sees the kernel's writes as it sees
-/// the guest's; the begin and end are cheap there).
+/// (uffd, writewatch) need nothing of this and record nothing (their tracking sees the kernel's
+/// writes as it sees the guest's; the begin and end are cheap there).
 ///
 /// # Safety
 /// `out` is NULL or writable.

@@ -1,21 +1,34 @@
 /* emuhost from C: a window at a fixed base, commit, arm, writes from two threads, the program's
- * own SIGSEGV handler handing faults to emuhost_handle_fault (emuhost installs none), a collect
+ * own fault handler handing faults to emuhost_handle_fault (emuhost installs none), a collect
  * into the program's own words (0 lost), a pool imported on a VkDevice the program made itself and read
  * back through the GPU, a 20 us sleep through the short-sleep call, the backend and the rule's
  * reason; and misuse caught as errors. Built and run against the shared and the static library by
- * crates/emuhost-capi/tests/it/programs.rs. Compiled with -DSMOKE_NO_VULKAN where there are no
- * Vulkan headers; without a device the Vulkan part is skipped unless EMUHOST_REQUIRE_VULKAN=1. */
+ * crates/emuhost-capi/tests/it/programs.rs (Linux), and cross-built with mingw against
+ * emuhost_capi.dll and run under Wine by `.ci/windows capi`. Compiled with -DSMOKE_NO_VULKAN where
+ * there are no Vulkan headers; without a device the Vulkan part is skipped unless
+ * EMUHOST_REQUIRE_VULKAN=1.
+ *
+ * Windows (_WIN32) has the same steps with its own calls: the fault handler is a vectored
+ * exception handler (a write is ExceptionInformation[0] == 1 at ExceptionInformation[1]), the
+ * threads are CreateThread's, the kernel's write into armed memory is a ReadFile from an anonymous
+ * pipe (ERROR_NOACCESS where the guard backend has the pages read-only), the program's own
+ * protection change is VirtualProtect, the clock QueryPerformanceCounter. */
 #include "emuhost.h"
 
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#endif
 
 #ifndef SMOKE_NO_VULKAN
 #include "vkdev.h"
@@ -57,6 +70,20 @@ static void expect(const char *what, emuhost_error_t *e, uint32_t code) {
 static int log_lines;
 static int faults_handed; /* faults emuhost_handle_fault said were emuhost's */
 
+#ifdef _WIN32
+/* The program's own vectored exception handler, as an emulator has one: emuhost first (a write
+ * to an armed page: retry it), then its own work (here: none, so the search goes on to the next
+ * handler, and an unclaimed fault ends the process). */
+static LONG CALLBACK on_fault(EXCEPTION_POINTERS *x) {
+    const EXCEPTION_RECORD *r = x->ExceptionRecord;
+    if (r->ExceptionCode == EXCEPTION_ACCESS_VIOLATION && r->NumberParameters >= 2 &&
+        emuhost_handle_fault((uintptr_t)r->ExceptionInformation[1], r->ExceptionInformation[0] == 1)) {
+        __atomic_add_fetch(&faults_handed, 1, __ATOMIC_RELAXED);
+        return EXCEPTION_CONTINUE_EXECUTION;
+    }
+    return EXCEPTION_CONTINUE_SEARCH;
+}
+#else
 /* The program's own SIGSEGV handler, as an emulator has one: emuhost first, then its own work
  * (here: none, so the default action, and the fault repeats fatally). */
 static void on_segv(int sig, siginfo_t *info, void *ctx) {
@@ -67,6 +94,7 @@ static void on_segv(int sig, siginfo_t *info, void *ctx) {
     }
     signal(sig, SIG_DFL);
 }
+#endif
 
 static void on_log(void *user, uint32_t level, const char *target, const char *message) {
     (void)user;
@@ -80,63 +108,128 @@ struct writer {
     int parity;
 };
 
-static void *write_pages(void *arg) {
-    struct writer *w = arg;
+static void write_pages(struct writer *w) {
     for (uint64_t i = (uint64_t)w->parity; i < WRITTEN; i += 2) w->base[i * w->page + 8] = (uint8_t)(i + 1);
+}
+
+#ifdef _WIN32
+typedef HANDLE thread_t;
+static DWORD WINAPI thread_main(LPVOID arg) {
+    write_pages(arg);
+    return 0;
+}
+static int thread_start(thread_t *t, struct writer *w) {
+    *t = CreateThread(NULL, 0, thread_main, w, 0, NULL);
+    return *t ? 0 : -1;
+}
+static void thread_join(thread_t t) {
+    WaitForSingleObject(t, INFINITE);
+    CloseHandle(t);
+}
+
+static double now_us(void) {
+    LARGE_INTEGER t, f;
+    QueryPerformanceCounter(&t);
+    QueryPerformanceFrequency(&f);
+    return (double)t.QuadPart * 1e6 / (double)f.QuadPart;
+}
+#else
+typedef pthread_t thread_t;
+static void *thread_main(void *arg) {
+    write_pages(arg);
     return NULL;
 }
+static int thread_start(thread_t *t, struct writer *w) { return pthread_create(t, NULL, thread_main, w); }
+static void thread_join(thread_t t) { pthread_join(t, NULL); }
 
 static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
+#endif
 
-/* `n` bytes of `fill` into a new pipe, then read(2) from it into `at`: what read returned
- * (errno as it left it). */
-static ssize_t read_pipe_into(uint8_t *at, size_t n, uint8_t fill) {
+/* `n` bytes of `fill` into a new pipe, then a read by the kernel from it into `at` (read(2); on
+ * Windows ReadFile): the bytes read, or -1 with the OS error in `*err` (errno; GetLastError()). */
+static long long read_pipe_into(uint8_t *at, size_t n, uint8_t fill, unsigned long *err) {
     static uint8_t data[2 * 65536];
-    int fds[2];
-    if (n > sizeof data || pipe(fds) != 0) exit(1);
+    if (n > sizeof data) exit(1);
     memset(data, fill, n);
+    long long got;
+#ifdef _WIN32
+    HANDLE r, w;
+    DWORD wrote, read;
+    if (!CreatePipe(&r, &w, NULL, sizeof data)) exit(1);
+    if (!WriteFile(w, data, (DWORD)n, &wrote, NULL) || wrote != n) exit(1);
+    got = ReadFile(r, at, (DWORD)n, &read, NULL) ? (long long)read : -1;
+    *err = got < 0 ? GetLastError() : 0;
+    CloseHandle(r);
+    CloseHandle(w);
+#else
+    int fds[2];
+    if (pipe(fds) != 0) exit(1);
     if (write(fds[1], data, n) != (ssize_t)n) exit(1);
-    ssize_t got = read(fds[0], at, n);
-    int err = errno;
+    got = read(fds[0], at, n);
+    *err = got < 0 ? (unsigned long)errno : 0;
     close(fds[0]);
     close(fds[1]);
-    errno = err;
+#endif
     return got;
 }
 
-/* The program's own kernel writes into armed memory (a read(2) from a pipe) between
- * emuhost_tracker_host_write_begin and emuhost_host_write_end (with mprotect, EFAULT without
- * them), collected after; and its own mprotect in the window marked as a change in flight. */
+/* The program's own protection change of `len` bytes at `at`: read-only, then read-write. */
+static int protect_own(uint8_t *at, size_t len) {
+#ifdef _WIN32
+    DWORD old;
+    return VirtualProtect(at, len, PAGE_READONLY, &old) && VirtualProtect(at, len, PAGE_READWRITE, &old);
+#else
+    return mprotect(at, len, PROT_READ) == 0 && mprotect(at, len, PROT_READ | PROT_WRITE) == 0;
+#endif
+}
+
+/* The program's own kernel writes into armed memory (a read(2) from a pipe; on Windows a
+ * ReadFile) between emuhost_tracker_host_write_begin and emuhost_host_write_end (with mprotect,
+ * EFAULT without them; with guard, ERROR_NOACCESS), collected after; and its own mprotect (on
+ * Windows VirtualProtect) in the window marked as a change in flight. */
 static void host_write_part(emuhost_space_t *space, emuhost_tracker_t *tracker, uint32_t backend,
                             const emuhost_space_info_t *info) {
     const uint64_t page = info->page_size, at = 300 * page, n = 2 * page;
     uint8_t *host = (uint8_t *)info->host_base + at;
-    if (backend == EMUHOST_WATCH_MPROTECT && (read_pipe_into(host, n, 1) != -1 || errno != EFAULT)) {
-        fprintf(stderr, "smoke: a read(2) into armed memory did not fail with EFAULT\n");
-        exit(1);
+    unsigned long err;
+#ifdef _WIN32
+    const uint32_t protects = EMUHOST_WATCH_GUARD;
+    const unsigned long refused = ERROR_NOACCESS;
+#else
+    const uint32_t protects = EMUHOST_WATCH_MPROTECT;
+    const unsigned long refused = EFAULT;
+#endif
+    if (backend == protects) {
+        long long got = read_pipe_into(host, n, 1, &err);
+        if (got != -1 || err != refused) {
+            fprintf(stderr, "smoke: a read by the kernel into armed memory returned %lld (OS error %lu), not error %lu\n",
+                    got, err, refused);
+            exit(1);
+        }
+        printf("host write: without begin and end, the kernel's write into armed memory fails (OS error %lu)\n", err);
     }
     emuhost_host_write_t *w;
     CHECK(emuhost_tracker_host_write_begin(tracker, at, n, &w));
-    ssize_t got = read_pipe_into(host, n, 0x5a);
+    long long got = read_pipe_into(host, n, 0x5a, &err);
     CHECK(emuhost_host_write_end(w));
     expect("host write ended twice", emuhost_host_write_end(w), EMUHOST_ERROR_BAD_HANDLE);
     uint64_t words[ARMED / 4096 / 64] = {0};
     emuhost_written_t r;
     CHECK(emuhost_tracker_collect_into(tracker, 0, ARMED, page, words, (size_t)(ARMED / page + 63) / 64, 0, &r));
     int both = ((words[300 / 64] >> (300 % 64)) & 1) && ((words[301 / 64] >> (301 % 64)) & 1);
-    printf("host write: read(2) of %zd bytes into armed memory; %llu pages collected%s\n", got,
+    printf("host write: read(2) of %lld bytes into armed memory; %llu pages collected%s\n", got,
            (unsigned long long)r.pages, both ? ", its 2 among them" : "");
-    if (got != (ssize_t)n || host[0] != 0x5a || host[n - 1] != 0x5a || !both || r.pages != 2) exit(1);
+    if (got != (long long)n || host[0] != 0x5a || host[n - 1] != 0x5a || !both || r.pages != 2) exit(1);
 
     CHECK(emuhost_space_commit(space, ARMED, page, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE)); /* not armed */
     emuhost_change_t *change;
     CHECK(emuhost_space_change_begin(space, &change));
     uint8_t *own = (uint8_t *)info->host_base + ARMED;
-    int changed = mprotect(own, page, PROT_READ) == 0 && mprotect(own, page, PROT_READ | PROT_WRITE) == 0;
+    int changed = protect_own(own, page);
     CHECK(emuhost_change_end(change));
     expect("change ended twice", emuhost_change_end(change), EMUHOST_ERROR_BAD_HANDLE);
     own[0] = 1;
@@ -215,30 +308,38 @@ int main(void) {
     const uint64_t page = info.page_size;
     CHECK(emuhost_space_commit(space, 0, ARMED, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
 
+#ifdef _WIN32
+    /* First in the chain. Windows cannot list vectored handlers: that emuhost added none of its
+     * own (which it would add first) shows in the count of faults this one was handed below. */
+    if (!AddVectoredExceptionHandler(1, on_fault)) return 1;
+#else
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGSEGV, &sa, NULL) != 0) return 1;
+#endif
     emuhost_tracker_t *tracker;
     CHECK(emuhost_tracker_new(space, settings, EMUHOST_WATCH_AUTO, EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS, &tracker));
+#ifndef _WIN32
     struct sigaction now;
     sigaction(SIGSEGV, NULL, &now);
     if (now.sa_sigaction != on_segv) {
         fprintf(stderr, "smoke: emuhost replaced the program's SIGSEGV handler\n");
         return 1;
     }
+#endif
     uint32_t backend;
     CHECK(emuhost_tracker_backend(tracker, &backend));
     printf("backend: %s\n", emuhost_watch_backend_name(backend));
     CHECK(emuhost_tracker_arm(tracker, 0, ARMED));
 
     struct writer w[2] = {{info.host_base, page, 0}, {info.host_base, page, 1}};
-    pthread_t th[2];
+    thread_t th[2];
     for (int i = 0; i < 2; i++)
-        if (pthread_create(&th[i], NULL, write_pages, &w[i]) != 0) return 1;
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        if (thread_start(&th[i], &w[i]) != 0) return 1;
+    for (int i = 0; i < 2; i++) thread_join(th[i]);
 
     /* One bit per page, in the program's own words; a query first (it takes nothing). */
     uint64_t words[ARMED / 4096 / 64] = {0};
@@ -258,7 +359,13 @@ int main(void) {
            WRITTEN, (unsigned long long)queried, (unsigned long long)got.pages, lost,
            __atomic_load_n(&faults_handed, __ATOMIC_RELAXED));
     if (lost || extra || got.pages != WRITTEN || queried != WRITTEN) return 1;
-    if (backend == EMUHOST_WATCH_MPROTECT && __atomic_load_n(&faults_handed, __ATOMIC_RELAXED) < WRITTEN) return 1;
+    /* A backend that protects armed pages (mprotect; on Windows guard): every write faulted into
+     * the program's own handler, and emuhost's answer let it go on. */
+    if ((backend == EMUHOST_WATCH_MPROTECT || backend == EMUHOST_WATCH_GUARD) &&
+        __atomic_load_n(&faults_handed, __ATOMIC_RELAXED) < WRITTEN) {
+        fprintf(stderr, "smoke: the program's own fault handler was handed fewer faults than pages written\n");
+        return 1;
+    }
 
     /* Fault handles are checked like every handle: one deleted twice, or a tracker passed as
      * one, takes no fault and is refused (0, false), never read through. */

@@ -2,7 +2,9 @@
 // at a fixed base, commit, arm, writes from two threads, a collect into the program's own words,
 // an import on its own VkDevice read back through the GPU, a 20 us sleep, the backend and the
 // rule's reason, misuse caught), with RAII handles and exceptions. Built and run by
-// crates/emuhost-capi/tests/it/programs.rs.
+// crates/emuhost-capi/tests/it/programs.rs (Linux), and cross-built with mingw against
+// emuhost_capi.dll and run under Wine by `.ci/windows capi`. On Windows (_WIN32) the kernel's write
+// into armed memory is a ReadFile from an anonymous pipe instead of a read(2).
 #include "emuhost.hpp"
 
 #include <atomic>
@@ -13,7 +15,15 @@
 #include <thread>
 #include <vector>
 
+#ifdef _WIN32
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#else
 #include <unistd.h>
+#endif
 
 #ifndef SMOKE_NO_VULKAN
 #include "vkdev.h"
@@ -28,6 +38,34 @@ constexpr std::uint64_t WRITTEN = 256;
 void *const BASE = reinterpret_cast<void *>(std::uintptr_t{0x208000000000ull});  // beside the C program's
 
 std::atomic<int> log_lines{0};
+
+// `data` into a new pipe, then a read by the kernel from it into `at` (read(2); on Windows
+// ReadFile): the bytes read, or -1.
+long long read_pipe_into(std::uint8_t *at, const std::vector<std::uint8_t> &data, const emuhost::Tracker &tracker,
+                         std::uint64_t addr) {
+    long long got = -1;
+#ifdef _WIN32
+    HANDLE r, w;
+    DWORD wrote = 0, read = 0;
+    if (!CreatePipe(&r, &w, nullptr, static_cast<DWORD>(data.size()))) return -1;
+    if (WriteFile(w, data.data(), static_cast<DWORD>(data.size()), &wrote, nullptr) && wrote == data.size()) {
+        auto hw = tracker.host_write(addr, data.size());
+        if (ReadFile(r, at, static_cast<DWORD>(data.size()), &read, nullptr)) got = read;
+    }
+    CloseHandle(r);
+    CloseHandle(w);
+#else
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    if (write(fds[1], data.data(), data.size()) == static_cast<ssize_t>(data.size())) {
+        auto hw = tracker.host_write(addr, data.size());
+        got = read(fds[0], at, data.size());
+    }
+    close(fds[0]);
+    close(fds[1]);
+#endif
+    return got;
+}
 
 void on_log(void *, std::uint32_t level, const char *target, const char *message) {
     log_lines.fetch_add(1, std::memory_order_relaxed);
@@ -151,22 +189,13 @@ int run() {
     if (lost) return 1;
 
     // The program's own read(2) from a pipe into armed memory, marked as a host write.
-    int fds[2];
-    if (pipe(fds) != 0) return 1;
     std::vector<std::uint8_t> data(page, 0x5a);
-    if (write(fds[1], data.data(), page) != static_cast<ssize_t>(page)) return 1;
-    ssize_t got = 0;
-    {
-        auto w = tracker.host_write(300 * page, page);
-        got = read(fds[0], static_cast<std::uint8_t *>(info.host_base) + 300 * page, page);
-    }
-    close(fds[0]);
-    close(fds[1]);
+    long long got = read_pipe_into(static_cast<std::uint8_t *>(info.host_base) + 300 * page, data, tracker, 300 * page);
     std::vector<std::uint64_t> words((ARMED / page + 63) / 64);
     buffers.collect_into(0, ARMED, page, words);
-    std::printf("host write: read(2) of %zd bytes into armed memory, page 300 %s\n", got,
+    std::printf("host write: read(2) of %lld bytes into armed memory, page 300 %s\n", got,
                 (words[300 / 64] >> (300 % 64)) & 1 ? "collected" : "lost");
-    if (got != static_cast<ssize_t>(page) || !((words[300 / 64] >> (300 % 64)) & 1)) return 1;
+    if (got != static_cast<long long>(page) || !((words[300 / 64] >> (300 % 64)) & 1)) return 1;
 
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings);

@@ -101,3 +101,12 @@ pub use crate::sys::procstat::trim_heap;
 /// The process's own memory figures, as the kernel and the C allocator keep them: for a caller
 /// that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a preparation).
 pub use crate::sys::procstat::{Heap, heap, self_status};
+
+/// Windows: this process's heap (the segment heap, the NT heap, or Wine's), read from the heap's
+/// header at run time; an executable's application manifest, read and taken out (`emuhost bench
+/// workers` measures the manifest's heap against a copy of the exe without it); and Wine's
+/// version, when this process runs under Wine.
+#[cfg(windows)]
+pub use crate::sys::heap::{HeapKind, ProcessHeap, exe_manifest, process_heap, strip_manifest};
+#[cfg(windows)]
+pub use crate::sys::probe::wine_version;

@@ -4,6 +4,7 @@
 //! waitable timers, and what the machine offers.
 
 pub mod fault;
+pub mod heap;
 pub mod mm;
 pub mod pin;
 pub mod probe;

@@ -53,19 +53,26 @@ pub fn os_release() -> String {
         }
         None => "Windows (version unknown)".to_string(),
     };
-    if let Some(f) = ntdll_export(c"wine_get_version") {
-        // SAFETY: Wine's ntdll exports `const char *wine_get_version(void)` (cdecl, which is the
-        // system ABI on x86-64); it returns a static NUL-terminated string.
-        let f: WineGetVersion = unsafe { std::mem::transmute(f) };
-        // SAFETY: as above: a static string, or null (checked).
-        let p = unsafe { f() };
-        if !p.is_null() {
-            // SAFETY: non-null, NUL-terminated and static (above).
-            let v = unsafe { CStr::from_ptr(p) };
-            out.push_str(&format!(" (Wine {})", v.to_string_lossy()));
-        }
+    if let Some(v) = wine_version() {
+        out.push_str(&format!(" (Wine {v})"));
     }
     out
+}
+
+/// Wine's version (ntdll's `wine_get_version`, e.g. `8.0`) when this process runs under Wine;
+/// `None` on Windows.
+pub fn wine_version() -> Option<String> {
+    let f = ntdll_export(c"wine_get_version")?;
+    // SAFETY: Wine's ntdll exports `const char *wine_get_version(void)` (cdecl, which is the
+    // system ABI on x86-64); it returns a static NUL-terminated string.
+    let f: WineGetVersion = unsafe { std::mem::transmute(f) };
+    // SAFETY: as above: a static string, or null (checked).
+    let p = unsafe { f() };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, NUL-terminated and static (above).
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 /// Whether write watch works: two pages allocated with `MEM_WRITE_WATCH`, the second written,
@@ -131,6 +138,9 @@ mod tests {
         assert!(os.split(' ').nth(1).is_some_and(|v| v.split('.').count() == 3 && !v.contains("unknown")), "{os}");
         if ntdll_export(c"wine_get_version").is_some() {
             assert!(os.contains(" (Wine "), "{os}");
+            assert!(wine_version().is_some_and(|v| os.contains(&format!(" (Wine {v})"))), "{os}");
+        } else {
+            assert_eq!(wine_version(), None);
         }
         write_watch().unwrap();
         // What the probe refuses: another page, one more, none, another granularity.

@@ -9,6 +9,7 @@ mod prepare;
 mod sched;
 mod space;
 mod watch;
+mod workers;
 
 use clap::Subcommand;
 pub use emuhost_lab::bench::{Arm, Comparison, median};
@@ -28,8 +29,10 @@ pub enum Which {
     /// second), and a frame thread's work on 2 CPUs beside threads sleeping 20 µs.
     Sleep(sched::Args),
     /// A compile-like job (allocation-heavy tree passes) at 1, 2, 4 ... N workers: jobs per second
-    /// and speed-up, with this build's allocator (build with `--features mimalloc` for the other).
-    Workers(sched::WorkersArgs),
+    /// and speed-up, with this build's allocator (build with `--features mimalloc` for the other);
+    /// on Windows both heaps in one run: this exe's (its manifest asks for the segment heap) and a
+    /// copy's without the manifest, each arm naming the heap its process had.
+    Workers(workers::Args),
     /// GPU import: untouched against populated pages per size; a session through the importer
     /// with naive chunks, spans, and spans + populate ahead; collects beside commits and pins,
     /// the pins in the kernel's queue against as the space's long reads; a small import beside
@@ -45,7 +48,7 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
         Which::Space(a) => space::run(a),
         Which::Watch(a) => watch::run(a, settings),
         Which::Sleep(a) => sched::run(a),
-        Which::Workers(a) => sched::run_workers(a),
+        Which::Workers(a) => workers::run(a),
         Which::Import(a) => import::run(a, settings),
         Which::Prepare(a) => prepare::run(a),
     }

@@ -1,8 +1,8 @@
-//! `emuhost bench sleep` and `emuhost bench workers`: the flags, then the lab's benches
-//! ([`emuhost_lab::bench::sched`]), printed.
+//! `emuhost bench sleep`: the flags, then the lab's bench ([`emuhost_lab::bench::sched`]),
+//! printed.
 
 use emuhost::sched::{HYBRID_MARGIN, Wait};
-use emuhost_lab::bench::sched::{Method, SleepBench, SleepReport, WorkersBench};
+use emuhost_lab::bench::sched::{Method, SleepBench, SleepReport};
 use serde_json::json;
 
 use super::Report;
@@ -159,60 +159,4 @@ fn print_frame(a: &Args, r: &SleepReport) {
         "  yielding / the rule      {:.3}x (above 1: the rule leaves the frame thread more)",
         yield_vs_rule.old.median_ms() / yield_vs_rule.new.median_ms()
     );
-}
-
-/// `emuhost bench workers`.
-#[derive(clap::Args)]
-pub struct WorkersArgs {
-    /// Rounds of each worker count (alternated).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    rounds: u32,
-    /// Jobs per round (each a small compile: build, fold, lower a tree of ~20,000 nodes).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    jobs: u64,
-    /// The most workers to try (1, 2, 4, ... up to it); default: the usable CPUs.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
-    max_workers: Option<u64>,
-    /// One JSON object instead of text.
-    #[arg(long)]
-    json: bool,
-}
-
-pub fn run_workers(a: WorkersArgs) -> anyhow::Result<Outcome> {
-    if cfg!(debug_assertions) {
-        eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
-    }
-    let r = emuhost_lab::bench::sched::workers(&WorkersBench::new(a.rounds, a.jobs, a.max_workers));
-    let (usable, scales, locked) = (r.usable_cpus, r.prepare_scales, r.prepare_locked);
-    let allocator = if cfg!(feature = "mimalloc") { "mimalloc" } else { "system (glibc malloc)" };
-    let rows: Vec<serde_json::Value> = r
-        .rows
-        .iter()
-        .map(|w| json!({ "workers": w.workers, "median_ms": w.median_ms, "jobs_per_s": w.jobs_per_s, "speedup": w.speedup }))
-        .collect();
-    if a.json {
-        outln!(
-            "{}",
-            json!({ "bench": "workers", "allocator": allocator, "usable_cpus": usable, "jobs": a.jobs, "rounds": a.rounds,
-                    "results": rows, "prepare_workers": { "scales": scales, "locked": locked } })
-        );
-        return Ok(Outcome::Ok);
-    }
-    outln!(
-        "compile-like jobs ({} per round, {} rounds, medians), allocator {allocator}, {usable} usable CPUs",
-        a.jobs,
-        a.rounds
-    );
-    outln!("  {:>8} {:>12} {:>10} {:>8}", "workers", "median ms", "jobs/s", "speed-up");
-    for r in &rows {
-        outln!(
-            "  {:>8} {:>12.1} {:>10.1} {:>7.2}x",
-            r["workers"],
-            r["median_ms"].as_f64().unwrap_or(f64::NAN),
-            r["jobs_per_s"].as_f64().unwrap_or(f64::NAN),
-            r["speedup"].as_f64().unwrap_or(f64::NAN)
-        );
-    }
-    outln!("  prepare_workers on this machine: {scales} where the allocator scales, {locked} where it is locked");
-    Ok(Outcome::Ok)
 }

@@ -8,14 +8,16 @@
 //! - [`import`]: untouched against populated imports, a session through the importer, collects
 //!   beside commits and pins, a small import beside background ones.
 //! - [`prepare`]: the preparation at 1, 2, 4 ... N workers, cold and warm cache.
-//! - [`sched`]: short sleeps by every way to wait, a frame thread beside sleepers, and a
-//!   compile-like job at 1, 2, 4 ... N workers.
+//! - [`sched`]: short sleeps by every way to wait, and a frame thread beside sleepers.
+//! - [`workers`]: a compile-like job at 1, 2, 4 ... N workers, round by round (on Windows the CLI
+//!   alternates it with a process on the other heap).
 
 pub mod import;
 pub mod prepare;
 pub mod sched;
 pub mod space;
 pub mod watch;
+pub mod workers;
 
 use std::time::{Duration, Instant};
 

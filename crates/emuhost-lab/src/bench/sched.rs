@@ -1,4 +1,4 @@
-//! The sleeps' and the workers' benches.
+//! The sleeps' bench (the workers' is [`super::workers`]).
 //!
 //! `sleep`: how short sleeps wait (yield loop, timer, hybrid with a fixed and with a learned
 //! margin, and for comparison `std::thread::sleep` and the `spin_sleep` crate's default sleeper)
@@ -7,8 +7,6 @@
 //! doing fixed work beside sleepers that sleep 20 µs in a loop, on 2 CPUs, with no sleepers, with
 //! the sleepers yielding and with the sleepers by the rule. Arms alternate within each round;
 //! medians over rounds.
-//!
-//! `workers`: a compile-like job (allocation-heavy tree passes) at 1, 2, 4 ... N workers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +18,6 @@ use emuhost::sched::{
 };
 
 use super::{Arm, BenchError, Comparison, median};
-use crate::rng::Rng;
 
 /// What `sleep` measures.
 #[derive(Clone, Debug)]
@@ -335,178 +332,4 @@ pub fn sleep(a: &SleepBench) -> Result<SleepReport, BenchError> {
         none_vs_rule,
         yield_vs_rule,
     })
-}
-
-/// What `workers` measures.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct WorkersBench {
-    /// Rounds of each worker count (alternated).
-    pub rounds: u32,
-    /// Jobs per round (each a small compile: build, fold, lower a tree of ~20,000 nodes).
-    pub jobs: u64,
-    /// The most workers to try (1, 2, 4, ... up to it); `None`: the usable CPUs.
-    pub max_workers: Option<u64>,
-}
-
-impl WorkersBench {
-    pub fn new(rounds: u32, jobs: u64, max_workers: Option<u64>) -> Self {
-        WorkersBench { rounds, jobs, max_workers }
-    }
-}
-
-/// One worker count's figures.
-#[derive(Clone, Debug)]
-pub struct WorkersRow {
-    pub workers: u64,
-    pub median_ms: f64,
-    pub jobs_per_s: f64,
-    /// Jobs per second against one worker's.
-    pub speedup: f64,
-}
-
-/// What `workers` measured.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct WorkersReport {
-    pub usable_cpus: u64,
-    pub rows: Vec<WorkersRow>,
-    /// `prepare_workers` on this machine where the allocator scales, and where it is locked.
-    pub prepare_scales: usize,
-    pub prepare_locked: usize,
-}
-
-pub fn workers(a: &WorkersBench) -> WorkersReport {
-    let machine = emuhost::sched::Machine::read();
-    let usable = machine.usable_cpus() as u64;
-    let max = a.max_workers.unwrap_or(usable);
-    let mut counts: Vec<u64> = std::iter::successors(Some(1u64), |n| Some(n * 2)).take_while(|n| *n < max).collect();
-    counts.push(max);
-    let mut arms: Vec<Arm> = counts.iter().map(|_| Arm::default()).collect();
-    run_jobs(1, a.jobs.min(4), 0); // warm up
-    for r in 0..a.rounds as usize {
-        for k in 0..counts.len() {
-            let i = (r + k) % counts.len();
-            let _ = arms[i].round(|| Ok::<_, std::convert::Infallible>(run_jobs(counts[i], a.jobs, r as u64)));
-        }
-    }
-    let base = a.jobs as f64 / (arms[0].median_ms() / 1e3);
-    let rows = counts
-        .iter()
-        .zip(&arms)
-        .map(|(&workers, arm)| {
-            let jobs_per_s = a.jobs as f64 / (arm.median_ms() / 1e3);
-            WorkersRow { workers, median_ms: arm.median_ms(), jobs_per_s, speedup: jobs_per_s / base }
-        })
-        .collect();
-    WorkersReport {
-        usable_cpus: usable,
-        rows,
-        prepare_scales: machine.prepare_workers(emuhost::sched::Allocator::Scales).count,
-        prepare_locked: machine.prepare_workers(emuhost::sched::Allocator::Locked).count,
-    }
-}
-
-/// A compiler's tree: boxed nodes, named symbols.
-enum Node {
-    Num(i64),
-    Var(String),
-    Bin(char, Box<Node>, Box<Node>),
-    Let(String, Box<Node>, Box<Node>),
-}
-
-/// A deterministic pseudo-random tree of about `budget` nodes.
-fn grow(rng: &mut Rng, budget: usize, depth: u32) -> Node {
-    let r = rng.next_u64();
-    if budget <= 1 || depth > 40 {
-        return if r.is_multiple_of(3) { Node::Var(format!("v{}", r % 64)) } else { Node::Num((r % 1000) as i64) };
-    }
-    let left = budget / 2;
-    let (a, b) = (Box::new(grow(rng, left, depth + 1)), Box::new(grow(rng, budget - 1 - left, depth + 1)));
-    match r % 5 {
-        0 => Node::Let(format!("v{}", r % 64), a, b),
-        1 => Node::Bin('*', a, b),
-        2 => Node::Bin('-', a, b),
-        _ => Node::Bin('+', a, b),
-    }
-}
-
-/// Constant folding and renaming: a new tree, as an optimizing pass makes.
-fn fold(n: &Node, env: &mut std::collections::HashMap<String, i64>) -> Node {
-    match n {
-        Node::Num(v) => Node::Num(*v),
-        Node::Var(s) => env.get(s).map_or_else(|| Node::Var(format!("{s}'")), |v| Node::Num(*v)),
-        Node::Bin(op, a, b) => match (fold(a, env), fold(b, env)) {
-            (Node::Num(x), Node::Num(y)) => Node::Num(match op {
-                '*' => x.wrapping_mul(y) % 1_000_003,
-                '-' => x.wrapping_sub(y),
-                _ => x.wrapping_add(y),
-            }),
-            (x, y) => Node::Bin(*op, Box::new(x), Box::new(y)),
-        },
-        Node::Let(s, a, b) => {
-            let a = fold(a, env);
-            let old = if let Node::Num(v) = a { env.insert(s.clone(), v) } else { None };
-            let b = fold(b, env);
-            match old {
-                Some(v) => env.insert(s.clone(), v),
-                None => env.remove(s),
-            };
-            Node::Let(s.clone(), Box::new(a), Box::new(b))
-        }
-    }
-}
-
-/// Lowering to a flat instruction list with a symbol table; returns the value's index.
-fn lower(n: &Node, out: &mut Vec<(u8, u32, u32)>, syms: &mut std::collections::HashMap<String, u32>) -> u32 {
-    let ins = match n {
-        Node::Num(v) => (0, *v as u32, 0),
-        Node::Var(s) => {
-            let k = syms.len() as u32;
-            (1, *syms.entry(s.clone()).or_insert(k), 0)
-        }
-        Node::Bin(op, a, b) => (*op as u8, lower(a, out, syms), lower(b, out, syms)),
-        Node::Let(s, a, b) => {
-            let k = syms.len() as u32;
-            let k = *syms.entry(s.clone()).or_insert(k);
-            let x = lower(a, out, syms);
-            out.push((2, k, x));
-            (3, lower(b, out, syms), 0)
-        }
-    };
-    out.push(ins);
-    out.len() as u32 - 1
-}
-
-/// One compile-like job: generate, fold twice, lower; everything allocated is freed at the end.
-fn compile_job(seed: u64) -> u64 {
-    let tree = grow(&mut Rng::new(seed), 20_000, 0);
-    let mut env = std::collections::HashMap::new();
-    let once = fold(&tree, &mut env);
-    drop(tree);
-    let twice = fold(&once, &mut env);
-    drop(once);
-    let (mut out, mut syms) = (Vec::new(), std::collections::HashMap::new());
-    let last = lower(&twice, &mut out, &mut syms);
-    out.iter().fold(u64::from(last), |h, &(a, b, c)| h.rotate_left(5) ^ u64::from(a) ^ u64::from(b) << 8 ^ u64::from(c))
-}
-
-/// Runs `jobs` jobs on `workers` threads pulling from one counter.
-fn run_jobs(workers: u64, jobs: u64, round: u64) -> u64 {
-    let next = std::sync::atomic::AtomicU64::new(0);
-    let sum = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                loop {
-                    let j = next.fetch_add(1, Ordering::Relaxed);
-                    if j >= jobs {
-                        break;
-                    }
-                    sum.fetch_xor(compile_job(j + round * jobs), Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    sum.into_inner()
 }

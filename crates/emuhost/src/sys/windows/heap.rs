@@ -8,7 +8,7 @@
 //! (`HEAP.SegmentSignature`) on x64. Windows chooses the kind at process start, from the
 //! executable's manifest (`heapType`, Windows 10 2004 and later) or the system's settings; Wine
 //! ignores `heapType` and always has its own heap, whose header carries the NT heap's signature
-//! (seen under Wine 8 and 10): under Wine the kind is Wine's, whatever the header says.
+//! (seen under Wine 8): under Wine the kind is Wine's, whatever the header says.
 
 use std::ffi::c_void;
 use std::io;

@@ -1,5 +1,5 @@
-//! The primitives a sleep is made of, behind one small trait: the clock, a yield, a timer wait
-//! and the processor count. [`OsHost`] is the real machine; a test gives its own
+//! The primitives a sleep is made of, behind one small trait: the clock, a yield, a timer wait,
+//! whether there is a timer, and the processor count. [`OsHost`] is the real machine; a test gives its own
 //! implementation to count yields and timer waits without sleeping.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,13 +15,21 @@ pub trait SchedHost: Send + Sync {
     /// Waits on the timer until `deadline_ns` on [`SchedHost::now_ns`]'s clock. May return early
     /// only where the timer failed; the caller yields out whatever is left.
     fn timer_wait_until(&self, deadline_ns: u64);
-    /// Logical processors in the process's affinity mask; `None` where the count is unknown
-    /// (the call failed).
+    /// Why the machine has no timer fit for short sleeps (`None`, the default: it has one). Where
+    /// it has none, every wait the rule would put on the timer yields instead, and the rule's log
+    /// line says why (Windows before 10 1803 refuses the high-resolution waitable timer).
+    fn timer_missing(&self) -> Option<String> {
+        None
+    }
+    /// Logical processors the process may use (its affinity mask; on Windows with several
+    /// processor groups, what its groups and CPU sets allow); `None` where the count is unknown.
     fn affinity_cpus(&self) -> Option<usize>;
 }
 
-/// The real machine: `CLOCK_MONOTONIC`, `sched_yield`, `clock_nanosleep(TIMER_ABSTIME)` with the
-/// timer slack lowered and `sched_getaffinity`.
+/// The real machine: on Linux `CLOCK_MONOTONIC`, `sched_yield`, `clock_nanosleep(TIMER_ABSTIME)`
+/// with the timer slack lowered and `sched_getaffinity`; on Windows `QueryPerformanceCounter`,
+/// `SwitchToThread`, a high-resolution waitable timer and the affinity mask (processor groups and
+/// CPU sets where there are several groups).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OsHost;
 
@@ -40,8 +48,12 @@ impl SchedHost for OsHost {
         if let Err(e) = sys::timer_wait_until(deadline_ns)
             && !TIMER_FAILED.swap(true, Ordering::Relaxed)
         {
-            tracing::warn!("sched: a timer wait failed ({e}); short sleeps yield out what the timer left");
+            tracing::warn!("sched: a timer wait failed ({e}); sleeps yield out what the timer left");
         }
+    }
+
+    fn timer_missing(&self) -> Option<String> {
+        sys::timer_missing()
     }
 
     fn affinity_cpus(&self) -> Option<usize> {

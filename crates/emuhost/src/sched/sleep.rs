@@ -141,6 +141,11 @@ pub struct ShortSleepRule {
     /// The switch: `None` where it is unset, else whether it is on ([`crate::settings::switch_on`]).
     pub switch: Option<bool>,
     pub timer_max_cpus: usize,
+    /// Why the machine has no timer for short sleeps (`None`: it has one); where it has none,
+    /// what would wait on it yields ([`ShortSleepRule::without_timer`]).
+    pub no_timer: Option<String>,
+    /// (guest, host) as the rule chose them before a missing timer made them yield.
+    by_rule: (Wait, Wait),
 }
 
 impl ShortSleepRule {
@@ -158,7 +163,19 @@ impl ShortSleepRule {
                 (if few { Wait::Timer } else { Wait::Yield }, host_exact)
             }
         };
-        ShortSleepRule { guest, host, cpus, switch, timer_max_cpus }
+        ShortSleepRule { guest, host, cpus, switch, timer_max_cpus, no_timer: None, by_rule: (guest, host) }
+    }
+
+    /// The rule where the machine has no timer (`missing`: why; `None` leaves the rule as it
+    /// is): what would wait on the timer, or on the hybrid (a timer wait, then yields), yields
+    /// until its deadline instead: the reference's fallback where Windows refuses the
+    /// high-resolution timer.
+    pub fn without_timer(mut self, missing: Option<String>) -> Self {
+        if missing.is_some() {
+            (self.guest, self.host) = (Wait::Yield, Wait::Yield);
+            self.no_timer = missing;
+        }
+        self
     }
 
     /// How a short sleep of `caller` waits.
@@ -171,13 +188,25 @@ impl ShortSleepRule {
 
     /// Why, in words (for the log and `emuhost policy`).
     pub fn why(&self) -> String {
+        let why = self.why_by_rule();
+        match &self.no_timer {
+            Some(missing) => format!(
+                "no timer here ({missing}), so every sleep yields until its deadline; with a timer the rule would \
+                 give: {why}"
+            ),
+            None => why,
+        }
+    }
+
+    /// [`ShortSleepRule::why`] but for a missing timer.
+    fn why_by_rule(&self) -> String {
         let cpus = self.cpus.map_or("an unknown count of".to_string(), |n| n.to_string());
         match &self.switch {
             Some(on) => format!(
                 "{SHORT_SLEEP_TIMER_VAR} is set and {}: every short sleep ({}), guest and host; {cpus} logical \
                  processors in the affinity mask",
                 if *on { "on" } else { "off" },
-                self.guest.name(),
+                self.by_rule.0.name(),
             ),
             None => {
                 let reason = match self.cpus {
@@ -188,8 +217,8 @@ impl ShortSleepRule {
                 format!(
                     "{SHORT_SLEEP_TIMER_VAR} unset: guest short sleeps {} ({cpus} logical processors in the affinity \
                      mask: {reason}), host short sleeps {} (the exact wait)",
-                    self.guest.name(),
-                    self.host.name()
+                    self.by_rule.0.name(),
+                    self.by_rule.1.name()
                 )
             }
         }
@@ -315,7 +344,8 @@ impl<H: SchedHost> Sleeper<H> {
             let switch = self.config.switch;
             // The count is looked at only where the switch leaves it to the rule, but the log gives it always.
             let cpus = self.host.affinity_cpus();
-            let rule = ShortSleepRule::decide(switch, cpus, self.config.timer_max_cpus, self.config.host_exact);
+            let rule = ShortSleepRule::decide(switch, cpus, self.config.timer_max_cpus, self.config.host_exact)
+                .without_timer(self.host.timer_missing());
             tracing::info!(
                 "sched: short sleeps: guest {}, host {}: {}",
                 rule.guest.name(),
@@ -355,8 +385,12 @@ impl<H: SchedHost> Sleeper<H> {
     }
 
     /// How a sleep of a millisecond or more waits: on the timer, but the host's by the hybrid
-    /// where that is its exact wait (it costs the margin's yields and keeps pacing exact).
+    /// where that is its exact wait (it costs the margin's yields and keeps pacing exact); yields
+    /// where the machine has no timer.
     fn long_wait(&self, caller: Caller) -> Wait {
+        if self.rule().no_timer.is_some() {
+            return Wait::Yield;
+        }
         match (caller, self.config.host_exact) {
             (Caller::Host, Wait::Hybrid) => Wait::Hybrid,
             _ => Wait::Timer,

@@ -21,6 +21,8 @@ struct Counting {
     timers: AtomicU64,
     cpu_reads: AtomicU64,
     cpus: Option<usize>,
+    /// What `timer_missing` answers (`None`: the machine has a timer).
+    no_timer: Option<String>,
 }
 
 /// A sleeper's builder with the switch set to `switch` as the CLI sets it: through `Settings`.
@@ -40,7 +42,13 @@ impl Counting {
             timers: AtomicU64::new(0),
             cpu_reads: AtomicU64::new(0),
             cpus,
+            no_timer: None,
         }
+    }
+
+    /// A machine without a timer, for the reason `why`.
+    fn without_timer(cpus: Option<usize>, why: &str) -> Self {
+        Counting { no_timer: Some(why.to_string()), ..Counting::new(cpus) }
     }
 
     /// (yields, timer waits) since the last call.
@@ -64,6 +72,9 @@ impl SchedHost for Counting {
     fn affinity_cpus(&self) -> Option<usize> {
         self.cpu_reads.fetch_add(1, Ordering::SeqCst);
         self.cpus
+    }
+    fn timer_missing(&self) -> Option<String> {
+        self.no_timer.clone()
     }
 }
 
@@ -152,6 +163,26 @@ fn every_count_switch_and_caller() {
             assert_eq!(s.host().cpu_reads.load(Ordering::SeqCst), 1, "the count is read once");
         }
     }
+}
+
+/// The edge as the reference measured it on Windows (and as it holds here on every platform): 6
+/// logical processors wait on the timer, 7 yield; the switch, read by the settings' one parser,
+/// overrides both ways.
+#[test]
+fn the_edge_is_between_6_and_7_and_the_switch_overrides_it() {
+    let guest = |cpus: usize, switch: Option<&str>| builder(switch).build(Counting::new(Some(cpus))).rule().guest;
+    assert_eq!((guest(6, None), guest(7, None)), (Wait::Timer, Wait::Yield));
+    assert_eq!((guest(6, Some("0")), guest(7, Some("0"))), (Wait::Yield, Wait::Yield));
+    assert_eq!((guest(6, Some("off")), guest(7, Some("on"))), (Wait::Yield, Wait::Timer));
+    assert_eq!((guest(6, Some("")), guest(7, Some("1"))), (Wait::Yield, Wait::Timer));
+    // From the environment's form, as the CLI and the C ABI read it.
+    let from = |v: Option<&str>| {
+        let s = Settings::from_lookup(|name| {
+            (name == "EMUHOST_SHORT_SLEEP_TIMER").then_some(v).flatten().map(String::from)
+        });
+        s.unwrap().sleeper_builder().build(Counting::new(Some(7))).rule().guest
+    };
+    assert_eq!((from(None), from(Some("yes")), from(Some("no"))), (Wait::Yield, Wait::Timer, Wait::Yield));
 }
 
 #[test]
@@ -327,6 +358,47 @@ fn logged_once_with_the_count() {
             expected(cpus, switch, Caller::Host).name()
         );
         assert!(got[0].contains(&says), "{got:?} must say {says:?}");
+    }
+}
+
+/// The reference's fallback: where the machine has no timer (Windows before 10 1803 refuses the
+/// high-resolution one), every sleep the rule would put on the timer or on the hybrid yields until
+/// its deadline, short or long, guest or host, whatever the switch; the log line says so once with
+/// the reason, and claims no timer.
+#[test]
+fn without_a_timer_every_sleep_yields_and_the_log_says_why() {
+    let why = "CreateWaitableTimerExW(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION) failed: refused";
+    for cpus in counts() {
+        for &switch in SWITCHES {
+            for host_exact in [Wait::Yield, Wait::Timer, Wait::Hybrid] {
+                let s = builder(switch).host_exact(host_exact).build(Counting::without_timer(cpus, why));
+                let rule = s.rule();
+                assert_eq!((rule.guest, rule.host), (Wait::Yield, Wait::Yield), "cpus {cpus:?}, switch {switch:?}");
+                assert_eq!(rule.no_timer.as_deref(), Some(why));
+                for caller in [Caller::Guest, Caller::Host] {
+                    for d in [Duration::from_micros(20), Duration::from_micros(500), Duration::from_millis(2)] {
+                        let got = sleep_counted(&s, caller, d);
+                        assert_eq!(got, cost(Wait::Yield, d), "cpus {cpus:?}, switch {switch:?}, {caller:?}, {d:?}");
+                    }
+                }
+            }
+        }
+    }
+    for switch in [None, Some("on")] {
+        let lines = Lines::default();
+        let s = builder(switch).host_exact(Wait::Hybrid).build(Counting::without_timer(Some(4), why));
+        crate::logs::scoped(lines.clone(), || {
+            for _ in 0..3 {
+                s.sleep(Caller::Guest, Duration::from_micros(20));
+                s.sleep(Caller::Host, Duration::from_millis(1));
+            }
+        });
+        let got = lines.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].contains("guest yield, host yield"), "{got:?}");
+        assert!(got[0].contains(&format!("no timer here ({why})")), "{got:?} must give the reason");
+        assert!(got[0].contains("4 logical processors"), "{got:?}");
+        assert!(!got[0].contains("guest timer") && !got[0].contains("host timer"), "{got:?} claims the timer");
     }
 }
 

@@ -71,6 +71,11 @@ pub fn timer_wait_until(deadline_ns: u64) -> io::Result<()> {
     Ok(result?)
 }
 
+/// Why this process has no timer for short sleeps: never here (`clock_nanosleep` is always there).
+pub fn timer_missing() -> Option<String> {
+    None
+}
+
 /// Logical processors in this process's affinity mask (`sched_getaffinity`).
 pub fn affinity_cpus() -> io::Result<usize> {
     Ok(rustix::thread::sched_getaffinity(None)?.count() as usize)

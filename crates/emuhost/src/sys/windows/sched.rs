@@ -4,41 +4,51 @@
 //! timer wait is a waitable timer made once per thread with `CREATE_WAITABLE_TIMER_HIGH_RESOLUTION`
 //! (Windows 10 1803 and later; it does not depend on `timeBeginPeriod`), set relative to now
 //! (`SetWaitableTimer` with a negative due time in 100 ns units, which a change of the wall clock
-//! does not move) and waited on (`WaitForSingleObject`). Where the system refuses the flag
-//! (`ERROR_INVALID_PARAMETER` before 1803) the thread's timer is a plain one, which wakes on the
-//! system's timer tick (15.6 ms unless some process asked for a finer one). A wait returns only
-//! at or after its deadline on [`monotonic_ns`]: the timer runs on the interrupt clock, and a wake
-//! a little early is waited again.
+//! does not move) and waited on (`WaitForSingleObject`). Where the system refuses the flag (before
+//! 1803) there is no timer here: no plain timer is made in its place (it wakes on the system's
+//! tick, 15.6 ms, far past any short sleep's deadline). [`timer_missing`] says so once per process
+//! and why, the sleeps' rule then yields (`SwitchToThread` until the deadline, the reference's
+//! fallback), and a timer wait fails with the refusal. A wait returns only at or after its
+//! deadline on [`monotonic_ns`]: the timer runs on the interrupt clock, and a wake a little early
+//! is waited again.
 //!
 //! A yield is `SwitchToThread`: it gives the rest of the time slice to a thread ready on the same
 //! processor, and returns at once where there is none, so a loop of them is exact and keeps a
 //! processor busy.
 //!
-//! The processors a process may use: its affinity mask (`GetProcessAffinityMask`), and the CPU
-//! rate cap of the job it runs in (`QueryInformationJobObject`). Free memory is
-//! `GlobalMemoryStatusEx`'s available physical memory. Linux's timer slack, `/proc/meminfo` and
-//! cgroup files have no twin here.
+//! The processors a process may use ([`affinity_cpus`]): with one processor group, its affinity
+//! mask (`GetProcessAffinityMask`); with several, what its groups (`GetProcessGroupAffinity`) and
+//! its default CPU sets (`GetProcessDefaultCpuSets`, over `GetSystemCpuSetInformation`'s list)
+//! allow, since the mask is then one group's; the count is a pure function of those values
+//! ([`count_cpus`]). The CPU rate cap of the job it runs in (`QueryInformationJobObject`) limits
+//! the workers. Free memory is `GlobalMemoryStatusEx`'s available physical memory. Linux's timer
+//! slack, `/proc/meminfo` and cgroup files have no twin here.
 
 use std::cell::OnceCell;
 use std::ffi::c_void;
 use std::io;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use windows_sys::Win32::Foundation::{
-    CloseHandle, ERROR_INVALID_PARAMETER, FILETIME, GetLastError, HANDLE, WAIT_OBJECT_0,
+    CloseHandle, ERROR_INSUFFICIENT_BUFFER, ERROR_INVALID_PARAMETER, FILETIME, GetLastError, HANDLE, WAIT_OBJECT_0,
 };
 use windows_sys::Win32::System::JobObjects::{
     IsProcessInJob, JOB_OBJECT_CPU_RATE_CONTROL_ENABLE, JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
     JOB_OBJECT_CPU_RATE_CONTROL_MIN_MAX_RATE, JOBOBJECT_CPU_RATE_CONTROL_INFORMATION,
     JobObjectCpuRateControlInformation, QueryInformationJobObject,
 };
+use windows_sys::Win32::System::LibraryLoader::{GetModuleHandleW, GetProcAddress};
 use windows_sys::Win32::System::Performance::{QueryPerformanceCounter, QueryPerformanceFrequency};
-use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
+use windows_sys::Win32::System::SystemInformation::{
+    CpuSetInformation, GetSystemCpuSetInformation, GlobalMemoryStatusEx, MEMORYSTATUSEX, SYSTEM_CPU_SET_INFORMATION,
+};
 use windows_sys::Win32::System::Threading::{
     ALL_PROCESSOR_GROUPS, CREATE_WAITABLE_TIMER_HIGH_RESOLUTION, CreateWaitableTimerExW, GetActiveProcessorCount,
-    GetCurrentProcess, GetCurrentThread, GetProcessAffinityMask, GetThreadTimes, INFINITE, SetThreadAffinityMask,
-    SetWaitableTimer, SwitchToThread, TIMER_ALL_ACCESS, WaitForSingleObject,
+    GetActiveProcessorGroupCount, GetCurrentProcess, GetCurrentThread, GetProcessAffinityMask, GetProcessGroupAffinity,
+    GetThreadTimes, INFINITE, SetThreadAffinityMask, SetWaitableTimer, SwitchToThread, TIMER_ALL_ACCESS,
+    WaitForSingleObject,
 };
 
 /// The performance counter's ticks a second, read once (fixed at boot); 0 until read.
@@ -110,12 +120,12 @@ impl Drop for Timer {
 }
 
 thread_local! {
-    /// Made by the first timer wait of the thread; the error code where neither kind of timer
-    /// could be made (every later wait of the thread then fails the same way).
+    /// Made by the first timer wait of the thread; the error code where the timer could not be
+    /// made (every later wait of the thread then fails the same way).
     static TIMER: OnceCell<Result<Timer, i32>> = const { OnceCell::new() };
 }
 
-/// A waitable timer: high-resolution where the system has it, else a plain one.
+/// A high-resolution waitable timer.
 fn make_timer() -> Result<Timer, i32> {
     timer_with(|flags| {
         // SAFETY: no name, no security attributes; the handle returned is ours.
@@ -125,19 +135,32 @@ fn make_timer() -> Result<Timer, i32> {
     })
 }
 
-/// `create(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION)`, and `create(0)` where the flag is refused
-/// with `ERROR_INVALID_PARAMETER` (Windows before 10 1803).
+/// `create(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION)`, and nothing else: where the flag is refused
+/// (`ERROR_INVALID_PARAMETER` before Windows 10 1803) the refusal is the answer, and the caller
+/// yields (a plain timer would wake on the 15.6 ms tick).
 fn timer_with(create: impl Fn(u32) -> Result<Timer, u32>) -> Result<Timer, i32> {
-    match create(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION) {
-        Err(ERROR_INVALID_PARAMETER) => create(0),
-        r => r,
-    }
-    .map_err(|e| e as i32)
+    create(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION).map_err(|e| e as i32)
+}
+
+/// Why this process has no high-resolution timer, in words (`None`: it has one). Found once per
+/// process by making one (and closing it): the flag's refusal is the system's, not a thread's.
+pub fn timer_missing() -> Option<String> {
+    static MISSING: OnceLock<Option<String>> = OnceLock::new();
+    MISSING.get_or_init(|| make_timer().err().map(missing_why)).clone()
+}
+
+/// The refusal `code` of a high-resolution timer, in words.
+fn missing_why(code: i32) -> String {
+    let before = if code == ERROR_INVALID_PARAMETER as i32 { " (Windows before 10 1803 refuses the flag)" } else { "" };
+    format!(
+        "CreateWaitableTimerExW(CREATE_WAITABLE_TIMER_HIGH_RESOLUTION) failed: {}{before}",
+        io::Error::from_raw_os_error(code)
+    )
 }
 
 /// Sleeps until `deadline_ns` on [`monotonic_ns`]'s clock, on this thread's waitable timer;
-/// returns at or after the deadline, at once where it is past. Fails only where no timer could be
-/// made or set (then it returns early, and the caller yields out the rest).
+/// returns at or after the deadline, at once where it is past. Fails only where no high-resolution
+/// timer could be made or set (then it returns early, and the caller yields out the rest).
 pub fn timer_wait_until(deadline_ns: u64) -> io::Result<()> {
     TIMER.with(|cell| {
         let mut timer = None;
@@ -150,7 +173,7 @@ pub fn timer_wait_until(deadline_ns: u64) -> io::Result<()> {
                 Some(h) => h,
                 None => match cell.get_or_init(make_timer) {
                     Ok(t) => *timer.insert(t.0),
-                    Err(code) => return Err(io::Error::from_raw_os_error(*code)),
+                    Err(code) => return Err(io::Error::other(missing_why(*code))),
                 },
             };
             // Relative due time in 100 ns units, rounded up; negative means relative.
@@ -177,24 +200,206 @@ fn process_mask() -> io::Result<usize> {
     }
     if process == 0 {
         // Documented: a process whose threads run in several processor groups gets empty masks.
-        return Err(io::Error::other("GetProcessAffinityMask: empty mask (threads in several processor groups)"));
+        return Err(io::Error::other("GetProcessAffinityMask: an empty mask (threads in several processor groups)"));
     }
     Ok(process)
 }
 
-/// Logical processors in this process's affinity mask (`GetProcessAffinityMask`, counted).
+/// One logical processor as `GetSystemCpuSetInformation` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CpuSet {
+    pub id: u32,
+    pub group: u16,
+    /// Its bit in its group's affinity masks.
+    pub index: u8,
+}
+
+/// What the system says about the processors this process may use, as read ([`cpu_facts`]);
+/// [`count_cpus`] counts them. Each `Err` holds why that value is not known.
+#[derive(Clone, Debug)]
+pub(crate) struct CpuFacts {
+    /// Active processor groups (`GetActiveProcessorGroupCount`; 0 where it failed).
+    pub active_groups: u16,
+    /// The process's affinity mask (`GetProcessAffinityMask`): one group's, the primary one.
+    pub mask: Result<usize, String>,
+    /// The groups the process's threads may run in (`GetProcessGroupAffinity`).
+    pub groups: Result<Vec<u16>, String>,
+    /// The process's default CPU sets' ids (`GetProcessDefaultCpuSets`); empty: none set.
+    pub default_sets: Result<Vec<u32>, String>,
+    /// Every logical processor's CPU set (`GetSystemCpuSetInformation`).
+    pub system_sets: Result<Vec<CpuSet>, String>,
+}
+
+/// The logical processors this process may use, or why that is not known.
 ///
-/// Limit: the mask is one processor group's (at most 64 processors). On a machine with more than
-/// one group (more than 64 logical processors, or groups an administrator made) this counts the
-/// process's primary group only, a lower bound; where the process's threads run in several groups
-/// the mask is empty and this fails.
+/// One active group: the affinity mask's processors (it is the whole process's). More than one:
+/// the mask is one group's (and a process whose threads run in several groups, the default from
+/// Windows 11, may use them all), so the count is the system's CPU sets that lie in the process's
+/// groups (and in its mask where it has exactly one group), limited to its default CPU sets where
+/// it has any. Unknown where a value it needs could not be read or nothing is left.
+pub(crate) fn count_cpus(f: &CpuFacts) -> Result<usize, String> {
+    match f.active_groups {
+        0 => return Err("GetActiveProcessorGroupCount failed".to_string()),
+        1 => return f.mask.as_ref().map(|m| m.count_ones() as usize).map_err(Clone::clone),
+        _ => {}
+    }
+    let unknown = |what: &str| format!("{} processor groups, and {what}", f.active_groups);
+    let groups = f.groups.as_ref().map_err(|e| unknown(e))?;
+    let sets = f.system_sets.as_ref().map_err(|e| unknown(e))?;
+    let defaults = f.default_sets.as_ref().map_err(|e| unknown(e))?;
+    let mask = match groups.as_slice() {
+        [_] => Some(*f.mask.as_ref().map_err(|e| unknown(e))?),
+        _ => None,
+    };
+    let n = sets
+        .iter()
+        .filter(|s| groups.contains(&s.group))
+        .filter(|s| mask.is_none_or(|m| u32::from(s.index) < usize::BITS && m & (1 << s.index) != 0))
+        .filter(|s| defaults.is_empty() || defaults.contains(&s.id))
+        .count();
+    if n == 0 {
+        return Err(unknown("no CPU set lies in the process's groups, mask and default CPU sets"));
+    }
+    Ok(n)
+}
+
+/// The groups the process may run in (`GetProcessGroupAffinity`).
+fn process_groups(active: u16) -> Result<Vec<u16>, String> {
+    let mut groups = vec![0u16; usize::from(active.max(1))];
+    for _ in 0..2 {
+        let mut n = groups.len() as u16;
+        // SAFETY: the current process's pseudo handle; `groups` has room for `n` entries.
+        if unsafe { GetProcessGroupAffinity(GetCurrentProcess(), &mut n, groups.as_mut_ptr()) } != 0 {
+            groups.truncate(usize::from(n));
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(ERROR_INSUFFICIENT_BUFFER as i32) {
+            return Err(format!("GetProcessGroupAffinity failed: {e}"));
+        }
+        groups = vec![0; usize::from(n.max(1))];
+    }
+    Err("GetProcessGroupAffinity: the group count kept growing".to_string())
+}
+
+/// `GetProcessDefaultCpuSets` (kernel32, Windows 10 and later).
+type GetProcessDefaultCpuSetsFn = unsafe extern "system" fn(HANDLE, *mut u32, u32, *mut u32) -> i32;
+
+/// kernel32's `GetProcessDefaultCpuSets`, looked up at run time: Wine 8 does not have it (a
+/// static import would end the process at the first call).
+fn get_process_default_cpu_sets() -> Option<GetProcessDefaultCpuSetsFn> {
+    let kernel32: Vec<u16> = "kernel32.dll\0".encode_utf16().collect();
+    // SAFETY: a NUL-terminated wide name; kernel32 is loaded in every process and never unloaded,
+    // so the module handle (not counted) stays valid.
+    let module = unsafe { GetModuleHandleW(kernel32.as_ptr()) };
+    if module.is_null() {
+        return None;
+    }
+    // SAFETY: a valid module handle and a NUL-terminated name.
+    let f = unsafe { GetProcAddress(module, c"GetProcessDefaultCpuSets".as_ptr().cast()) }?;
+    // SAFETY: kernel32's GetProcessDefaultCpuSets has this signature (processthreadsapi.h).
+    Some(unsafe { std::mem::transmute::<unsafe extern "system" fn() -> isize, GetProcessDefaultCpuSetsFn>(f) })
+}
+
+/// The process's default CPU sets' ids (`GetProcessDefaultCpuSets`); empty where none are set,
+/// and where the system has no such call (it has no CPU sets then).
+fn default_cpu_sets() -> Result<Vec<u32>, String> {
+    let Some(get) = get_process_default_cpu_sets() else { return Ok(Vec::new()) };
+    let mut ids: Vec<u32> = Vec::new();
+    for _ in 0..2 {
+        let mut required = 0u32;
+        // SAFETY: the current process's pseudo handle; `ids` has room for the count passed (none
+        // where it is empty: the call then only reports how many there are).
+        let ok = unsafe { get(GetCurrentProcess(), ids.as_mut_ptr(), ids.len() as u32, &mut required) };
+        if ok != 0 {
+            ids.truncate(required as usize);
+            return Ok(ids);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(ERROR_INSUFFICIENT_BUFFER as i32) {
+            return Err(format!("GetProcessDefaultCpuSets failed: {e}"));
+        }
+        ids = vec![0; required as usize];
+    }
+    Err("GetProcessDefaultCpuSets: the count kept growing".to_string())
+}
+
+/// Every logical processor's CPU set (`GetSystemCpuSetInformation`, the whole system's list).
+fn system_cpu_sets() -> Result<Vec<CpuSet>, String> {
+    let mut buf: Vec<u64> = Vec::new();
+    for _ in 0..2 {
+        let mut len = 0u32;
+        // SAFETY: `buf` is 8-byte aligned (the records' alignment) with room for the bytes passed;
+        // no process filter (a null handle).
+        let ok = unsafe {
+            GetSystemCpuSetInformation(
+                buf.as_mut_ptr().cast(),
+                (buf.len() * 8) as u32,
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if ok != 0 {
+            return Ok(cpu_set_records(&buf, len as usize));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(ERROR_INSUFFICIENT_BUFFER as i32) {
+            return Err(format!("GetSystemCpuSetInformation failed: {e}"));
+        }
+        buf = vec![0; (len as usize).div_ceil(8)];
+    }
+    Err("GetSystemCpuSetInformation: the list kept growing".to_string())
+}
+
+/// The CPU-set records in the first `len` bytes of `buf`, each `Size` bytes long.
+fn cpu_set_records(buf: &[u64], len: usize) -> Vec<CpuSet> {
+    let base = buf.as_ptr().cast::<u8>();
+    let len = len.min(buf.len() * 8);
+    let head = size_of::<SYSTEM_CPU_SET_INFORMATION>();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + head <= len {
+        // SAFETY: `at + head` bytes lie in `buf`; the record may sit at any offset the previous
+        // sizes made, so it is read unaligned.
+        let r = unsafe { base.add(at).cast::<SYSTEM_CPU_SET_INFORMATION>().read_unaligned() };
+        if r.Type == CpuSetInformation {
+            // SAFETY: the member `Type` names.
+            let c = unsafe { r.Anonymous.CpuSet };
+            out.push(CpuSet { id: c.Id, group: c.Group, index: c.LogicalProcessorIndex });
+        }
+        if r.Size == 0 {
+            break;
+        }
+        at += r.Size as usize;
+    }
+    out
+}
+
+/// Reads everything [`count_cpus`] looks at (every value, whatever the group count, so each call
+/// runs on every machine).
+pub(crate) fn cpu_facts() -> CpuFacts {
+    // SAFETY: no preconditions.
+    let active_groups = unsafe { GetActiveProcessorGroupCount() };
+    CpuFacts {
+        active_groups,
+        mask: process_mask().map_err(|e| e.to_string()),
+        groups: process_groups(active_groups),
+        default_sets: default_cpu_sets(),
+        system_sets: system_cpu_sets(),
+    }
+}
+
+/// Logical processors this process may use ([`count_cpus`] over [`cpu_facts`]); an error saying
+/// why where the count is unknown.
 pub fn affinity_cpus() -> io::Result<usize> {
-    Ok(process_mask()?.count_ones() as usize)
+    count_cpus(&cpu_facts()).map_err(io::Error::other)
 }
 
 /// Restricts the calling thread to the first `n` processors of the process's affinity mask
 /// (`SetThreadAffinityMask`); returns how many it now has. `n` = 0 fails as the system refuses an
-/// empty mask.
+/// empty mask. Unlike Linux, a thread this one starts afterwards does not inherit the mask (a new
+/// thread gets the process's): each thread restricts itself.
 pub fn restrict_thread_cpus(n: usize) -> io::Result<usize> {
     let mask = process_mask()?;
     let mut new = 0usize;
@@ -337,10 +542,10 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_high_resolution_flag_falls_back_to_a_plain_timer() {
+    fn a_refused_high_resolution_flag_is_the_answer_and_no_plain_timer_is_made() {
         use std::cell::RefCell;
         let asked = RefCell::new(Vec::new());
-        let plain = timer_with(|flags| {
+        let refused = timer_with(|flags| {
             asked.borrow_mut().push(flags);
             if flags == CREATE_WAITABLE_TIMER_HIGH_RESOLUTION {
                 Err(ERROR_INVALID_PARAMETER)
@@ -348,16 +553,17 @@ mod tests {
                 Ok(make_timer().unwrap())
             }
         });
-        assert!(plain.is_ok());
-        assert_eq!(*asked.borrow(), [CREATE_WAITABLE_TIMER_HIGH_RESOLUTION, 0]);
-        asked.borrow_mut().clear();
-        // Any other refusal is the answer.
-        let denied = timer_with(|flags| {
-            asked.borrow_mut().push(flags);
-            Err(5)
-        });
-        assert_eq!(denied.err(), Some(5));
-        assert_eq!(*asked.borrow(), [CREATE_WAITABLE_TIMER_HIGH_RESOLUTION]);
+        assert_eq!(refused.err(), Some(ERROR_INVALID_PARAMETER as i32));
+        assert_eq!(
+            *asked.borrow(),
+            [CREATE_WAITABLE_TIMER_HIGH_RESOLUTION],
+            "only the high-resolution timer is asked for"
+        );
+        let why = missing_why(ERROR_INVALID_PARAMETER as i32);
+        assert!(why.contains("CREATE_WAITABLE_TIMER_HIGH_RESOLUTION") && why.contains("before 10 1803"), "{why}");
+        assert!(!missing_why(5).contains("1803"), "another refusal is not blamed on the version");
+        // This system (Windows 10 1803+, or Wine) has the timer.
+        assert_eq!(timer_missing(), None);
     }
 
     #[test]
@@ -471,6 +677,136 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success(), "{status:?}");
+    }
+
+    /// `n` CPU sets in each of `groups` groups, ids 256 up in order, as Windows numbers them.
+    fn sets(groups: u16, n: u8) -> Vec<CpuSet> {
+        (0..groups)
+            .flat_map(|g| {
+                (0..n).map(move |i| CpuSet { id: 256 + u32::from(g) * u32::from(n) + u32::from(i), group: g, index: i })
+            })
+            .collect()
+    }
+
+    fn facts(active_groups: u16, mask: usize, groups: &[u16], defaults: &[u32], system: Vec<CpuSet>) -> CpuFacts {
+        CpuFacts {
+            active_groups,
+            mask: Ok(mask),
+            groups: Ok(groups.to_vec()),
+            default_sets: Ok(defaults.to_vec()),
+            system_sets: Ok(system),
+        }
+    }
+
+    #[test]
+    fn one_group_counts_the_affinity_mask() {
+        assert_eq!(count_cpus(&facts(1, 0x55, &[0], &[], sets(1, 8))), Ok(4));
+        assert_eq!(count_cpus(&facts(1, 0x555, &[0], &[], sets(1, 16))), Ok(6));
+        assert_eq!(count_cpus(&facts(1, usize::MAX, &[0], &[], sets(1, 64))), Ok(64));
+        // Nothing else is needed with one group, so nothing else can make it unknown.
+        let mut f = facts(1, 0x7f, &[0], &[], vec![]);
+        (f.groups, f.default_sets, f.system_sets) = (Err("x".into()), Err("y".into()), Err("z".into()));
+        assert_eq!(count_cpus(&f), Ok(7));
+        f.mask = Err("GetProcessAffinityMask failed".into());
+        assert_eq!(count_cpus(&f), Err("GetProcessAffinityMask failed".into()));
+        f.active_groups = 0;
+        assert!(count_cpus(&f).is_err());
+    }
+
+    /// The reference's trap: with several groups the mask is one group's; a process that runs in
+    /// two groups of 4 may use 8 (more than 6: its short sleeps yield), not the mask's 4.
+    #[test]
+    fn several_groups_count_what_the_groups_and_cpu_sets_allow() {
+        assert_eq!(
+            count_cpus(&facts(2, 0xf, &[0, 1], &[], sets(2, 4))),
+            Ok(8),
+            "one group's mask taken for the process's"
+        );
+        assert_eq!(count_cpus(&facts(2, usize::MAX, &[0, 1], &[], sets(2, 64))), Ok(128));
+        // Threads in several groups: the mask reads empty, which is not an error here.
+        let mut f = facts(2, 0, &[0, 1], &[], sets(2, 4));
+        f.mask = Err("GetProcessAffinityMask: an empty mask".into());
+        assert_eq!(count_cpus(&f), Ok(8));
+        // A process kept in one group of two: its mask there.
+        assert_eq!(count_cpus(&facts(2, 0x5, &[1], &[], sets(2, 4))), Ok(2));
+        assert_eq!(count_cpus(&facts(3, 0xff, &[2], &[], sets(3, 64))), Ok(8));
+        // Default CPU sets limit it: 3 of group 0 and 2 of group 1 (ids 256.. and 260..).
+        assert_eq!(count_cpus(&facts(2, 0xf, &[0, 1], &[256, 257, 258, 260, 263], sets(2, 4))), Ok(5));
+        // A default CPU set outside the process's groups does not count.
+        assert_eq!(count_cpus(&facts(3, 0xf, &[0, 1], &[257, 265], sets(3, 4))), Ok(1));
+        // A group of 64 with an inactive bit past the list is not counted.
+        assert_eq!(count_cpus(&facts(2, 0, &[0, 1], &[], sets(2, 64))), Ok(128));
+    }
+
+    #[test]
+    fn several_groups_are_unknown_where_a_value_is() {
+        let base = facts(2, 0xf, &[0, 1], &[], sets(2, 4));
+        let mut f = base.clone();
+        f.groups = Err("GetProcessGroupAffinity failed".into());
+        let e = count_cpus(&f).unwrap_err();
+        assert!(e.contains("2 processor groups") && e.contains("GetProcessGroupAffinity failed"), "{e}");
+        let mut f = base.clone();
+        f.system_sets = Err("GetSystemCpuSetInformation failed".into());
+        assert!(count_cpus(&f).unwrap_err().contains("GetSystemCpuSetInformation"));
+        let mut f = base.clone();
+        f.default_sets = Err("GetProcessDefaultCpuSets failed".into());
+        assert!(count_cpus(&f).unwrap_err().contains("GetProcessDefaultCpuSets"));
+        // One group of two but its mask unknown: the whole group is not assumed.
+        let mut f = facts(2, 0, &[1], &[], sets(2, 4));
+        f.mask = Err("GetProcessAffinityMask failed".into());
+        assert!(count_cpus(&f).is_err());
+        // Nothing left.
+        assert!(count_cpus(&facts(2, 0xf, &[0, 1], &[999], sets(2, 4))).is_err());
+        assert!(count_cpus(&facts(2, 0xf, &[0, 1], &[], vec![])).is_err());
+    }
+
+    #[test]
+    fn cpu_set_records_are_walked_by_their_size() {
+        // Two records, the second one 8 bytes longer than the struct (a later system's), and one
+        // of another type.
+        let head = size_of::<SYSTEM_CPU_SET_INFORMATION>();
+        let mut bytes = vec![0u8; 3 * head + 8 + 8];
+        let mut put = |at: usize, size: usize, ty: i32, id: u32, group: u16, index: u8| {
+            let mut r = SYSTEM_CPU_SET_INFORMATION { Size: size as u32, Type: ty, ..Default::default() };
+            r.Anonymous.CpuSet.Id = id;
+            r.Anonymous.CpuSet.Group = group;
+            r.Anonymous.CpuSet.LogicalProcessorIndex = index;
+            // SAFETY: `at + head` bytes lie in `bytes`.
+            unsafe { bytes.as_mut_ptr().add(at).cast::<SYSTEM_CPU_SET_INFORMATION>().write_unaligned(r) };
+        };
+        put(0, head, CpuSetInformation, 256, 0, 0);
+        put(head, head + 8, CpuSetInformation, 300, 1, 44);
+        put(2 * head + 8, head, 7, 1, 1, 1);
+        let mut buf = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: both buffers have at least `bytes.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len()) };
+        let got = cpu_set_records(&buf, 3 * head + 8);
+        assert_eq!(got, [CpuSet { id: 256, group: 0, index: 0 }, CpuSet { id: 300, group: 1, index: 44 }]);
+        assert_eq!(cpu_set_records(&buf, head - 1), []);
+        assert_eq!(cpu_set_records(&buf, usize::MAX).len(), 2, "a length past the buffer is cut");
+    }
+
+    /// The real calls on this machine (one group under Wine): each value is read (or fails with an
+    /// error, not a crash), and the count is the mask's.
+    #[test]
+    fn this_machines_processors() {
+        let f = cpu_facts();
+        eprintln!("{f:?}");
+        assert!(f.active_groups >= 1, "{f:?}");
+        // Wine 8 implements no GetProcessGroupAffinity (error 120): with one group it is not needed.
+        if let Ok(groups) = &f.groups {
+            assert!(!groups.is_empty(), "{f:?}");
+        }
+        if f.active_groups == 1 {
+            assert!(f.groups.as_ref().is_err_and(|e| e.contains("failed")) || f.groups == Ok(vec![0]), "{f:?}");
+            assert_eq!(affinity_cpus().unwrap(), f.mask.clone().unwrap().count_ones() as usize);
+        }
+        assert!(affinity_cpus().unwrap() >= 1);
+        if let Ok(sets) = &f.system_sets {
+            // SAFETY: no preconditions.
+            let active = unsafe { GetActiveProcessorCount(ALL_PROCESSOR_GROUPS) } as usize;
+            assert_eq!(sets.len(), active, "one CPU set a logical processor: {f:?}");
+        }
     }
 
     #[test]

@@ -129,8 +129,23 @@ pub fn prepare_workers(usable: usize, available_bytes: u64, allocator: Allocator
     }
 }
 
+/// Where [`Machine::read`] takes each value on this platform, as its reason names them.
+#[cfg(target_os = "linux")]
+mod source {
+    pub const AFFINITY: &str = "sched_getaffinity";
+    pub const QUOTA: &str = "cgroup quota";
+    pub const MEMORY: &str = "MemAvailable";
+}
+#[cfg(windows)]
+mod source {
+    pub const AFFINITY: &str = "the processor count (affinity mask, processor groups, CPU sets)";
+    pub const QUOTA: &str = "job CPU rate cap";
+    pub const MEMORY: &str = "GlobalMemoryStatusEx";
+}
+
 /// What this machine gives the process, as `prepare_workers` needs it. Each part that could not
-/// be read says why in `notes`.
+/// be read says why in `notes`. On Windows the quota is the job object's hard CPU rate cap and
+/// the memory `GlobalMemoryStatusEx`'s available physical memory, read as numbers (no text).
 #[derive(Clone, Debug, Default)]
 pub struct Machine {
     /// Logical processors in the affinity mask (`None`: unknown).
@@ -148,7 +163,7 @@ impl Machine {
         let mut m = Machine::default();
         match sys::affinity_cpus() {
             Ok(n) => m.affinity_cpus = Some(n),
-            Err(e) => m.notes.push(format!("sched_getaffinity failed ({e}): 1 CPU assumed")),
+            Err(e) => m.notes.push(format!("{} failed ({e}): 1 CPU assumed", source::AFFINITY)),
         }
         m.read_quota();
         m.read_memory();
@@ -213,7 +228,7 @@ impl Machine {
         let mut w = prepare_workers(self.usable_cpus(), self.available_bytes.unwrap_or(0), allocator);
         let affinity = self.affinity_cpus.map_or("unknown".to_string(), |n| n.to_string());
         let quota = self.quota.map_or("none".to_string(), |q| format!("{}/{} µs", q.quota_us, q.period_us));
-        w.why = format!("{} [affinity {affinity} CPUs, cgroup quota {quota}]", w.why);
+        w.why = format!("{} [affinity {affinity} CPUs, {} {quota}{}]", w.why, source::QUOTA, memory_source());
         for n in &self.notes {
             w.why.push_str("; ");
             w.why.push_str(n);
@@ -221,6 +236,11 @@ impl Machine {
         tracing::info!("sched: prepare_workers: {}", w.why);
         w
     }
+}
+
+/// The memory's source in the reason where it is not `MemAvailable` (Linux keeps its text).
+fn memory_source() -> String {
+    if cfg!(target_os = "linux") { String::new() } else { format!(", memory from {}", source::MEMORY) }
 }
 
 #[cfg(test)]
@@ -332,5 +352,17 @@ mod tests {
         assert!(m.available_bytes.is_some(), "{m:?}");
         let w = m.prepare_workers(Allocator::Locked);
         assert_eq!(w.count, (m.usable_cpus() / 2).max(1));
+        // The reason names this platform's sources.
+        #[cfg(windows)]
+        {
+            assert!(
+                w.why.contains("job CPU rate cap") && w.why.contains("memory from GlobalMemoryStatusEx"),
+                "{}",
+                w.why
+            );
+            assert!(!w.why.contains("cgroup"), "{}", w.why);
+        }
+        #[cfg(target_os = "linux")]
+        assert!(w.why.contains("cgroup quota"), "{}", w.why);
     }
 }

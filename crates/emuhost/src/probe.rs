@@ -92,6 +92,9 @@ impl Probe {
     }
 }
 
+/// Wine's version (`8.0`) where the process runs under Wine (a Windows build), `None` elsewhere:
+/// whoever reports a timing says that it is Wine's, not Windows'.
+pub use crate::sys::probe::wine_version;
 /// A field of that status text in bytes (`VmHWM`, `VmRSS`, ...).
 pub use crate::sys::procstat::status_bytes;
 /// Gives the C allocator's free memory back to the kernel: for the lab's soak, which tells a
@@ -104,9 +107,6 @@ pub use crate::sys::procstat::{Heap, heap, self_status};
 
 /// Windows: this process's heap (the segment heap, the NT heap, or Wine's), read from the heap's
 /// header at run time; an executable's application manifest, read and taken out (`emuhost bench
-/// workers` measures the manifest's heap against a copy of the exe without it); and Wine's
-/// version, when this process runs under Wine.
+/// workers` measures the manifest's heap against a copy of the exe without it).
 #[cfg(windows)]
 pub use crate::sys::heap::{HeapKind, ProcessHeap, exe_manifest, process_heap, strip_manifest};
-#[cfg(windows)]
-pub use crate::sys::probe::wine_version;

@@ -53,6 +53,9 @@ struct Headline {
 fn print_sleeps(a: &Args, r: &SleepReport, rows: &[serde_json::Value], h: Headline) {
     let Headline { timer20_cpu, h_p99, h_cpu, y_p99, y_cpu, s_p99, s_cpu } = h;
     let met = |b: bool| if b { "met" } else { "NOT met" };
+    if let Some(note) = wine_note(r) {
+        outln!("{note}");
+    }
     outln!(
         "short sleeps ({} rounds, medians; hybrid margin {} µs fixed; learned at the end: {:.1} µs, then {:.1} µs spun)",
         a.rounds,
@@ -117,6 +120,16 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
+/// Under Wine, what its figures are: Wine's (Linux's timers and scheduler under Wine's), never
+/// Windows'.
+fn wine_note(r: &SleepReport) -> Option<String> {
+    r.wine.as_ref().map(|v| {
+        format!(
+            "under Wine {v}: these figures are Wine's (Linux's timers and scheduler under Wine), not Windows' timings"
+        )
+    })
+}
+
 fn print_sleep_json(a: &Args, r: &SleepReport, rows: Vec<serde_json::Value>, h: &Headline) {
     let targets = json!({
         "guest_20us_timer_cpu_le_0_25": h.timer20_cpu <= 0.25,
@@ -129,6 +142,8 @@ fn print_sleep_json(a: &Args, r: &SleepReport, rows: Vec<serde_json::Value>, h: 
         "{}",
         json!({
             "bench": "sleep",
+            "wine": r.wine,
+            "figures": wine_note(r),
             "rounds": a.rounds,
             "hybrid_margin_us": a.margin_us,
             "learned_margin_us": r.learned_margin.as_secs_f64() * 1e6,

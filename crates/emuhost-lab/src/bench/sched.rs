@@ -143,25 +143,45 @@ struct Sleepers {
 }
 
 impl Sleepers {
-    fn start(n: u64, wait: Wait, margin_ns: u64) -> Result<Sleepers, BenchError> {
+    /// `n` sleepers, each restricted to the first `cpus` processors of the process's affinity
+    /// mask: a thread inherits its creator's mask on Linux but not on Windows, so each restricts
+    /// itself, and one that cannot fails the bench.
+    fn start(n: u64, cpus: usize, wait: Wait, margin_ns: u64) -> Result<Sleepers, BenchError> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
+        let (tx, rx) = std::sync::mpsc::channel();
         for i in 0..n {
-            let stop = stop.clone();
+            let (stop, tx) = (stop.clone(), tx.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("sleeper{i}"))
                     .spawn(move || {
-                        while !stop.load(Ordering::Relaxed) {
+                        let got = restrict_thread_cpus(cpus);
+                        let ok = matches!(got, Ok(n) if n == cpus);
+                        let _ = tx.send(got);
+                        drop(tx);
+                        while ok && !stop.load(Ordering::Relaxed) {
                             wait_until(&OsHost, wait, OsHost.now_ns() + 20_000, margin_ns);
                         }
                     })
                     .map_err(|e| BenchError::doing("starting a sleeper thread", e))?,
             );
         }
+        drop(tx);
+        let sleepers = Sleepers { stop, threads };
+        for got in rx.iter().take(n as usize) {
+            match got {
+                Ok(k) if k == cpus => {}
+                Ok(k) => {
+                    let e = std::io::Error::other(format!("a sleeper got {k} processors, not {cpus}"));
+                    return Err(BenchError::doing("restricting a sleeper's affinity mask", e));
+                }
+                Err(e) => return Err(BenchError::doing("restricting a sleeper's affinity mask", e)),
+            }
+        }
         // Let them settle into their loop.
         std::thread::sleep(Duration::from_millis(20));
-        Ok(Sleepers { stop, threads })
+        Ok(sleepers)
     }
 }
 
@@ -184,14 +204,15 @@ struct Frame {
 }
 
 /// The frame experiment, on a thread restricted to `frame_cpus` processors (the sleepers it
-/// starts inherit the mask).
+/// starts restrict themselves to the same ones).
 fn frame_experiment(a: &SleepBench, margin_ns: u64) -> Result<Frame, BenchError> {
     let (rounds, sleepers, frame_ms, want) = (a.rounds, a.sleepers, a.frame_ms, a.frame_cpus as usize);
     std::thread::scope(|s| {
         s.spawn(move || -> Result<Frame, BenchError> {
             let cpus = restrict_thread_cpus(want)
                 .map_err(|e| BenchError::doing("restricting the frame thread's affinity mask", e))?;
-            let rule = ShortSleepRule::decide(None, Some(cpus), TIMER_MAX_CPUS, HOST_EXACT_WAIT);
+            let rule = ShortSleepRule::decide(None, Some(cpus), TIMER_MAX_CPUS, HOST_EXACT_WAIT)
+                .without_timer(OsHost.timer_missing());
             // Calibrate: how many units make `frame_ms` alone.
             let t = Instant::now();
             let mut units = 0;
@@ -206,11 +227,11 @@ fn frame_experiment(a: &SleepBench, margin_ns: u64) -> Result<Frame, BenchError>
                     match (r as usize + k) % 3 {
                         0 => f.none.round(|| Ok::<_, BenchError>(frame_work(units)))?,
                         1 => {
-                            let _s = Sleepers::start(sleepers, Wait::Yield, margin_ns)?;
+                            let _s = Sleepers::start(sleepers, cpus, Wait::Yield, margin_ns)?;
                             f.yielding.round(|| Ok::<_, BenchError>(frame_work(units)))?
                         }
                         _ => {
-                            let _s = Sleepers::start(sleepers, f.rule.guest, margin_ns)?;
+                            let _s = Sleepers::start(sleepers, cpus, f.rule.guest, margin_ns)?;
                             f.by_rule.round(|| Ok::<_, BenchError>(frame_work(units)))?
                         }
                     };
@@ -270,6 +291,8 @@ pub struct SleepReport {
     pub none_vs_rule: Comparison,
     /// The frame thread with sleepers yielding against sleepers by the rule.
     pub yield_vs_rule: Comparison,
+    /// Wine's version where this ran under Wine (its figures are Wine's, not Windows').
+    pub wine: Option<String>,
 }
 
 impl SleepReport {
@@ -331,5 +354,6 @@ pub fn sleep(a: &SleepBench) -> Result<SleepReport, BenchError> {
         rule: frame.rule,
         none_vs_rule,
         yield_vs_rule,
+        wine: emuhost::probe::wine_version(),
     })
 }

@@ -12,6 +12,11 @@ pub fn os_release() -> String {
 
 pub use super::sched::affinity_cpus;
 
+/// Wine's version where the process runs under Wine: never on Linux.
+pub fn wine_version() -> Option<String> {
+    None
+}
+
 /// Whether the kernel accounts every private writable page against a commit limit
 /// (`vm.overcommit_memory` = 2, or unreadable: assumed so). There `mprotect` charges pages it makes
 /// writable and does not give the charge back when it takes write access away from touched ones,

@@ -198,7 +198,7 @@ impl ShortSleepRule {
         }
     }
 
-    /// [`ShortSleepRule::why`] but for a missing timer.
+    /// What the rule chose and why, before a missing timer made every sleep yield.
     fn why_by_rule(&self) -> String {
         let cpus = self.cpus.map_or("an unknown count of".to_string(), |n| n.to_string());
         match &self.switch {

@@ -1,9 +1,14 @@
 //! CUDA: guest pages registered with `cuMemHostRegister` (page-locked and mapped for the device),
 //! released with `cuMemHostUnregister`.
 //!
-//! The driver library (`libcuda.so.1`) is loaded at run time with `libloading`: no CUDA SDK is
-//! needed to build, and a machine without the driver gets an error naming what is missing, never
-//! a panic. The calls run in device 0's primary context, pushed on the calling thread around each
+//! The driver library (`libcuda.so.1` on Linux, `nvcuda.dll` on Windows, which NVIDIA's display
+//! driver installs in `System32`) is loaded at run time with `libloading`: no CUDA SDK is needed
+//! to build, and a machine without the driver gets `Unavailable` naming what is missing, never a
+//! panic. The entry points are looked up by the names `cuda.h` binds its calls to (the `_v2` ones
+//! where its macros select them), the same in both libraries; they are `CUDAAPI` functions,
+//! `__stdcall` on Windows, hence `extern "system"` (the C convention on x86-64 either way). The
+//! types are `cuda.h`'s for 64-bit builds: `CUdeviceptr` is 64 bits and sizes are `size_t` on
+//! both (no `long` is passed, whose size differs on Windows). The calls run in device 0's primary context, pushed on the calling thread around each
 //! call (a context is current per thread). An embedder gives its own context instead
 //! ([`Cuda::from_context`]): registrations are made there, and a binding gives the device pointer
 //! of its bytes ([`crate::import::Bound::cuda_ptr`]). A GPU copy between two registrations goes
@@ -37,24 +42,27 @@ type CuDevicePtr = u64;
 
 const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
 const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+/// The driver library's names, tried in order: `libcuda.so.1` (or the development link) on Linux,
+/// `nvcuda.dll` on Windows (the loader's search path: `System32`, where the display driver puts it).
+const DRIVER: &[&str] = if cfg!(windows) { &["nvcuda.dll"] } else { &["libcuda.so.1", "libcuda.so"] };
 /// What `cuMemHostRegister` says when it cannot pin (what an injected import failure says).
 const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
 
 struct Api {
-    init: unsafe extern "C" fn(c_uint) -> CuResult,
-    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
-    primary_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
-    primary_release: unsafe extern "C" fn(CuDevice) -> CuResult,
-    push: unsafe extern "C" fn(CuContext) -> CuResult,
-    ctx_get_device: unsafe extern "C" fn(*mut CuDevice) -> CuResult,
-    pop: unsafe extern "C" fn(*mut CuContext) -> CuResult,
-    register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
-    unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    device_pointer: unsafe extern "C" fn(*mut CuDevicePtr, *mut c_void, c_uint) -> CuResult,
-    memcpy_dtod: unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize) -> CuResult,
-    synchronize: unsafe extern "C" fn() -> CuResult,
-    error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    init: unsafe extern "system" fn(c_uint) -> CuResult,
+    device_get: unsafe extern "system" fn(*mut CuDevice, c_int) -> CuResult,
+    device_get_name: unsafe extern "system" fn(*mut c_char, c_int, CuDevice) -> CuResult,
+    primary_retain: unsafe extern "system" fn(*mut CuContext, CuDevice) -> CuResult,
+    primary_release: unsafe extern "system" fn(CuDevice) -> CuResult,
+    push: unsafe extern "system" fn(CuContext) -> CuResult,
+    ctx_get_device: unsafe extern "system" fn(*mut CuDevice) -> CuResult,
+    pop: unsafe extern "system" fn(*mut CuContext) -> CuResult,
+    register: unsafe extern "system" fn(*mut c_void, usize, c_uint) -> CuResult,
+    unregister: unsafe extern "system" fn(*mut c_void) -> CuResult,
+    device_pointer: unsafe extern "system" fn(*mut CuDevicePtr, *mut c_void, c_uint) -> CuResult,
+    memcpy_dtod: unsafe extern "system" fn(CuDevicePtr, CuDevicePtr, usize) -> CuResult,
+    synchronize: unsafe extern "system" fn() -> CuResult,
+    error_name: unsafe extern "system" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
 /// The CUDA backend: device 0's primary context.
@@ -134,11 +142,12 @@ unsafe fn sym<T: Copy>(lib: &Library, name: &'static str) -> Result<T, ImportErr
     // lives (both sit in `Cuda`, the library dropped last).
     unsafe { lib.get::<T>(cname.as_bytes()) }
         .map(|s| *s)
-        .map_err(|e| unavailable(format!("libcuda has no {name}: {e}")))
+        .map_err(|e| unavailable(format!("the CUDA driver library has no {name}: {e}")))
 }
 
 impl Cuda {
-    /// Loads `libcuda.so.1`, initialises the driver and retains device 0's primary context.
+    /// Loads the driver (`libcuda.so.1`; `nvcuda.dll` on Windows), initialises it and retains
+    /// device 0's primary context.
     pub fn open() -> Result<Cuda, ImportError> {
         let (lib, api) = Self::load()?;
         let check = |op: &'static str, r: CuResult| if r == 0 { Ok(()) } else { Err(Driver::error(&api, op, r)) };
@@ -162,7 +171,8 @@ impl Cuda {
     /// ([`crate::import::Bound::cuda_ptr`]).
     ///
     /// # Safety
-    /// `ctx` is a valid CUDA context of the `libcuda.so.1` this process has loaded, and stays valid
+    /// `ctx` is a valid CUDA context of the driver library this process has loaded (`libcuda.so.1`,
+    /// `nvcuda.dll`), and stays valid
     /// (not destroyed, its primary context not reset or released by its last holder) until the
     /// backend and every import it made are dropped (an import unregisters its pages in `ctx` when
     /// dropped, and may outlive the importer). The caller unregisters no range emuhost registered.
@@ -205,16 +215,16 @@ impl Cuda {
 
     /// Loads the driver library and its entry points.
     fn load() -> Result<(Library, Api), ImportError> {
-        // The driver's name: `libcuda.so.1` (or the development link) on Linux, `nvcuda.dll` on
-        // Windows.
-        let (first, second) = if cfg!(windows) { ("nvcuda.dll", "nvcuda.dll") } else { ("libcuda.so.1", "libcuda.so") };
         // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
-        let lib = unsafe { Library::new(first) }
+        let lib = unsafe { Library::new(DRIVER[0]) }
             .or_else(|e| {
-                // SAFETY: as above.
-                unsafe { Library::new(second) }.map_err(|_| e)
+                let next = DRIVER[1..].iter().find_map(|n| {
+                    // SAFETY: as above.
+                    unsafe { Library::new(n) }.ok()
+                });
+                next.ok_or(e)
             })
-            .map_err(|e| unavailable(format!("no CUDA driver library: {e}")))?;
+            .map_err(|e| unavailable(format!("no CUDA driver library ({}): {e}", DRIVER.join(", "))))?;
         // SAFETY: each signature below is the driver API's, from cuda.h.
         let api = unsafe {
             Api {

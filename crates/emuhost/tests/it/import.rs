@@ -65,6 +65,16 @@ fn read(space: &Space, lo: u64, len: u64) -> Vec<u8> {
     b
 }
 
+/// Fills the destination of a GPU copy, `lo..lo + len`, with bytes no source holds, written by
+/// the CPU before the copy: a copy that did not happen cannot pass, and on Windows (guest memory
+/// is write-watched) each page is written before a CPU driver's own thread stores into it. Under
+/// Wine, write watch is page protection, and lavapipe's thread, which Wine does not know, storing
+/// into a watched page not written since the last reset crashes the process; on Windows (and
+/// Linux) this only makes the check stricter. (`verify` does the same, main 2f3eb91.)
+fn copy_destination(space: &Space, lo: u64, len: u64) {
+    space.write(GuestAddr(lo), &vec![0xee; len as usize]).unwrap();
+}
+
 /// Whether a guest page is present (`/proc/self/pagemap`).
 #[cfg(target_os = "linux")]
 fn present(space: &Space, addr: u64) -> bool {
@@ -140,6 +150,8 @@ mod conformance {
         let len = MIB;
         let (space, lo) = aligned_space(b.alignment(), 2 * len);
         space.write(GuestAddr(lo), &pattern(len, 4)).unwrap();
+        // The copy's destination holds other bytes, written by the CPU (see `copy_destination`).
+        copy_destination(&space, lo + len, len);
         let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
         let d = b.import(HostSpan::of(&space, lo + len, len).unwrap()).unwrap();
         let e = space.decommit(space.range(lo + len - 4096, 8192).unwrap()).unwrap_err();
@@ -246,6 +258,7 @@ mod conformance {
         let len = 2 * MIB;
         let (space, lo) = aligned_space(b.alignment(), 2 * len);
         space.write(GuestAddr(lo), &pattern(len, 1)).unwrap();
+        copy_destination(&space, lo + len, len);
         let a = b.import(HostSpan::of(&space, lo, len).unwrap()).unwrap();
         let d = b.import(HostSpan::of(&space, lo + len, len).unwrap()).unwrap();
         b.check(&a).unwrap();
@@ -391,6 +404,36 @@ macro_rules! conformance {
 conformance!(pin, Some(Pin::new()));
 conformance!(vulkan, vulkan());
 conformance!(cuda, cuda());
+
+/// Where the CUDA driver is not (no NVIDIA driver; under Wine, no `nvcuda.dll`), the backend is
+/// `Unavailable`, naming the library it looked for, and the automatic choice passes it over:
+/// never a crash. (Where the driver is, this says so and checks nothing.)
+#[test]
+fn cuda_without_its_driver_is_unavailable_naming_the_library() {
+    let e = match Cuda::open() {
+        Ok(_) => {
+            eprintln!("skipped: the CUDA driver is here");
+            return;
+        }
+        Err(e) => e,
+    };
+    let text = error_chain(&e);
+    if !text.contains("no CUDA driver library") {
+        // The driver loaded but has no device, or this build has no CUDA at all.
+        assert!(matches!(e, ImportError::Cuda { .. } | ImportError::Unavailable { .. }), "{text}");
+        eprintln!("skipped: the CUDA driver library is here ({text})");
+        return;
+    }
+    assert!(matches!(e, ImportError::Unavailable { backend: "cuda", .. }), "{text}");
+    let library = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so.1" };
+    assert!(text.contains(library), "{text}");
+    let picked = emuhost::import::AnyBackend::pick(emuhost::import::BackendChoice::Auto).unwrap();
+    assert_ne!(picked.backend.kind(), BackendKind::Cuda);
+    if picked.backend.kind() == BackendKind::Pin {
+        let why = picked.passed_over.iter().find(|(k, _)| *k == BackendKind::Cuda);
+        assert!(why.is_some_and(|(_, why)| why.contains(library)), "{:?}", picked.passed_over);
+    }
+}
 
 #[test]
 fn vulkan_honours_the_pointer_alignment_and_takes_the_type_from_the_pointer() {

@@ -247,21 +247,24 @@ fn the_callers_device_without_external_memory_host_is_refused_naming_it() {
     assert!(e.to_string().contains("VK_EXT_external_memory_host"), "{e}");
 }
 
-/// The caller's CUDA context: a binding gives the device pointer of its bytes. Runs where libcuda
-/// is (with device 0's primary context as "the caller's"); prints `skipped:` elsewhere.
+/// The caller's CUDA context: a binding gives the device pointer of its bytes. Runs where the CUDA
+/// driver is (`libcuda.so.1`, `nvcuda.dll`; with device 0's primary context as "the caller's");
+/// prints `skipped:` elsewhere.
 #[test]
 fn a_binding_in_the_callers_cuda_context_gives_the_device_pointer_of_its_bytes() {
-    type Retain = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
-    type Release = unsafe extern "C" fn(i32) -> u32;
-    type Init = unsafe extern "C" fn(u32) -> u32;
+    // CUDAAPI: `__stdcall` on Windows (the C convention on x86-64), C elsewhere.
+    type Retain = unsafe extern "system" fn(*mut *mut c_void, i32) -> u32;
+    type Release = unsafe extern "system" fn(i32) -> u32;
+    type Init = unsafe extern "system" fn(u32) -> u32;
+    let name = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so.1" };
     // SAFETY: loading the CUDA driver library runs its initialisers, as any CUDA program does.
-    let lib = match unsafe { libloading::Library::new("libcuda.so.1") } {
+    let lib = match unsafe { libloading::Library::new(name) } {
         Ok(l) => l,
         Err(e) => {
             if std::env::var("EMUHOST_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") {
-                panic!("EMUHOST_REQUIRE_CUDA=1 but no libcuda: {e}");
+                panic!("EMUHOST_REQUIRE_CUDA=1 but no {name}: {e}");
             }
-            let _ = writeln!(std::io::stderr(), "skipped: CUDA: no libcuda.so.1: {e}");
+            let _ = writeln!(std::io::stderr(), "skipped: CUDA: no {name}: {e}");
             return;
         }
     };

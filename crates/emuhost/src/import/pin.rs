@@ -1,6 +1,9 @@
-//! Pin: `mlock`/`munlock`, for machines with no GPU. The kernel faults the range's pages in and
+//! Pin: `mlock`/`munlock` (Windows: `VirtualLock`/`VirtualUnlock`, the working set grown to fit
+//! where its quota refuses), for machines with no GPU. The OS faults the range's pages in and
 //! keeps them resident: the part of a GPU import that is the pinning, without a device. A pinned
 //! range is unlocked when it is dropped (or released), whether or not the backend is still there.
+//! The start-up check reads residency with `mincore` (Windows: `QueryWorkingSetEx`). Every OS
+//! call is the platform layer's (`sys::pin`), and errors name the platform's call.
 //!
 //! # Safety
 //! This module opts out of the crate's `deny(unsafe_code)` for the calls of `sys::pin::lock` and
@@ -35,7 +38,7 @@ impl Drop for Pinned {
         // SAFETY: the span's pages are held mapped while it lives (`HostSpan`), and `import`
         // locked exactly this range.
         if let Err(e) = unsafe { sys::unlock(s.addr(), s.len()) } {
-            tracing::warn!("munlock {:#x}+{:#x}: {e}", s.addr(), s.len());
+            tracing::warn!("{} {:#x}+{:#x}: {e}", sys::UNLOCK, s.addr(), s.len());
         }
         self.budget.give(s.len() as u64);
     }
@@ -46,7 +49,8 @@ impl Pin {
         Self::with_budget(Budget::default())
     }
 
-    /// With limits of its own (the kernel's `RLIMIT_MEMLOCK` still applies underneath).
+    /// With limits of its own (the OS's still apply underneath: `RLIMIT_MEMLOCK`; on Windows the
+    /// working set, which a lock grows where its quota refuses).
     pub fn with_budget(b: Budget) -> Self {
         Self { budget: Arc::new(BudgetCell::new(b)) }
     }
@@ -77,11 +81,11 @@ impl Backend for Pin {
         // SAFETY: a `HostSpan` is the host bytes of the space's guest window, held mapped while it
         // lives; the span moves into the `Pinned`, whose drop unlocks the range.
         if let Err(source) = unsafe { sys::lock(span.addr(), span.len()) } {
-            // mlock may have locked part of the range before failing.
+            // The lock may have locked part of the range before failing.
             // SAFETY: the same held range, which the failed lock may have partly pinned.
             let _ = unsafe { sys::unlock(span.addr(), span.len()) };
             self.budget.give(span.len() as u64);
-            return Err(ImportError::os("mlock", span.addr() as u64, span.len() as u64, source));
+            return Err(ImportError::os(sys::LOCK, span.addr() as u64, span.len() as u64, source));
         }
         Ok(Pinned { span, budget: self.budget.clone() })
     }
@@ -95,7 +99,7 @@ impl Backend for Pin {
         match sys::resident(s.addr(), s.len()) {
             Ok(true) => Ok(()),
             Ok(false) => Err(ImportError::Verify { backend: "pin", what: "a pinned page is not resident".into() }),
-            Err(source) => Err(ImportError::os("mincore", s.addr() as u64, s.len() as u64, source)),
+            Err(source) => Err(ImportError::os(sys::RESIDENT, s.addr() as u64, s.len() as u64, source)),
         }
     }
 }

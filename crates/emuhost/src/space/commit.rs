@@ -337,10 +337,11 @@ impl Space {
 
     /// Which pages of `range` are resident (the guest or a populate touched them), one entry per
     /// page, into `out` (cleared first): what importing them would cost depends on it. Reads
-    /// page tables only (`mincore`): nothing is faulted in and no byte or mapping changes.
+    /// page tables only (`mincore`; `QueryWorkingSetEx` on Windows): nothing is faulted in and no
+    /// byte or mapping changes.
     pub fn resident_pages(&self, range: GuestRange, out: &mut Vec<bool>) -> Result<(), SpaceError> {
         let (off, len) = self.check(range)?;
         crate::sys::pin::resident_pages(self.res.base() + off, len, out)
-            .map_err(|e| SpaceError::os("mincore", range.start().0, range.len(), e))
+            .map_err(|e| SpaceError::os(crate::sys::pin::RESIDENT, range.start().0, range.len(), e))
     }
 }

@@ -139,9 +139,9 @@ impl<B: Backend> Core<B> {
     /// are resident, else the piece around the binding at the largest power-of-two granule that
     /// fits, else the piece at the backend's alignment; a range larger than that only where it
     /// overlaps no import in flight, and no import a binding made or used unless the least
-    /// part does too. One `mincore` reads the pages of the largest of these that could fit were
-    /// all its pages resident (a few MiB at most); where none could, or the read fails, every
-    /// page is taken as untouched.
+    /// part does too. One residency read (`mincore`; `QueryWorkingSetEx` on Windows) reads the
+    /// pages of the largest of these that could fit were all its pages resident (a few MiB at
+    /// most); where none could, or the read fails, every page is taken as untouched.
     pub(super) fn size_part(
         &self,
         cfg: &PoolsConfig,

@@ -3,6 +3,11 @@
 
 use std::io;
 
+/// The calls behind [`lock`], [`unlock`] and [`resident_pages`], as errors name them.
+pub const LOCK: &str = "mlock";
+pub const UNLOCK: &str = "munlock";
+pub const RESIDENT: &str = "mincore";
+
 /// Locks `addr..addr + len` in memory (faulting its pages in).
 ///
 /// # Safety

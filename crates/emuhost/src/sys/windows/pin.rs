@@ -28,6 +28,11 @@ use windows_sys::Win32::System::Threading::{GetCurrentProcess, GetProcessWorking
 
 use super::fault::per_allocation;
 
+/// The calls behind [`lock`], [`unlock`] and [`resident_pages`], as errors name them.
+pub const LOCK: &str = "VirtualLock";
+pub const UNLOCK: &str = "VirtualUnlock";
+pub const RESIDENT: &str = "QueryWorkingSetEx";
+
 /// Bytes locked by [`lock`] and not yet unlocked (an overlap of two locks counts twice):
 /// `procstat`'s `VmLck`, which Windows does not report for a process.
 static LOCKED: AtomicU64 = AtomicU64::new(0);

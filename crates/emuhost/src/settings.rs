@@ -243,7 +243,7 @@ pub const SETTINGS: &[Switch] = &[
     },
     Switch {
         name: "EMUHOST_IMPORT_POLICY",
-        default: "`pools`",
+        default: "`pools` (`chunks` on Windows)",
         doc: "`pools` (a binding's pools, exactly, imported ahead where bindings come) or `chunks` (the seed's chunks and spans)",
         apply: |s, v| import(s, "EMUHOST_IMPORT_POLICY", v),
     },
@@ -300,6 +300,12 @@ pub const SETTINGS: &[Switch] = &[
         default: "unset",
         doc: "`pools` policy: the import cost as `FIXED,UNTOUCHED,POPULATED` µs (an import, a MiB untouched, a MiB populated), used as given instead of measured at start",
         apply: |s, v| import(s, "EMUHOST_IMPORT_COST_US", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_MAX_LIVE",
+        default: "unset",
+        doc: "the most live imports (at least 1; unset: the backend's limit, Vulkan's `maxMemoryAllocationCount`, which also bounds a value given); past it an import releases imports no binding needs, merges with a neighbour's, or its binding goes without",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_MAX_LIVE", v),
     },
     Switch {
         name: crate::faults::IMPORT_SWITCH,
@@ -427,6 +433,8 @@ pub struct ImportSettings {
     /// The pools policy's: `EMUHOST_IMPORT_AHEAD_MB`, `_AHEAD_THREADS`, `_AHEAD_PIECE_KB`,
     /// `_WAIT_US` and `_COST_US`.
     pub pools: PoolsConfig,
+    /// `EMUHOST_IMPORT_MAX_LIVE`.
+    pub max_live: Option<u64>,
 }
 
 impl Default for ImportSettings {
@@ -441,6 +449,7 @@ impl Default for ImportSettings {
             cooling: d.cooling,
             populate_ahead: d.populate_ahead,
             pools: d.policy.pools_config().copied().unwrap_or_default(),
+            max_live: d.max_live,
         }
     }
 }
@@ -454,7 +463,8 @@ impl Settings {
             ImportPolicyName::Pools => ImportPolicy::Pools(i.pools),
             ImportPolicyName::Chunks => ImportPolicy::Chunks(ChunksConfig::default().span_cap(i.plan.span_cap)),
         };
-        ImportConfig::default().chunk(i.plan.chunk).cooling(i.cooling).populate_ahead(i.populate_ahead).policy(policy)
+        let c = ImportConfig::default().chunk(i.plan.chunk).cooling(i.cooling).populate_ahead(i.populate_ahead);
+        c.policy(policy).max_live(i.max_live)
     }
 }
 
@@ -504,6 +514,12 @@ impl ImportSettings {
                     "pools" => ImportPolicyName::Pools,
                     "chunks" | "seed" => ImportPolicyName::Chunks,
                     _ => return Err(bad(value, "expected pools or chunks")),
+                };
+            }
+            "EMUHOST_IMPORT_MAX_LIVE" => {
+                self.max_live = match switch_u64(name, value)? {
+                    Some(0) => return Err(bad(value, "at least 1 live import is needed")),
+                    n => n,
                 };
             }
             "EMUHOST_IMPORT_AHEAD_MB" => {

@@ -58,6 +58,15 @@ pub enum ImportError {
     Cuda { op: &'static str, code: u32, name: String },
     #[error("start-up check of the {backend} backend: {what}")]
     Verify { backend: &'static str, what: String },
+    /// One more import would pass the cap on live imports (`EMUHOST_IMPORT_MAX_LIVE`, or the
+    /// backend's limit on live allocations), and the importer could make no room: nothing to
+    /// release, no neighbour near enough to merge with.
+    #[error(
+        "{live} live imports at the cap of {cap} (EMUHOST_IMPORT_MAX_LIVE, or the backend's limit on live \
+         allocations): none could be released or merged with"
+    )]
+    #[non_exhaustive]
+    LiveCap { live: u64, cap: u64 },
 }
 
 impl ImportError {
@@ -71,6 +80,16 @@ impl ImportError {
     /// import, or the range is cooling after it did) rather than a bad binding or setting: a
     /// caller goes on without the import.
     pub fn is_refused(&self) -> bool {
-        matches!(self, ImportError::Import { .. } | ImportError::Cooling { .. })
+        matches!(self, ImportError::Import { .. } | ImportError::Cooling { .. } | ImportError::LiveCap { .. })
+    }
+
+    /// Whether this is a binding refused at the cap on live imports ([`ImportError::LiveCap`],
+    /// alone or as the source of [`ImportError::Import`]).
+    pub fn is_capped(&self) -> bool {
+        match self {
+            ImportError::LiveCap { .. } => true,
+            ImportError::Import { source, .. } => source.is_capped(),
+            _ => false,
+        }
     }
 }

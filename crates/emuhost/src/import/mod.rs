@@ -64,7 +64,7 @@ pub use cuda::{Cuda, CudaImport};
 pub use error::ImportError;
 pub use importer::{
     Bound, ChunksConfig, DEFAULT_AHEAD, DEFAULT_AHEAD_PIECE, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy,
-    Importer, PoolsConfig, PopulateAhead, Stats,
+    Importer, MERGE_LIMIT, PoolsConfig, PopulateAhead, Stats,
 };
 pub use pin::{Pin, Pinned};
 pub use plan::{

@@ -465,8 +465,10 @@ fn vulkan_refuses_a_copy_between_imports_of_two_devices() {
 
 /// A backend that fails on command, around pin: for the importer's rules on failure.
 #[derive(Default)]
-struct Faulty {
+pub(crate) struct Faulty {
     inner: Pin,
+    /// The most live imports the backend held at once (its budget's count after each import).
+    pub(crate) peak: AtomicU64,
     /// Imports longer than this fail (0: none).
     fail_over: AtomicU64,
     fail_all: AtomicBool,
@@ -532,7 +534,9 @@ impl Backend for Faulty {
         if self.fail_all.load(Ordering::Relaxed) || (over > 0 && span.len() as u64 > over) {
             return Err(ImportError::Unavailable { backend: "faulty", why: "failing on command".into() });
         }
-        self.inner.import(span)
+        let import = self.inner.import(span)?;
+        self.peak.fetch_max(self.inner.budget().get().count, Ordering::SeqCst);
+        Ok(import)
     }
 
     fn release(&self, import: Self::Import) {
@@ -571,7 +575,7 @@ fn where_the_device_refuses_overlaps_a_reimport_takes_in_the_imports_it_overlaps
 const CHUNK: u64 = MIB;
 
 /// The chunks policy with `chunk`-byte chunks and spans up to `span_cap` bytes (0: off).
-fn chunks_config(chunk: u64, span_cap: u64) -> ImportConfig {
+pub(crate) fn chunks_config(chunk: u64, span_cap: u64) -> ImportConfig {
     ImportConfig::default().chunk(chunk).policy(ImportPolicy::Chunks(ChunksConfig::default().span_cap(span_cap)))
 }
 
@@ -584,7 +588,7 @@ fn faulty(span_cap: u64, cooling: Duration) -> (Importer<Arc<Faulty>>, Arc<Fault
 /// An importer over a 64 MiB space around [`Faulty`], with `cfg`. The lower 32 MiB are committed
 /// read-write (bindings must be over committed pages); the rest is reserved, for the tests of
 /// commits.
-fn faulty_with(cfg: ImportConfig) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
+pub(crate) fn faulty_with(cfg: ImportConfig) -> (Importer<Arc<Faulty>>, Arc<Faulty>) {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     space.commit(space.range(0, 32 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
     let f = Arc::new(Faulty::default());
@@ -915,7 +919,7 @@ fn pools_config(ahead: u64) -> ImportConfig {
 }
 
 /// [`pools_config`] with its pools policy's settings changed by `f`.
-fn pools_config_with(ahead: u64, f: impl FnOnce(PoolsConfig) -> PoolsConfig) -> ImportConfig {
+pub(crate) fn pools_config_with(ahead: u64, f: impl FnOnce(PoolsConfig) -> PoolsConfig) -> ImportConfig {
     let pools = PoolsConfig::default().ahead(ahead).cost(cost(100, 1000)).ahead_threads(1);
     ImportConfig::default().chunk(MIB).cooling(Duration::ZERO).policy(ImportPolicy::Pools(f(pools)))
 }
@@ -1365,7 +1369,8 @@ fn pools_on_a_device_a_pool_imported_ahead_serves_its_binding_the_memory() {
     let space = Arc::new(Space::with_window(64 * MIB).unwrap());
     // The pools' pages are committed (a binding over reserved pages is refused).
     space.commit(space.range(4 * MIB, 4 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
-    let imp = Importer::new(space.clone(), v, ImportConfig::default().chunk(4 * MIB)).unwrap();
+    let cfg = ImportConfig::default().chunk(4 * MIB).policy(ImportPolicy::Pools(PoolsConfig::default()));
+    let imp = Importer::new(space.clone(), v, cfg).unwrap();
     imp.add_pool(4 * MIB + 0x1000, 0x2000).unwrap();
     imp.bind(4 * MIB + 0x1000, 0x100).unwrap();
     imp.add_pool(4 * MIB + 0x10_000, 0x2000).unwrap();

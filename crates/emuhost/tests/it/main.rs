@@ -37,6 +37,7 @@ mod embed;
 mod faults;
 mod import;
 mod import_caller;
+mod import_cap;
 #[path = "../support/logs.rs"]
 mod logs;
 mod sched;

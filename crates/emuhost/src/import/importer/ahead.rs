@@ -308,6 +308,11 @@ impl<B: Backend> Core<B> {
         if !overlaps_ok && !over.iter().all(|o| o.2) {
             return ControlFlow::Break(true);
         }
+        // Imports ahead take at most their share of the cap on live imports: bindings keep room.
+        if self.slots.load(Ordering::Acquire) >= super::cap::ahead_share(self.cap) || !self.has_room() {
+            st.stats.ahead_over_budget += 1;
+            return ControlFlow::Break(false);
+        }
         if pool.is_some() {
             let freed: u64 = over.iter().filter(|o| o.2).map(|o| o.1 - o.0.0).sum();
             // Only the pools policy asks for imports ahead.
@@ -324,6 +329,8 @@ impl<B: Backend> Core<B> {
             later.extend(over.iter().filter_map(|(k, _, _)| self.take_out(&mut st, *k)));
         }
         let est = st.cost.estimate(r.len());
+        // Its slot under the cap, taken under the state's lock (given back if it fails).
+        self.slots.fetch_add(1, Ordering::AcqRel);
         st.in_flight.push(Flight { r, since: Instant::now(), est });
         ControlFlow::Continue(later)
     }
@@ -358,6 +365,7 @@ impl<B: Backend> Core<B> {
                 }
             }
             Err(e) => {
+                self.slots.fetch_sub(1, Ordering::AcqRel);
                 if pool.is_some() {
                     st.stats.ahead_bytes -= r.len();
                 }

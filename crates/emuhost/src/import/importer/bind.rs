@@ -37,7 +37,8 @@ impl Drop for AtWork<'_> {
 pub(super) struct FlightWait {
     /// The binding's own part, its estimate and resident bytes (pools policy).
     pub(super) part: Option<(Planned, Duration, Option<u64>)>,
-    /// The time to size the part (its `mincore`, under the importer's lock).
+    /// The time to size the part (its residency read, `mincore` or `QueryWorkingSetEx`, under the
+    /// importer's lock).
     pub(super) sized: Duration,
     pub(super) phase: String,
     pub(super) waited: Option<Duration>,
@@ -157,6 +158,15 @@ impl<B: Backend> Core<B> {
                 Ok((lo, handle)) => {
                     return Ok(Bound { range, made: true, spanned: is_span, handle, offset: addr - lo });
                 }
+                Err(e) if e.is_capped() => {
+                    // At the cap: counted apart and held nothing cooling (a release may make room
+                    // for the next binding); a smaller range would not fit either.
+                    st.stats.capped += 1;
+                    if st.stats.capped == 1 {
+                        tracing::warn!("binding at {addr:#x} went without: {}", chain(&e));
+                    }
+                    return Err(e);
+                }
                 Err(e) => {
                     st.stats.failures += 1;
                     if !self.cfg.cooling.is_zero() {
@@ -179,8 +189,9 @@ impl<B: Backend> Core<B> {
         Err(last.expect("at least one range was tried or cooling"))
     }
 
-    /// Imports `r` (or, where overlaps are refused, the union of `r` and the imports it overlaps):
-    /// the import's start and device objects.
+    /// Imports `r` (or, where overlaps are refused, the union of `r` and the imports it overlaps;
+    /// or, at the cap on live imports, `r` merged with a neighbour's: module `cap`): the import's
+    /// start and device objects.
     pub(super) fn import(&self, st: &mut State<B::Import>, r: Planned) -> Result<(u64, GpuHandle), ImportError> {
         // Where the device refuses a page in two imports (CUDA), the re-import takes in the
         // imports it overlaps: they are released first, and the new import covers them all.
@@ -190,6 +201,19 @@ impl<B: Backend> Core<B> {
             let (lo, hi, keys) = st.union(r.lo, r.hi);
             r = Planned { lo, hi };
             superseded = keys;
+        }
+        if superseded.is_empty() && !self.make_room(st) {
+            let Some((grown, keys)) = self.merge(st, r) else {
+                let live = self.slots.load(Ordering::Acquire);
+                return Err(self.wrap(r, ImportError::LiveCap { live, cap: self.cap }));
+            };
+            st.stats.cap_merges += 1;
+            tracing::debug!(
+                "at the cap of {} live imports: {r} merged into {grown}, taking in {}",
+                self.cap,
+                keys.len()
+            );
+            (r, superseded) = (grown, keys);
         }
         let t = Instant::now();
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;
@@ -210,7 +234,11 @@ impl<B: Backend> Core<B> {
                 self.release(old.import);
             }
         }
-        let (import, took) = self.make(span, r, false)?;
+        // The slot is taken under the state's lock, where the room was checked.
+        self.slots.fetch_add(1, Ordering::AcqRel);
+        let (import, took) = self.make(span, r, false).inspect_err(|_| {
+            self.slots.fetch_sub(1, Ordering::AcqRel);
+        })?;
         let handle = self.backend.handle(&import);
         // Unused imports ahead that the new one covers are taken in (released), once it is made.
         for k in st.unused_inside(r.lo, r.hi) {

@@ -35,8 +35,18 @@ pub enum ImportPolicy {
 }
 
 impl Default for ImportPolicy {
+    /// The platform's: [`ImportPolicy::Pools`] on Linux; on Windows the seed's chunks and spans
+    /// ([`ImportPolicy::chunks`]: 16 MiB chunks, spans up to 64 MiB). Windows drivers charge tens
+    /// of ms per import (reference/000: 45–103 ms an import on NVIDIA, 14.7–19.5 ms on average on
+    /// AMD), and some cap live allocations (`maxMemoryAllocationCount`, 4,096). The pools policy
+    /// makes an import per pool, and per piece of a large one: about a thousand a replay on the
+    /// H200 (1,080, and 1,642 in 4 MiB pieces: docs/measurements/2026-12-05-import.md), each
+    /// paying a Windows driver's fixed cost and holding an allocation; the seed's chunks made
+    /// 45–47 imports a session with spans (90–97 without) in its measurements. Nothing measured
+    /// on Windows here says otherwise (Wine's timings are not Windows'); `EMUHOST_IMPORT_POLICY`
+    /// still chooses either.
     fn default() -> Self {
-        ImportPolicy::Pools(PoolsConfig::default())
+        if cfg!(windows) { ImportPolicy::chunks() } else { ImportPolicy::Pools(PoolsConfig::default()) }
     }
 }
 
@@ -183,6 +193,12 @@ pub struct ImportConfig {
     pub commit: bool,
     /// Which ranges bindings import (`EMUHOST_IMPORT_POLICY`), and that policy's own settings.
     pub policy: ImportPolicy,
+    /// The most live imports (`EMUHOST_IMPORT_MAX_LIVE`); `None`: the backend's limit on live
+    /// allocations (Vulkan's `maxMemoryAllocationCount`, 4,096 on some Windows drivers), which
+    /// also bounds a value given (0 is taken as 1). Lower it where the device's allocations are
+    /// shared with a renderer's own (the limit is the device's), or to test the cap. An import
+    /// past it is the importer's to handle (see [`Importer::max_live`](super::Importer::max_live)).
+    pub max_live: Option<u64>,
 }
 
 impl Default for ImportConfig {
@@ -193,6 +209,7 @@ impl Default for ImportConfig {
             populate_ahead: PopulateAhead::Off,
             commit: true,
             policy: ImportPolicy::default(),
+            max_live: None,
         }
     }
 }
@@ -227,6 +244,12 @@ impl ImportConfig {
         self.policy = policy;
         self
     }
+
+    /// Sets [`ImportConfig::max_live`].
+    pub fn max_live(mut self, max_live: Option<u64>) -> Self {
+        self.max_live = max_live;
+        self
+    }
 }
 
 /// What is populated ahead when a pool is registered.
@@ -241,4 +264,25 @@ pub enum PopulateAhead {
     /// would pin, gaps between pools included. Costs resident memory for every chunk any pool
     /// touches, bound or not.
     Chunks,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default policy is the platform's: the seed's chunks (16 MiB) and spans (64 MiB) on
+    /// Windows, for its drivers' cost per import and cap on live allocations; pools elsewhere.
+    /// The settings' default follows it.
+    #[test]
+    fn windows_default_policy_is_the_seeds_chunks_and_spans() {
+        let d = ImportConfig::default();
+        if cfg!(windows) {
+            assert_eq!(d.policy, ImportPolicy::Chunks(ChunksConfig { span_cap: 64 << 20 }));
+            assert_eq!(d.chunk, 16 << 20);
+        } else {
+            assert_eq!(d.policy, ImportPolicy::Pools(PoolsConfig::default()));
+        }
+        assert_eq!(crate::settings::Settings::default().import_config(), d);
+        assert_eq!(d.max_live, None, "the backend's limit");
+    }
 }

@@ -3,11 +3,12 @@
 //! Split by what each part does: [`config`] (the typed config and policy), [`state`] (the
 //! shared state and the index of live imports), [`bind`] (the binding path both policies take),
 //! [`chunks_policy`] and [`pools_policy`] (each policy's binding), [`ahead`] (the background
-//! queue and threads). The cost model is [`super::cost`]. This file holds the [`Importer`] and
+//! queue and threads), [`cap`] (the cap on live imports). The cost model is [`super::cost`]. This file holds the [`Importer`] and
 //! what its calls share.
 
 mod ahead;
 mod bind;
+mod cap;
 mod chunks_policy;
 mod config;
 mod pools_policy;
@@ -25,6 +26,7 @@ use super::plan::{PlanConfig, Planned, cover, pool_range};
 use super::pools::PoolId;
 use crate::space::{Space, page_size};
 use ahead::{AheadJob, AheadQueue, PopulateCounts};
+pub use cap::MERGE_LIMIT;
 pub use config::{
     ChunksConfig, DEFAULT_AHEAD, DEFAULT_AHEAD_PIECE, DEFAULT_COOLING, DEFAULT_WAIT, ImportConfig, ImportPolicy,
     PoolsConfig, PopulateAhead,
@@ -55,8 +57,16 @@ struct Core<B: Backend> {
     /// covers waits for it by what is left of its pin, and a binding's slow import says whether
     /// it met one (debug log).
     in_driver: Mutex<Option<(Instant, Planned)>>,
-    /// Releases under way (any thread): a binding's slow import says whether it met one.
+    /// Releases under way (any thread): a binding's slow import says whether it met one, and
+    /// one at the cap waits for them ([`cap`]).
     releasing: AtomicU64,
+    /// Signalled when a release ends.
+    released: (Mutex<()>, Condvar),
+    /// The backend imports this importer holds or is making: taken under the state's lock
+    /// before the backend's call, given back when it fails or the import is released ([`cap`]).
+    slots: AtomicU64,
+    /// The most live imports: [`ImportConfig::max_live`], at most the backend's count limit.
+    cap: u64,
     /// Populates ahead made (`EMUHOST_IMPORT_POPULATE_AHEAD`), failed, and their bytes.
     populate_counts: PopulateCounts,
     /// The background threads' work; `queued` wakes a thread for it, `idle` tells
@@ -109,6 +119,10 @@ impl<B: Backend + 'static> Importer<B> {
         };
         let os = |op| move |source| ImportError::os(op, 0, 0, source);
         let state = State::new(cost, granule);
+        let cap = cfg.max_live.unwrap_or(u64::MAX).min(backend.budget().get().max_count).max(1);
+        if cap < u64::MAX {
+            tracing::info!("at most {cap} live imports on {}", backend.kind().name());
+        }
         let core = Arc::new(Core {
             space,
             backend,
@@ -122,6 +136,9 @@ impl<B: Backend + 'static> Importer<B> {
             driver_turn: Mutex::new(()),
             in_driver: Mutex::new(None),
             releasing: AtomicU64::new(0),
+            released: (Mutex::new(()), Condvar::new()),
+            slots: AtomicU64::new(0),
+            cap,
             populate_counts: PopulateCounts::default(),
             queue: Mutex::new(AheadQueue::default()),
             queued: Condvar::new(),
@@ -149,6 +166,13 @@ impl<B: Backend + 'static> Importer<B> {
 
     pub fn config(&self) -> ImportConfig {
         self.core.cfg
+    }
+
+    /// The most live imports this importer makes: [`ImportConfig::max_live`], at most the
+    /// backend's limit on live allocations (Vulkan's `maxMemoryAllocationCount`) when it was
+    /// made; `u64::MAX` where neither limits them. See [`cap`] for what it does at the cap.
+    pub fn max_live(&self) -> u64 {
+        self.core.cap
     }
 
     /// The import cost the pools policy works with now (zero under the chunks policy): the one
@@ -310,11 +334,15 @@ impl<B: Backend> Core<B> {
         if inside && r.hi > window { Planned { lo: r.lo, hi: window } } else { r }
     }
 
-    /// Releases `import` (counted while under way, for the debug log of slow imports).
+    /// Releases `import` (counted while under way, for the debug log of slow imports and a
+    /// binding at the cap), and gives its slot back.
     fn release(&self, import: B::Import) {
-        self.releasing.fetch_add(1, Ordering::Relaxed);
+        self.releasing.fetch_add(1, Ordering::AcqRel);
         self.backend.release(import);
-        self.releasing.fetch_sub(1, Ordering::Relaxed);
+        self.slots.fetch_sub(1, Ordering::AcqRel);
+        self.releasing.fetch_sub(1, Ordering::AcqRel);
+        let _done = self.released.0.lock().unwrap_or_else(|p| p.into_inner());
+        self.released.1.notify_all();
     }
 
     fn wrap(&self, r: Planned, source: ImportError) -> ImportError {

@@ -38,10 +38,18 @@ pub struct Stats {
     /// Time in imports, all together, and each import's time.
     pub time: Duration,
     pub times: Vec<Duration>,
-    /// Live imports and their bytes now, and the most bytes live at once.
+    /// Live imports and their bytes now, and the most of each live at once (`peak_live` is what a
+    /// backend's cap on live allocations bears on: [`Importer::max_live`](super::Importer::max_live)).
     pub live: u64,
     pub live_bytes: u64,
+    pub peak_live: u64,
     pub peak_live_bytes: u64,
+    /// At the cap on live imports: bindings refused (they went without, as after a driver's
+    /// refusal; not in `failures`), imports released to make room, and imports merged with a
+    /// neighbour's range (module `cap`).
+    pub capped: u64,
+    pub cap_releases: u64,
+    pub cap_merges: u64,
     /// Pools populated ahead, populates that failed, and their bytes.
     pub populated: u64,
     pub populate_failures: u64,
@@ -61,7 +69,8 @@ pub struct Stats {
     /// Imports ahead that failed (a spanned one is then tried without the span); they hold
     /// nothing cooling: a binding makes its own attempt.
     pub ahead_failures: u64,
-    /// Pools left to their bindings because the budget of bytes ahead was full.
+    /// Pools left to their bindings because the budget of bytes ahead was full, or imports
+    /// ahead had their share of the cap on live imports (module `cap`).
     pub ahead_over_budget: u64,
     /// Bindings served by an import made ahead (its first use).
     pub ahead_hits: u64,
@@ -96,11 +105,13 @@ pub struct Bound {
     /// The range was the spanned one.
     pub spanned: bool,
     /// The import's device memory (and buffer) or device pointer, raw: valid while the import
-    /// lives ([`GpuHandle`]).
+    /// lives ([`GpuHandle`]). At the cap on live imports an import a later binding's import
+    /// merges with, or one another live import covers whole, is released (module `cap`).
     pub handle: GpuHandle,
     /// Where the binding's first byte lies in the import's memory (and buffer): the binding's
     /// address less the import's start. (The import may start below `range.lo` where a backend
-    /// that refuses overlaps took other imports in.)
+    /// that refuses overlaps took other imports in, or where at the cap on live imports it was
+    /// merged with a neighbour's.)
     pub offset: u64,
 }
 
@@ -286,6 +297,7 @@ impl<B: Backend> Core<B> {
         s.times.push(took);
         s.live += 1;
         s.live_bytes += r.len();
+        s.peak_live = s.peak_live.max(s.live);
         s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
         let what = match made {
             Made::Binding { reimport: false } => "",

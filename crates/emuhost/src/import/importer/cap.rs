@@ -1,0 +1,129 @@
+//! The cap on live imports: a backend's limit on live allocations (Vulkan's
+//! `maxMemoryAllocationCount`, 4,096 on some Windows drivers: reference/000), lowered by
+//! [`super::ImportConfig::max_live`]. The importer counts the backend imports it holds or is
+//! making ([`Core::slots`]: a slot is taken under the state's lock before the backend is called,
+//! and given back when the call fails or the import is released), so the count never passes the
+//! cap, and the backend never sees an import its limit refuses.
+//!
+//! A binding's import that would pass the cap is handled here, in this order:
+//! 1. imports made ahead that no binding has used are released (no binding has their handles);
+//! 2. releases under way (off the lock, on other threads) are waited for, a little;
+//! 3. imports that another live import covers whole are released: every binding they would
+//!    serve, the larger one serves (the chunks policy without spans keeps such imports);
+//! 4. the import is merged with its nearest live neighbour: the range grows over it (at most
+//!    [`MERGE_LIMIT`] and the backend's largest import) and every live import inside the grown
+//!    range is released before it is made, so the count does not grow;
+//! 5. otherwise the binding is refused ([`ImportError::LiveCap`], inside
+//!    [`ImportError::Import`]: [`ImportError::is_refused`]), counted in
+//!    [`super::Stats::capped`], and goes without, as after a driver's refusal; nothing is held
+//!    cooling (a release may make room for the next one).
+//!
+//! Steps 3 and 4 end imports that bindings may have been given (their [`super::Bound::handle`]
+//! ends with them), as a re-import on a device that refuses overlaps (CUDA) always does. Imports
+//! ahead (pools policy) use at most [`ahead_share`] of the cap, so that bindings keep room of
+//! their own.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::super::backend::Backend;
+use super::super::plan::Planned;
+use super::Core;
+use super::state::State;
+
+/// The largest range a merge at the cap grows an import to (or the chunk, if larger): the seed's
+/// span cap (64 MB, reference/000), the size its imports were measured at.
+pub const MERGE_LIMIT: u64 = 64 << 20;
+
+/// How long a binding at the cap waits for releases under way on other threads.
+const RELEASE_WAIT: Duration = Duration::from_millis(100);
+
+/// The most live imports the background threads may bring the count to: three quarters of the
+/// cap, leaving bindings at least one.
+pub(super) fn ahead_share(cap: u64) -> u64 {
+    cap - (cap / 4).max(1).min(cap)
+}
+
+impl<B: Backend> Core<B> {
+    /// Whether one more backend import fits: under the importer's cap, and under the backend's
+    /// own count limit (a backend shared with other importers counts theirs too).
+    pub(super) fn has_room(&self) -> bool {
+        let b = self.backend.budget().get();
+        self.slots.load(Ordering::Acquire) < self.cap && b.count < b.max_count
+    }
+
+    /// Makes room for one more import under the cap (steps 1 to 3 of the module's), under the
+    /// state's lock; whether there is room now.
+    pub(super) fn make_room(&self, st: &mut State<B::Import>) -> bool {
+        if self.has_room() {
+            return true;
+        }
+        // 1. Imports made ahead and never used, the oldest first.
+        let mut unused: Vec<(u64, u64)> =
+            st.imports.iter().filter(|(_, v)| v.ahead.is_some()).map(|(k, _)| *k).collect();
+        unused.sort_by_key(|k| k.1);
+        for k in unused {
+            if self.has_room() {
+                break;
+            }
+            self.release_unused(st, k);
+            st.stats.cap_releases += 1;
+        }
+        // 2. Releases under way on other threads (they take no lock of the importer's).
+        let until = Instant::now() + RELEASE_WAIT;
+        let mut done = self.released.0.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.has_room() && self.releasing.load(Ordering::Acquire) > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            done = self.released.1.wait_timeout(done, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        drop(done);
+        // 3. Imports another live import covers whole.
+        while !self.has_room() {
+            let Some(k) = self.covered_import(st) else { break };
+            if let Some(import) = self.take_out(st, k) {
+                self.release(import);
+                st.stats.cap_releases += 1;
+            }
+        }
+        self.has_room()
+    }
+
+    /// A live import that another live import covers whole (the first by address).
+    fn covered_import(&self, st: &State<B::Import>) -> Option<(u64, u64)> {
+        st.imports
+            .iter()
+            .find(|(k, v)| st.overlapping(k.0, v.hi).any(|(o, w)| o != *k && o.0 <= k.0 && v.hi <= w.hi))
+            .map(|(k, _)| *k)
+    }
+
+    /// Step 4: `r` grown over its nearest live import (the smallest union), within
+    /// [`MERGE_LIMIT`] (or the chunk), the backend's largest import and the window, and the keys
+    /// of every live import inside the grown range (at least one). Where the device refuses
+    /// overlaps, not over an import in flight. `None` where no live import is near enough.
+    pub(super) fn merge(&self, st: &State<B::Import>, r: Planned) -> Option<(Planned, Vec<(u64, u64)>)> {
+        let limit =
+            MERGE_LIMIT.max(self.cfg.chunk).min(self.backend.budget().get().max_single).min(self.space.window());
+        let union =
+            |(k, v): (&(u64, u64), &super::state::Live<B::Import>)| Planned { lo: r.lo.min(k.0), hi: r.hi.max(v.hi) };
+        let grown = st
+            .imports
+            .iter()
+            .map(union)
+            .filter(|u| u.len() <= limit)
+            .filter(|u| self.backend.overlapping_imports() || !st.in_flight_over(*u))
+            .min_by_key(|u| (u.len(), u.lo))?;
+        // Where the device refuses overlaps, every import the range overlaps is taken in (its
+        // union may grow past the limit: then no merge).
+        let (grown, keys) = if self.backend.overlapping_imports() {
+            let inside = st.overlapping(grown.lo, grown.hi).filter(|(k, v)| grown.lo <= k.0 && v.hi <= grown.hi);
+            (grown, inside.map(|(k, _)| *k).collect::<Vec<_>>())
+        } else {
+            let (lo, hi, keys) = st.union(grown.lo, grown.hi);
+            (Planned { lo, hi }, keys)
+        };
+        (grown.len() <= limit && !keys.is_empty()).then_some((grown, keys))
+    }
+}

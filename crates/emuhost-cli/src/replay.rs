@@ -223,6 +223,7 @@ pub fn summary(r: &ReplayReport) -> Value {
         json!(r.import_cost.map(|c| settings::import_cost_value(&c)).unwrap_or_default()),
     );
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
+    o.insert("live_imports_peak".into(), json!(r.live_imports_peak));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
         o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));
@@ -339,6 +340,7 @@ fn print_imports(r: &ReplayReport, s: &Value) {
         f("ahead_mib_peak"),
         f("committed_mib_peak")
     );
+    outln!("  live imports at most {} at once", r.live_imports_peak);
     if let Some(c) = r.import_cost {
         let how = if r.import_cost_given { "given" } else { "measured" };
         outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", settings::import_cost_value(&c));

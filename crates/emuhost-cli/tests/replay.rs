@@ -64,6 +64,7 @@ fn replay_reports_json_csv_and_a_plot() {
     assert_eq!(v["frames"], 4);
     assert_eq!(v["imports"], 1);
     assert_eq!(v["reimports"], 0);
+    assert_eq!(v["live_imports_peak"], 1);
     assert_eq!(v["lost_writes"], 0);
     assert_eq!(v["checked_writes_pct"], 100.0, "both writes have a collect after them");
     assert_eq!(v["import_backend"], "mlock (no GPU)");
@@ -88,6 +89,8 @@ fn replay_reports_json_csv_and_a_plot() {
     // A switch set by flag runs with it: spans off, three imports and one re-import.
     let v = json(&emuhost().arg("replay").arg(&t).arg("--json").arg("--span-mb").arg("0").output().unwrap());
     assert_eq!((v["imports"].as_u64(), v["reimports"].as_u64()), (Some(3), Some(1)));
+    // The chunks policy keeps the two chunks' imports beside the one over both: three live.
+    assert_eq!(v["live_imports_peak"].as_u64(), Some(3), "{v}");
     let v = json(
         &emuhost().arg("replay").arg(&t).arg("--json").arg("--set").arg("EMUHOST_WATCH=mprotect").output().unwrap(),
     );

@@ -133,6 +133,9 @@ pub struct ReplayReport {
     pub import_failures: u64,
     pub live_import_bytes_end: u64,
     pub live_import_bytes_peak: u64,
+    /// The most live imports at once ([`emuhost::import::Stats::peak_live`]): what a backend's cap
+    /// on live allocations (`maxMemoryAllocationCount`) bears on.
+    pub live_imports_peak: u64,
     /// Imports and their bytes the import backend still counts live after the replay released
     /// every import (its own budget: taken at each import, given back at each release): 0 unless
     /// an import leaked.
@@ -902,6 +905,7 @@ fn replay_with(
     report.long_read_waits = importer.space().long_read_waits();
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;
+    report.live_imports_peak = st.peak_live;
     importer.release_all();
     let left = importer.backend().budget().get();
     (report.live_imports_after_teardown, report.live_import_bytes_after_teardown) = (left.count, left.bytes);

@@ -691,7 +691,14 @@ mod tests {
             ("EMUHOST_IMPORT_COOLING_MS", "10", "1s", "EMUHOST_IMPORT_COOLING_MS=\"1s\": an unsigned integer"),
             ("EMUHOST_IMPORT_POPULATE_AHEAD", "chunks", "all", "EMUHOST_IMPORT_POPULATE_AHEAD=\"all\": expected"),
             ("EMUHOST_IMPORT_AHEAD_MB", "64", "lots", "EMUHOST_IMPORT_AHEAD_MB=\"lots\": an unsigned integer"),
-            ("EMUHOST_IMPORT_POLICY", "chunks", "spans", "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks"),
+            // The policy that is not the platform's default (Windows': chunks).
+            (
+                "EMUHOST_IMPORT_POLICY",
+                if cfg!(windows) { "pools" } else { "chunks" },
+                "spans",
+                "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks",
+            ),
+            ("EMUHOST_IMPORT_MAX_LIVE", "16", "0", "EMUHOST_IMPORT_MAX_LIVE=\"0\": at least 1 live import"),
             ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
             ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
             (

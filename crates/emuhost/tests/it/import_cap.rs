@@ -144,6 +144,27 @@ fn at_the_cap_with_nothing_near_a_binding_goes_without_counted_and_not_cooling()
     assert!(imp.bind(2 * far + 0x10, 0x10).unwrap().made);
 }
 
+/// At the cap with no live import near enough to the binding, the two neighbouring live imports
+/// with the smallest union are merged into one, and the binding imports in the slot that frees.
+#[test]
+fn at_the_cap_with_nothing_near_two_neighbours_are_merged_to_make_room() {
+    let far = MERGE_LIMIT + 16 * MIB;
+    let space = Arc::new(Space::with_window(2 * far).unwrap());
+    space.commit(space.range(0, 4 * MIB).unwrap(), Prot::READ_WRITE).unwrap();
+    space.commit(space.range(far, MIB).unwrap(), Prot::READ_WRITE).unwrap();
+    let f = Arc::new(Faulty::default());
+    let imp = Importer::new(space, f.clone(), chunks_config(MIB, 0).max_live(Some(3))).unwrap();
+    for at in [0, MIB, 3 * MIB] {
+        imp.bind(at + 0x10, 0x10).unwrap();
+    }
+    let b = imp.bind(far + 0x10, 0x10).unwrap();
+    assert_eq!((b.range, b.made, b.offset), (Planned { lo: far, hi: far + MIB }, true, 0x10));
+    assert_eq!(imp.imports(), vec![r(0, 2), r(3, 4), Planned { lo: far, hi: far + MIB }]);
+    let s = imp.stats();
+    assert_eq!((s.cap_merges, s.capped, s.live), (1, 0, 3), "{s:?}");
+    assert_eq!(f.peak.load(Ordering::SeqCst), 3);
+}
+
 /// Pools policy: imports ahead take at most three quarters of the cap, and at the cap a
 /// binding's import releases the ones no binding has used (the oldest first), then merges.
 #[test]

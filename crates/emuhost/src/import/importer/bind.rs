@@ -193,6 +193,17 @@ impl<B: Backend> Core<B> {
     /// or, at the cap on live imports, `r` merged with a neighbour's: module `cap`): the import's
     /// start and device objects.
     pub(super) fn import(&self, st: &mut State<B::Import>, r: Planned) -> Result<(u64, GpuHandle), ImportError> {
+        self.import_with(st, r, true)
+    }
+
+    /// [`Core::import`]; at the cap, two neighbours merged to make room only where `compact`
+    /// (not for the merge of two neighbours itself).
+    pub(super) fn import_with(
+        &self,
+        st: &mut State<B::Import>,
+        r: Planned,
+        compact: bool,
+    ) -> Result<(u64, GpuHandle), ImportError> {
         // Where the device refuses a page in two imports (CUDA), the re-import takes in the
         // imports it overlaps: they are released first, and the new import covers them all.
         let mut r = r;
@@ -203,7 +214,11 @@ impl<B: Backend> Core<B> {
             superseded = keys;
         }
         if superseded.is_empty() && !self.make_room(st) {
-            let Some((grown, keys)) = self.merge(st, r) else {
+            let merged = self.merge(st, r);
+            if merged.is_none() && compact && self.compact(st) {
+                return self.import_with(st, r, false);
+            }
+            let Some((grown, keys)) = merged else {
                 let live = self.slots.load(Ordering::Acquire);
                 return Err(self.wrap(r, ImportError::LiveCap { live, cap: self.cap }));
             };

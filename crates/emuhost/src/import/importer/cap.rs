@@ -13,12 +13,14 @@
 //! 4. the import is merged with its nearest live neighbour: the range grows over it (at most
 //!    [`MERGE_LIMIT`] and the backend's largest import) and every live import inside the grown
 //!    range is released before it is made, so the count does not grow;
-//! 5. otherwise the binding is refused ([`ImportError::LiveCap`], inside
+//! 5. else the two neighbouring live imports whose union is the smallest (within the same
+//!    limits) are merged into one, which frees a slot for the binding's own import;
+//! 6. otherwise the binding is refused ([`ImportError::LiveCap`], inside
 //!    [`ImportError::Import`]: [`ImportError::is_refused`]), counted in
 //!    [`super::Stats::capped`], and goes without, as after a driver's refusal; nothing is held
 //!    cooling (a release may make room for the next one).
 //!
-//! Steps 3 and 4 end imports that bindings may have been given (their [`super::Bound::handle`]
+//! Steps 3 to 5 end imports that bindings may have been given (their [`super::Bound::handle`]
 //! ends with them), as a re-import on a device that refuses overlaps (CUDA) always does. Imports
 //! ahead (pools policy) use at most [`ahead_share`] of the cap, so that bindings keep room of
 //! their own.
@@ -104,8 +106,7 @@ impl<B: Backend> Core<B> {
     /// of every live import inside the grown range (at least one). Where the device refuses
     /// overlaps, not over an import in flight. `None` where no live import is near enough.
     pub(super) fn merge(&self, st: &State<B::Import>, r: Planned) -> Option<(Planned, Vec<(u64, u64)>)> {
-        let limit =
-            MERGE_LIMIT.max(self.cfg.chunk).min(self.backend.budget().get().max_single).min(self.space.window());
+        let limit = self.merge_limit();
         let union =
             |(k, v): (&(u64, u64), &super::state::Live<B::Import>)| Planned { lo: r.lo.min(k.0), hi: r.hi.max(v.hi) };
         let grown = st
@@ -125,5 +126,31 @@ impl<B: Backend> Core<B> {
             (Planned { lo, hi }, keys)
         };
         (grown.len() <= limit && !keys.is_empty()).then_some((grown, keys))
+    }
+
+    /// The largest range a merge at the cap makes: [`MERGE_LIMIT`] or the chunk, within the
+    /// backend's largest import and the window.
+    fn merge_limit(&self) -> u64 {
+        let max_single = self.backend.budget().get().max_single;
+        MERGE_LIMIT.max(self.cfg.chunk).min(max_single).min(self.space.window())
+    }
+
+    /// Step 5: merges the two neighbouring live imports (by start) whose union is the smallest,
+    /// within the merge limit, into one import of their union (through [`Core::import_with`],
+    /// whose merge takes both in); whether that made room.
+    pub(super) fn compact(&self, st: &mut State<B::Import>) -> bool {
+        let limit = self.merge_limit();
+        let ends: Vec<(u64, u64)> = st.imports.iter().map(|(k, v)| (k.0, v.hi)).collect();
+        let best = ends
+            .windows(2)
+            .map(|w| Planned { lo: w[0].0, hi: w[0].1.max(w[1].1) })
+            .filter(|u| u.len() <= limit)
+            .filter(|u| self.backend.overlapping_imports() || !st.in_flight_over(*u))
+            .min_by_key(|u| (u.len(), u.lo));
+        let Some(u) = best else { return false };
+        if let Err(e) = self.import_with(st, u, false) {
+            tracing::debug!("at the cap: merging two live imports into {u} failed: {}", super::chain(&e));
+        }
+        self.has_room()
     }
 }

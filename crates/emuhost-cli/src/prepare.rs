@@ -242,6 +242,9 @@ fn to_json(
     })
 }
 
+/// What the peak memory figure is on this platform.
+const PEAK: &str = if cfg!(windows) { "peak working set" } else { "VmHWM" };
+
 fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cache: Option<&std::path::Path>) {
     let d = &r.device;
     outln!(
@@ -292,8 +295,8 @@ fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cach
         outln!("  saved       {} bytes of cache data, {} saves", r.cache_bytes, r.saves);
     }
     match peak {
-        Some(b) => outln!("  peak memory {:.1} MiB (VmHWM)", b as f64 / (1 << 20) as f64),
-        None => outln!("  peak memory unknown (no VmHWM in /proc/self/status)"),
+        Some(b) => outln!("  peak memory {:.1} MiB ({PEAK})", b as f64 / (1 << 20) as f64),
+        None => outln!("  peak memory unknown (no {PEAK} could be read)"),
     }
     if r.interrupted {
         outln!("  INTERRUPTED: {} variants left; run again to resume", r.remaining());

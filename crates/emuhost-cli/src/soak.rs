@@ -7,10 +7,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
-use emuhost_lab::soak::{DEFAULT_GROWTH_LIMIT, SoakLoop, SoakVerdict, judge, memory, trim_heap};
+use emuhost_lab::soak::{DEFAULT_GROWTH_LIMIT, SoakLoop, SoakVerdict, cpu_time, judge, memory, trim_heap};
 use serde_json::json;
 
 use crate::Outcome;
+
+/// What a failed read of the process's memory or CPU time was reading.
+#[cfg(target_os = "linux")]
+const PROCESS_MEMORY: &str = "reading /proc/self/status";
+#[cfg(windows)]
+const PROCESS_MEMORY: &str = "reading the process's memory (GetProcessMemoryInfo)";
+#[cfg(target_os = "linux")]
+const PROCESS_CPU: &str = "reading the process's CPU time (getrusage)";
+#[cfg(windows)]
+const PROCESS_CPU: &str = "reading the process's CPU time (GetProcessTimes)";
+
+/// How the allocator's free memory is given back after each loop, for the report.
+const TRIM: &str = if cfg!(windows) { "HeapCompact of the process heap" } else { "malloc_trim" };
 
 /// Rows of the table at most: past this, every Nth loop is shown (and each that failed a check).
 const MAX_ROWS: usize = 40;
@@ -56,20 +69,21 @@ pub fn run(
     let mut first: Option<ReplayReport> = None;
     while loops.is_empty() || start.elapsed() < duration {
         let index = loops.len() as u64 + 1;
-        let t = Instant::now();
+        let (t, cpu0) = (Instant::now(), cpu_time().context(PROCESS_CPU)?);
         let result = match trace {
             Some(p) => replay_file(p, cfg).with_context(|| format!("replaying {}", p.display())),
             None => replay_default(cfg).context("replaying the built-in session"),
         };
         let wall = t.elapsed();
-        let untrimmed = memory().context("reading /proc/self/status")?;
+        let cpu = cpu_time().context(PROCESS_CPU)?.saturating_sub(cpu0);
+        let untrimmed = memory().context(PROCESS_MEMORY)?;
         let mem = if trim {
             trim_heap();
-            memory().context("reading /proc/self/status")?
+            memory().context(PROCESS_MEMORY)?
         } else {
             untrimmed
         };
-        let mut l = SoakLoop { index, wall, memory: mem, rss_untrimmed: untrimmed.rss, ..Default::default() };
+        let mut l = SoakLoop { index, wall, cpu, memory: mem, rss_untrimmed: untrimmed.rss, ..Default::default() };
         match result {
             Ok(r) => {
                 (l.live_imports, l.live_bytes) = (r.live_imports_after_teardown, r.live_import_bytes_after_teardown);
@@ -107,7 +121,7 @@ fn report_json(
         .iter()
         .map(|l| {
             json!({
-                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "rss_mib": mib(l.memory.rss), "rss_untrimmed_mib": mib(l.rss_untrimmed),
+                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "cpu_s": l.cpu.as_secs_f64(), "rss_mib": mib(l.memory.rss), "rss_untrimmed_mib": mib(l.rss_untrimmed),
                 "heap_in_use_mib": mib(l.memory.heap_in_use), "heap_free_mib": mib(l.memory.heap_free),
                 "locked_mib": mib(l.memory.locked), "live_imports": l.live_imports,
                 "live_import_bytes": l.live_bytes, "writes": l.writes, "lost_writes": l.lost_writes,
@@ -167,15 +181,19 @@ fn print_report(
     }
     if trim {
         outln!(
-            "after each loop's teardown the allocator's free memory is given back (malloc_trim): RSS after it, untrimmed before it"
+            "after each loop's teardown the allocator's free memory is given back ({TRIM}): RSS after it, untrimmed before it"
         );
+        if cfg!(windows) {
+            outln!("RSS is the working set (GetProcessMemoryInfo); the allocator's figures are glibc's, none here");
+        }
     } else {
         outln!("--no-trim: the allocator keeps the memory it holds free");
     }
     outln!(
-        "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11} {:>13} {:>9} {:>9} {:>6}  error",
+        "{:>6} {:>9} {:>8} {:>9} {:>10} {:>9} {:>9} {:>11} {:>13} {:>9} {:>9} {:>6}  error",
         "loop",
         "wall s",
+        "CPU s",
         "RSS MiB",
         "untrimmed",
         "heap MiB",
@@ -188,9 +206,10 @@ fn print_report(
     );
     for l in rows {
         outln!(
-            "{:>6} {:>9.2} {:>9.1} {:>10.1} {:>9.1} {:>9.1} {:>11.1} {:>13} {:>9.1} {:>9} {:>6}  {}",
+            "{:>6} {:>9.2} {:>8.2} {:>9.1} {:>10.1} {:>9.1} {:>9.1} {:>11.1} {:>13} {:>9.1} {:>9} {:>6}  {}",
             l.index,
             l.wall.as_secs_f64(),
+            l.cpu.as_secs_f64(),
             mib(l.memory.rss),
             mib(l.rss_untrimmed),
             mib(l.memory.heap_in_use),

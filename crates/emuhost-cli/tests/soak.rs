@@ -55,12 +55,13 @@ fn a_short_soak_prints_every_loop_and_passes() {
     assert!(rows.len() >= 2, "{text}");
     assert_eq!(rows[0][0], "1");
     for r in &rows {
-        // loop, wall, RSS, untrimmed, heap, free, locked, live imports, live MiB, writes, lost, error
+        // loop, wall, CPU, RSS, untrimmed, heap, free, locked, live imports, live MiB, writes, lost, error
         let mib = |i: usize| r[i].parse::<f64>().unwrap();
-        assert!(mib(2) > 0.0 && mib(3) >= mib(2), "RSS, untrimmed: {r:?}");
+        assert!(mib(2) >= 0.0, "CPU s: {r:?}");
+        assert!(mib(3) > 0.0 && mib(4) >= mib(3), "RSS, untrimmed: {r:?}");
         // With mimalloc (--features mimalloc) Rust's allocations are not glibc's to count.
-        assert!(cfg!(feature = "mimalloc") || mib(4) > 0.0, "the allocator has something in use: {r:?}");
-        assert_eq!((r[7], r[8], r[9], r[10], r[11]), ("0", "0.0", "2", "0", "-"), "{r:?}");
+        assert!(cfg!(feature = "mimalloc") || mib(5) > 0.0, "the allocator has something in use: {r:?}");
+        assert_eq!((r[8], r[9], r[10], r[11], r[12]), ("0", "0.0", "2", "0", "-"), "{r:?}");
     }
     for want in [
         "RSS after loop 1",
@@ -86,6 +87,9 @@ fn a_soak_reports_json_and_passes_flags_on() {
     );
     let loops = v["loops"].as_array().unwrap();
     assert!(loops.len() >= 2 && v["elapsed_s"].as_f64().unwrap() >= 1.0, "{v}");
+    // Each loop's CPU time (the process's, getrusage): a second of loops used some.
+    let cpu: f64 = loops.iter().map(|l| l["cpu_s"].as_f64().unwrap()).sum();
+    assert!(cpu > 0.0 && loops.iter().all(|l| l["cpu_s"].as_f64().unwrap() >= 0.0), "{v}");
     for l in loops {
         assert_eq!((l["live_imports"].as_u64(), l["lost_writes"].as_u64()), (Some(0), Some(0)), "{l}");
         assert!(l["rss_mib"].as_f64().unwrap() > 0.0);

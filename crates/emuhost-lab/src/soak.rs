@@ -2,8 +2,9 @@
 //! loop's teardown, and the check that the process's resident memory stayed flat after the first
 //! loop and that no import was left live.
 //!
-//! Resident memory is the kernel's `VmRSS` of the process (`/proc/self/status`), locked memory its
-//! `VmLck` (what the pin import backend holds with `mlock`). Each replay builds its own space,
+//! Resident memory is the OS's count for the process ([`emuhost::probe::process_memory`]: Linux's
+//! `VmRSS`, Windows' working set), locked memory Linux's `VmLck` (what the pin import backend
+//! holds with `mlock`; on Windows what it holds with `VirtualLock`). Each replay builds its own space,
 //! importer and tracker and drops them at its end, so after a loop's teardown only what the
 //! process keeps for good (code, the allocator's caches, drivers' state) should stay resident.
 
@@ -16,9 +17,9 @@ const MIB: u64 = 1 << 20;
 /// The process's memory, as the kernel counts it now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// Resident set (`VmRSS`), in bytes.
+    /// Resident (Linux's `VmRSS`, Windows' working set), in bytes.
     pub rss: u64,
-    /// Locked with `mlock` (`VmLck`), in bytes.
+    /// Locked (Linux's `VmLck`; on Windows what the pin backend locked), in bytes.
     pub locked: u64,
     /// Held by the C allocator and handed out (not freed), in bytes; 0 where unknown (not glibc).
     pub heap_in_use: u64,
@@ -26,19 +27,23 @@ pub struct Memory {
     pub heap_free: u64,
 }
 
-/// Reads the process's memory from `/proc/self/status`.
+/// Reads the process's memory ([`emuhost::probe::process_memory`]: `/proc/self/status` on Linux,
+/// `GetProcessMemoryInfo` on Windows) and what the C allocator holds.
 pub fn memory() -> io::Result<Memory> {
-    let status = emuhost::probe::self_status()?;
-    let field = |key: &str| {
-        status_bytes(&status, key)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in /proc/self/status")))
-    };
+    let m = emuhost::probe::process_memory()?;
     let heap = emuhost::probe::heap().unwrap_or_default();
-    Ok(Memory { rss: field("VmRSS")?, locked: field("VmLck")?, heap_in_use: heap.in_use, heap_free: heap.free_held })
+    Ok(Memory { rss: m.resident, locked: m.locked, heap_in_use: heap.in_use, heap_free: heap.free_held })
+}
+
+/// The CPU time the process has used so far, all threads, user and system
+/// ([`emuhost::probe::process_times`]: `getrusage` on Linux, `GetProcessTimes` on Windows).
+pub fn cpu_time() -> io::Result<Duration> {
+    Ok(emuhost::probe::process_times()?.total())
 }
 
 /// Gives what the C allocator holds free back to the kernel, in every arena (glibc's
-/// `malloc_trim(0)`); returns whether any memory was given back (always `false` off glibc).
+/// `malloc_trim(0)`; on Windows `HeapCompact` of the process heap); returns whether any memory
+/// was given back (always `false` off glibc but on Windows, where it says the call succeeded).
 ///
 /// Why a soak does it after each loop's teardown: glibc keeps freed memory in its arenas (one per
 /// thread that ran at once, up to eight per CPU), and each loop's threads are new, so which arena
@@ -58,6 +63,8 @@ pub struct SoakLoop {
     /// 1, 2, ...
     pub index: u64,
     pub wall: Duration,
+    /// CPU time the process used during the loop (all threads, user and system).
+    pub cpu: Duration,
     /// The process's memory after the loop's teardown (and the trim, where the soak trims).
     pub memory: Memory,
     /// Resident memory after the teardown, before the trim (the same as `memory.rss` where the

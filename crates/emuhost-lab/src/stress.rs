@@ -195,7 +195,6 @@ const MIN_STEPS: [u64; 6] = [1000, 500, 100, 60, 100, 10];
 const MIN_COLLECTS: u64 = 200;
 /// Mappings left free below `vm.max_map_count` under map pressure: for the threads the stress
 /// starts (stacks, allocator arenas) and a few splits (Linux's limit).
-#[cfg(target_os = "linux")]
 const MAP_HEADROOM: u64 = 96;
 /// Under map pressure, a writer waits for the next collect after this many writes (at most
 /// `PACE_WAIT`).
@@ -522,18 +521,21 @@ fn blocks(s: &Space, t: &Tracker) -> Result<(u64, u64), WatchError> {
 }
 
 /// A space of its own whose pages alternate in protection (each change splits a mapping), as many
-/// as bring the process to [`MAP_HEADROOM`] mappings below `vm.max_map_count`. Dropped, it gives
-/// them back. Linux only: the map limit is Linux's.
-#[cfg(target_os = "linux")]
+/// as bring the process to [`MAP_HEADROOM`] mappings below the OS's limit on them
+/// ([`emuhost::probe::process_map_count`]: Linux's `vm.max_map_count`). Dropped, it gives them
+/// back. Where the OS has no such limit (Windows) it is refused, naming why.
 fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
     let os = |op, source| WatchError::Os { op, range: whole, backend: kind.name(), source };
-    let max = std::fs::read_to_string("/proc/sys/vm/max_map_count")
-        .map_err(|e| os("read /proc/sys/vm/max_map_count", e))?
-        .trim()
-        .parse::<u64>()
-        .map_err(|e| os("read /proc/sys/vm/max_map_count", std::io::Error::other(e)))?;
-    let now = std::fs::read_to_string("/proc/self/maps").map_err(|e| os("read /proc/self/maps", e))?.lines().count();
-    let splits = max.saturating_sub(now as u64 + MAP_HEADROOM) / 2;
+    let Some(count) = emuhost::probe::process_map_count().map_err(|e| os("count the mappings", e))? else {
+        return Err(os(
+            "map pressure",
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "this OS has no limit on the number of mappings (Linux's vm.max_map_count) to run into",
+            ),
+        ));
+    };
+    let splits = count.max.saturating_sub(count.mappings + MAP_HEADROOM) / 2;
     let p = page_size();
     let filler = Space::with_window((2 * splits + 2) * p)?;
     filler.commit(filler.range(0, (2 * splits + 2) * p)?, Prot::READ_WRITE)?;
@@ -541,21 +543,6 @@ fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> 
         filler.protect(filler.range((2 * j + 1) * p, p)?, Prot::READ)?;
     }
     Ok(filler)
-}
-
-/// Map pressure is Linux's (`vm.max_map_count`; Windows has no limit on the number of regions
-/// to run into): elsewhere a stress that asks for it is refused, naming why.
-#[cfg(not(target_os = "linux"))]
-fn fill_maps(whole: GuestRange, kind: BackendKind) -> Result<Space, WatchError> {
-    Err(WatchError::Os {
-        op: "map pressure",
-        range: whole,
-        backend: kind.name(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "the map limit (vm.max_map_count) it runs into is Linux's",
-        ),
-    })
 }
 
 /// Reports of block pages (`b0..b1`) that no write of their window explains.

@@ -576,10 +576,10 @@ fn compile_phase(
     Ok(Compiled { created: created.into_inner(), hits: hits.into_inner(), time, saves, cache_bytes, interrupted })
 }
 
-/// The process's peak resident memory (`VmHWM` in `/proc/self/status`), in bytes.
+/// The process's peak resident memory, in bytes: Linux's `VmHWM` (`/proc/self/status`), Windows'
+/// peak working set (`GetProcessMemoryInfo`).
 pub fn peak_memory_bytes() -> Option<u64> {
-    let status = emuhost::probe::self_status().ok()?;
-    parse_vm_hwm(&status)
+    emuhost::probe::process_memory().ok().map(|m| m.resident_peak)
 }
 
 /// `VmHWM:   N kB` in bytes.

@@ -95,15 +95,23 @@ impl Probe {
 /// Wine's version (`8.0`) where the process runs under Wine (a Windows build), `None` elsewhere:
 /// whoever reports a timing says that it is Wine's, not Windows'.
 pub use crate::sys::probe::wine_version;
+/// `/proc/self/status` as text (Linux only: other platforms give [`process_memory`]'s values).
+#[cfg(target_os = "linux")]
+pub use crate::sys::procstat::self_status;
 /// A field of that status text in bytes (`VmHWM`, `VmRSS`, ...).
 pub use crate::sys::procstat::status_bytes;
 /// Gives the C allocator's free memory back to the kernel: for the lab's soak, which tells a
 /// leak from memory the allocator keeps. Feature `bench`.
 #[cfg(feature = "bench")]
 pub use crate::sys::procstat::trim_heap;
-/// The process's own memory figures, as the kernel and the C allocator keep them: for a caller
-/// that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a preparation).
-pub use crate::sys::procstat::{Heap, heap, self_status};
+/// The process's own figures as typed values, as the OS and the C allocator keep them: for a
+/// caller that watches its memory over a long run (the soak of `emuhost-lab`, the peak of a
+/// preparation), its CPU time, or its mappings against the OS's limit (`None` on Windows,
+/// which has no such limit).
+pub use crate::sys::procstat::{
+    Heap, MapCount, Memory, Times, heap, map_count as process_map_count, memory as process_memory,
+    times as process_times,
+};
 
 /// Windows: this process's heap (the segment heap, the NT heap, or Wine's), read from the heap's
 /// header at run time; an executable's application manifest, read and taken out (`emuhost bench

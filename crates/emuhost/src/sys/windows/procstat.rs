@@ -1,38 +1,55 @@
-//! The process's own memory figures on Windows, as the text Linux's `/proc/self/status` has, so
-//! what reads them (`status_bytes(text, "VmRSS")`) is the same on both: `GetProcessMemoryInfo`'s
-//! working set (`VmRSS`) and its peak (`VmHWM`; the system keeps it for the process's whole life),
-//! and its commit charge (`VmCommit`, `PagefileUsage`: private memory committed, whether resident
-//! or not, and its peak `VmPeakCommit`). `VmLck` is what emuhost itself locked (`pin::lock`):
-//! Windows reports no locked total for a process.
+//! The process's own figures on Windows, as typed values: `GetProcessMemoryInfo`'s working set
+//! (resident) and its peak (the system keeps it for the process's whole life), `GetProcessTimes`'
+//! user and kernel time. Locked memory is what emuhost itself locked (`pin::lock`): Windows
+//! reports no locked total for a process. Windows has no limit on the number of regions a
+//! process maps (Linux's `vm.max_map_count`): [`map_count`] says so with `None`.
 
-use std::fmt::Write as _;
 use std::io;
+use std::time::Duration;
 
+use windows_sys::Win32::Foundation::FILETIME;
 use windows_sys::Win32::System::ProcessStatus::{K32GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS};
-use windows_sys::Win32::System::Threading::GetCurrentProcess;
+use windows_sys::Win32::System::Threading::{GetCurrentProcess, GetProcessTimes};
 
-pub use crate::sys::status::{Heap, status_bytes};
+pub use crate::sys::status::{Heap, MapCount, Memory, Times, status_bytes};
 
-/// The process's memory figures as `/proc/self/status`-style text: one `Key:\t N kB` line each
-/// for `VmRSS`, `VmHWM`, `VmCommit`, `VmPeakCommit` and `VmLck`.
-pub fn self_status() -> io::Result<String> {
+/// The process's memory: working set, peak working set (`GetProcessMemoryInfo`), and what
+/// emuhost locked.
+pub fn memory() -> io::Result<Memory> {
     let mut c = PROCESS_MEMORY_COUNTERS { cb: size_of::<PROCESS_MEMORY_COUNTERS>() as u32, ..Default::default() };
     // SAFETY: GetCurrentProcess's pseudo handle has every access right; `c` is a valid buffer of
     // the size passed.
     if unsafe { K32GetProcessMemoryInfo(GetCurrentProcess(), &mut c, c.cb) } == 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut text = String::new();
-    for (key, bytes) in [
-        ("VmHWM", c.PeakWorkingSetSize as u64),
-        ("VmRSS", c.WorkingSetSize as u64),
-        ("VmCommit", c.PagefileUsage as u64),
-        ("VmPeakCommit", c.PeakPagefileUsage as u64),
-        ("VmLck", super::pin::locked_bytes()),
-    ] {
-        let _ = writeln!(text, "{key}:\t{:>8} kB", bytes / 1024);
+    Ok(Memory {
+        resident: c.WorkingSetSize as u64,
+        resident_peak: c.PeakWorkingSetSize as u64,
+        locked: super::pin::locked_bytes(),
+    })
+}
+
+/// A `FILETIME` span (100 ns units) as a duration.
+fn span(t: FILETIME) -> Duration {
+    let ticks = (u64::from(t.dwHighDateTime) << 32) | u64::from(t.dwLowDateTime);
+    Duration::from_nanos(ticks.saturating_mul(100))
+}
+
+/// The process's CPU times, all threads (`GetProcessTimes`: user and kernel time).
+pub fn times() -> io::Result<Times> {
+    let z = FILETIME { dwLowDateTime: 0, dwHighDateTime: 0 };
+    let (mut created, mut exited, mut kernel, mut user) = (z, z, z, z);
+    // SAFETY: the pseudo handle has every access right; the four out pointers are valid FILETIMEs.
+    if unsafe { GetProcessTimes(GetCurrentProcess(), &mut created, &mut exited, &mut kernel, &mut user) } == 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(text)
+    Ok(Times { user: span(user), system: span(kernel) })
+}
+
+/// Always `None`: Windows has no limit on the number of regions a process maps (Linux's
+/// `vm.max_map_count`), so there is nothing to count against.
+pub fn map_count() -> io::Result<Option<MapCount>> {
+    Ok(None)
 }
 
 /// Always `None` on Windows: the process heap (which Rust's allocator and the C runtime use) has
@@ -65,21 +82,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_status_text_has_the_keys() {
+    fn memory_and_times_are_typed_values() {
         // Touch 4 MiB so the working set has something in it.
         let v = std::hint::black_box(vec![1u8; 4 << 20]);
-        let text = self_status().unwrap();
-        let rss = status_bytes(&text, "VmRSS").expect("VmRSS");
-        let hwm = status_bytes(&text, "VmHWM").expect("VmHWM");
-        let commit = status_bytes(&text, "VmCommit").expect("VmCommit");
-        assert!(status_bytes(&text, "VmPeakCommit").expect("VmPeakCommit") >= commit);
-        assert!(status_bytes(&text, "VmLck").is_some());
-        assert!(rss >= 4 << 20, "{text}");
-        assert!(hwm >= rss, "{text}");
-        assert!(commit >= 4 << 20, "{text}");
-        assert_eq!(status_bytes(&text, "VmRS"), None, "a field's whole name only");
+        let m = memory().unwrap();
+        assert!(m.resident >= 4 << 20, "{m:?}");
+        assert!(m.resident_peak >= m.resident, "{m:?}");
+        assert_eq!(m.locked, super::super::pin::locked_bytes());
         drop(v);
         assert_eq!(heap(), None);
+        let t0 = times().unwrap();
+        let mut x = 0u64;
+        for i in 0..50_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        let t1 = times().unwrap();
+        assert!(t1.total() >= t0.total() && t1.total() > Duration::ZERO, "{t0:?} {t1:?}");
+        assert_eq!(map_count().unwrap(), None, "Windows has no map limit");
+        assert_eq!(
+            span(FILETIME { dwLowDateTime: 10, dwHighDateTime: 1 }),
+            Duration::from_nanos(((1u64 << 32) + 10) * 100)
+        );
     }
 
     #[cfg(feature = "bench")]

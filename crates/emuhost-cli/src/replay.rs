@@ -15,6 +15,12 @@ use serde_json::{Value, json};
 
 use crate::Outcome;
 
+/// `--watch`'s help: the write-tracking backends of this platform.
+#[cfg(target_os = "linux")]
+const WATCH_HELP: &str = "Write-tracking backend (EMUHOST_WATCH): uffd, mprotect";
+#[cfg(windows)]
+const WATCH_HELP: &str = "Write-tracking backend (EMUHOST_WATCH): writewatch, guard";
+
 #[derive(clap::Args, Clone)]
 pub struct Args {
     /// The trace to replay (plain or .zst); the built-in default session when left out.
@@ -34,8 +40,8 @@ pub struct Args {
     /// Import backend (EMUHOST_IMPORT_BACKEND): auto, vulkan, cuda, pin.
     #[arg(long)]
     pub import_backend: Option<String>,
-    /// Write-tracking backend (EMUHOST_WATCH): uffd, mprotect.
-    #[arg(long)]
+    // The help names this platform's backends (Windows: writewatch, guard).
+    #[arg(long, help = WATCH_HELP)]
     pub watch: Option<String>,
     /// Span cap in MiB (EMUHOST_IMPORT_SPAN_MB); 0 turns spans off.
     #[arg(long)]
@@ -51,7 +57,7 @@ pub struct Args {
     #[arg(long, value_name = "DURATION")]
     pub soak: Option<String>,
     /// With --soak: leave what the C allocator holds free after each loop with it, rather than
-    /// giving it back to the kernel (malloc_trim), to see how much it keeps.
+    /// giving it back to the kernel (malloc_trim; on Windows HeapCompact), to see how much it keeps.
     #[arg(long, requires = "soak")]
     pub no_trim: bool,
 }

@@ -792,6 +792,11 @@ type Runtime = (Arc<Space>, Importer<AnyBackend>, String, Arc<Tracker>);
 fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> {
     let space = Arc::new(SpaceConfig::default().window(header.window).build()?);
     let picked = AnyBackend::pick(cfg.settings.import_backend)?;
+    // Why a better backend was not taken (no GPU, no display for Wine's Vulkan): said once, so a
+    // replay on the pin backend says why it is there.
+    for (kind, why) in &picked.passed_over {
+        tracing::info!("import: {} passed over: {why}", kind.name());
+    }
     let import_backend = picked.backend.describe();
     let importer = Importer::new(space.clone(), picked.backend, cfg.settings.import_config())?;
     let tracker = Tracker::new(&space, &cfg.settings.tracker_config())?;

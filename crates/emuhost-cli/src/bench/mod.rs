@@ -23,7 +23,8 @@ pub enum Which {
     /// shared pages mapped as one view against one view per page.
     Space(space::Args),
     /// Collect cost per clean and per dirty page, first-write cost, system calls per allocation,
-    /// and the no-lost-writes stress, for the uffd and mprotect backends.
+    /// and the no-lost-writes stress, for this platform's backends (uffd and mprotect; on Windows
+    /// writewatch and guard).
     Watch(watch::Args),
     /// Short sleeps: yield loop, timer and hybrid at 20 µs and 1 ms (lateness p50/p99, CPU per
     /// second), and a frame thread's work on 2 CPUs beside threads sleeping 20 µs.

@@ -35,14 +35,24 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let r = emuhost_lab::bench::space::run(&SpaceBench::new(a.rounds, a.window_gib, a.stride_mib, a.shared_pages))?;
     if a.json {
-        let results: Vec<_> = [&r.commit, &r.shared].into_iter().chain(&r.queries).map(Comparison::json).collect();
-        outln!("{}", json!({ "bench": "space", "region_queries": r.region_queries, "results": results }));
+        let results: Vec<_> =
+            [&r.commit].into_iter().chain(&r.shared).chain(&r.queries).map(Comparison::json).collect();
+        let left: Vec<_> = r.left_out.iter().map(|(what, why)| json!({ "name": what, "why": why })).collect();
+        outln!(
+            "{}",
+            json!({ "bench": "space", "region_queries": r.region_queries, "results": results, "left_out": left })
+        );
     } else {
         r.commit.print();
-        r.shared.print();
+        if let Some(s) = &r.shared {
+            s.print();
+        }
         outln!("region queries here: {}", r.region_queries);
         for q in &r.queries {
             q.print();
+        }
+        for (what, why) in &r.left_out {
+            outln!("left out: {what}: {why}");
         }
     }
     Ok(Outcome::Ok)

@@ -58,6 +58,16 @@ impl BenchError {
 }
 
 /// `Err(BenchError::Check(..))` unless `cond`: the bench's `ensure!`.
+/// Whether a space can map shared views here: always on Linux; on Windows where placeholders
+/// work (Windows 10 1803+, Wine 10; not Wine 8). The reason where not, for a bench's "left out".
+pub fn views_here() -> Result<(), String> {
+    #[cfg(windows)]
+    if let emuhost::probe::Offer::No(why) = emuhost::probe::Probe::run().placeholders {
+        return Err(format!("shared views need placeholders, which this Windows lacks ({why})"));
+    }
+    Ok(())
+}
+
 macro_rules! check {
     ($cond:expr, $($t:tt)*) => {
         if !$cond {

@@ -32,18 +32,40 @@ impl SpaceBench {
 #[non_exhaustive]
 pub struct SpaceReport {
     pub commit: Comparison,
-    pub shared: Comparison,
-    /// The region queries: over the whole window, and over one page many times.
+    /// `None` where shared views cannot be mapped (Windows without placeholders).
+    pub shared: Option<Comparison>,
+    /// The region queries: over the whole window, and over one page many times (none on Windows,
+    /// which has one way to ask: `VirtualQuery`).
     pub queries: Vec<Comparison>,
     /// How this kernel answers region queries (`Space::region_queries`).
     pub region_queries: &'static str,
+    /// The comparisons not measured here, and why.
+    pub left_out: Vec<(&'static str, String)>,
 }
 
+/// The region-query comparison's name where it is left out.
+pub const QUERIES: &str = "region queries: PROCMAP_QUERY against the /proc/self/maps text";
+/// The shared-pages comparison's name where it is left out.
+pub const SHARED: &str = "a run of shared pages as one view against one view per page";
+
 pub fn run(a: &SpaceBench) -> Result<SpaceReport, BenchError> {
+    let mut left_out = Vec::new();
     let commit = commit_arms(a)?;
-    let shared = shared_arms(a)?;
-    let (queries, region_queries) = query_arms(a)?;
-    Ok(SpaceReport { commit, shared, queries, region_queries })
+    let shared = match super::views_here() {
+        Ok(()) => Some(shared_arms(a)?),
+        Err(why) => {
+            left_out.push((SHARED, why));
+            None
+        }
+    };
+    let (queries, region_queries) = if cfg!(target_os = "linux") {
+        query_arms(a)?
+    } else {
+        let path = Space::with_window(1 << 30)?.region_queries()?.name();
+        left_out.push((QUERIES, format!("Linux's two ways; this OS has one ({path})")));
+        (Vec::new(), path)
+    };
+    Ok(SpaceReport { commit, shared, queries, region_queries, left_out })
 }
 
 /// Resets the whole window to reserved and commits one page every `stride`: 2 kernel regions per

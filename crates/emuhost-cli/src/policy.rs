@@ -19,7 +19,8 @@ pub struct Args {
     #[arg(long, value_name = "M", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(0..=u64::MAX >> 20))]
     available_mib: Option<u64>,
     /// Whether the allocator scales with threads allocating at once. Default: `scales` in a build
-    /// with the `mimalloc` feature, `locked` otherwise.
+    /// with the `mimalloc` feature or on Windows where the process heap is the segment heap,
+    /// `locked` otherwise.
     #[arg(long, value_enum)]
     allocator: Option<AllocatorArg>,
     /// The value of EMUHOST_SHORT_SLEEP_TIMER: given (even empty) means the switch is set to it;
@@ -32,11 +33,6 @@ pub struct Args {
 enum AllocatorArg {
     Scales,
     Locked,
-}
-
-/// The allocator this binary was built with.
-fn own_allocator() -> Allocator {
-    if cfg!(feature = "mimalloc") { Allocator::Scales } else { Allocator::Locked }
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
@@ -55,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let allocator = match a.allocator {
         Some(AllocatorArg::Scales) => Allocator::Scales,
         Some(AllocatorArg::Locked) => Allocator::Locked,
-        None => own_allocator(),
+        None => crate::prepare::own_allocator().0,
     };
     let workers = if a.cpus.is_none() && a.available_mib.is_none() {
         Machine::read().prepare_workers(allocator)

@@ -104,9 +104,40 @@ impl GenArgs {
     }
 }
 
-/// The allocator this binary was built with, and its name.
+/// The allocator this binary's Rust code uses, whether threads allocate on it side by side (the
+/// compile workers' count depends on it), and its name. mimalloc (feature `mimalloc`) scales. The
+/// system allocator is glibc's malloc on Linux, counted as locked, and the process heap on
+/// Windows, which scales only where it really is the segment heap: emuhost.exe's manifest asks
+/// for it, and the heap's header says whether Windows gave it (an older Windows, or Wine, keeps
+/// the NT heap's count: reference/001).
 pub fn own_allocator() -> (Allocator, &'static str) {
-    if cfg!(feature = "mimalloc") { (Allocator::Scales, "mimalloc") } else { (Allocator::Locked, "system") }
+    allocator_for(cfg!(feature = "mimalloc"), system_heap())
+}
+
+/// Windows: whether the process heap is the segment heap, and its name; `None` elsewhere.
+fn system_heap() -> Option<(bool, &'static str)> {
+    #[cfg(windows)]
+    {
+        use emuhost::probe::HeapKind;
+        Some(match emuhost::probe::process_heap().kind {
+            HeapKind::Segment => (true, "system: the segment heap"),
+            HeapKind::Nt => (false, "system: the NT heap"),
+            HeapKind::Wine => (false, "system: Wine's heap"),
+            _ => (false, "system: a heap of unknown kind"),
+        })
+    }
+    #[cfg(not(windows))]
+    None
+}
+
+/// [`own_allocator`] given what was found: mimalloc, and the system heap's kind where there is one.
+fn allocator_for(mimalloc: bool, heap: Option<(bool, &'static str)>) -> (Allocator, &'static str) {
+    match (mimalloc, heap) {
+        (true, _) => (Allocator::Scales, "mimalloc"),
+        (false, None) => (Allocator::Locked, "system"),
+        (false, Some((true, name))) => (Allocator::Scales, name),
+        (false, Some((false, name))) => (Allocator::Locked, name),
+    }
 }
 
 fn progress_bar() -> Option<indicatif::ProgressBar> {
@@ -308,5 +339,29 @@ fn print_summary(r: &Report, why: &str, allocator: &str, peak: Option<u64>, cach
         for line in f.error.trim_end().lines() {
             outln!("    {line}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_system_heap_scales_only_where_it_is_the_segment_heap() {
+        assert_eq!(allocator_for(true, None), (Allocator::Scales, "mimalloc"));
+        assert_eq!(allocator_for(true, Some((false, "nt"))), (Allocator::Scales, "mimalloc"));
+        assert_eq!(allocator_for(false, None), (Allocator::Locked, "system"));
+        assert_eq!(allocator_for(false, Some((true, "segment"))), (Allocator::Scales, "segment"));
+        assert_eq!(allocator_for(false, Some((false, "nt"))), (Allocator::Locked, "nt"));
+    }
+
+    /// Under Wine the process heap is Wine's (it ignores the manifest's heapType): the NT heap's
+    /// count, as on a Windows that did not give the segment heap.
+    #[cfg(windows)]
+    #[test]
+    fn this_process_heap_decides_on_windows() {
+        let (allocator, name) = own_allocator();
+        let segment = emuhost::probe::process_heap().kind == emuhost::probe::HeapKind::Segment;
+        assert_eq!(allocator == Allocator::Scales, segment || cfg!(feature = "mimalloc"), "{name}");
     }
 }

@@ -590,6 +590,13 @@ mod tests {
     /// The platform's protection backend (a name every platform's tests can set).
     const PROTECTION: BackendKind = if cfg!(windows) { BackendKind::Guard } else { BackendKind::Mprotect };
 
+    /// The settings' default import config is the import module's default, the platform's
+    /// policy included (chunks and spans on Windows, pools elsewhere).
+    #[test]
+    fn the_default_import_config_is_the_import_modules() {
+        assert_eq!(Settings::default().import_config(), crate::import::ImportConfig::default());
+    }
+
     #[test]
     fn backend_names_parse() {
         use crate::import::BackendKind;

@@ -170,7 +170,8 @@ impl<B: Backend + 'static> Importer<B> {
 
     /// The most live imports this importer makes: [`ImportConfig::max_live`], at most the
     /// backend's limit on live allocations (Vulkan's `maxMemoryAllocationCount`) when it was
-    /// made; `u64::MAX` where neither limits them. See [`cap`] for what it does at the cap.
+    /// made; `u64::MAX` where neither limits them. At the cap a binding's import frees or merges
+    /// others, or the binding goes without (the module `importer::cap` says how).
     pub fn max_live(&self) -> u64 {
         self.core.cap
     }

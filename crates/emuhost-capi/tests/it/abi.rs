@@ -445,7 +445,8 @@ fn a_long_read_the_caller_marks_holds_a_commit_back() {
 }
 
 /// While the caller marks a change of its own in flight, the importer's background threads
-/// import nothing ahead; once it ends, they do. A change ended twice is a stale handle.
+/// import nothing ahead; once it ends, they do. A change ended twice is a stale handle. (Imports
+/// ahead are the pools policy's, named here: Windows' default is chunks.)
 #[test]
 fn a_change_the_caller_marks_holds_the_background_imports_back() {
     let p = page();
@@ -458,7 +459,7 @@ fn a_change_the_caller_marks_holds_the_background_imports_back() {
     };
     // SAFETY: out-pointers are locals; NUL-terminated literals.
     unsafe {
-        let imp = pin_importer(s, &[]);
+        let imp = pin_importer(s, &[(c"EMUHOST_IMPORT_POLICY", c"pools")]);
         ok(emuhost_space_commit(s, 0, 512 * p, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
         let mut pool = 0;
         ok(emuhost_importer_add_pool(imp, 0, 16 * p, &mut pool));

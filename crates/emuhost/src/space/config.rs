@@ -209,6 +209,7 @@ impl Space {
             long_reads: AtomicU32::new(0),
             reads_done: (Mutex::new(()), Condvar::new()),
             long_read_waits: AtomicU64::new(0),
+            lock_waiters: AtomicU32::new(0),
             pid: std::process::id(),
         }
     }

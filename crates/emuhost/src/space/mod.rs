@@ -33,6 +33,7 @@ mod config;
 mod drop;
 mod error;
 mod layout;
+mod lock_wait;
 pub mod ranges;
 mod record;
 mod sections;
@@ -47,6 +48,7 @@ pub use commit::CommitPath;
 pub use config::{DEFAULT_WINDOW, Placement, SpaceConfig};
 pub use error::SpaceError;
 pub use layout::{Allocation, Change, Layout, Observer, View};
+pub use lock_wait::{LockWaits, lock_waits, take_lock_waits};
 pub use sections::SectionId;
 pub use types::{GuestAddr, GuestRange, Prot, page_size};
 
@@ -169,6 +171,8 @@ pub struct Space {
     reads_done: (Mutex<()>, Condvar),
     /// Changes that found long reads in flight and waited for them.
     long_read_waits: AtomicU64,
+    /// Threads waiting for `state` now ([`Space::lock_waiters`]).
+    lock_waiters: AtomicU32,
     /// The process that made the space: its region queries read that process's memory map.
     pid: u32,
 }
@@ -236,10 +240,9 @@ impl Space {
         Ok((r.start().0 as usize, r.len() as usize))
     }
 
+    /// The space's lock (a wait for it is counted: [`lock_waits`]).
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while the lock was held cannot leave the maps half-updated in a way that makes
-        // them unsafe to read: keep going with what is there.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock_state()
     }
 
     /// The record, to change (after the state's lock).

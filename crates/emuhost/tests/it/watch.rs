@@ -108,6 +108,7 @@ watch_conformance!(
     a_rearm_and_a_commit_over_armed_pages_register_nothing,
     a_release_of_armed_pages_and_their_next_arm_register_nothing,
     an_arm_waits_for_long_reads_only_where_it_arms_pages,
+    a_collect_counts_its_wait_for_the_space_lock,
     many_allocations,
     #[cfg(target_os = "linux")]
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
@@ -356,6 +357,49 @@ fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
     assert_eq!(s.long_read_waits(), waits + 2, "the commit and the arm of new pages waited");
     poke(&s, 9);
     assert_eq!(written(&t.collect(pages(&s, 0, 16)).unwrap()), vec![9]);
+}
+
+/// A collect that finds the space's lock held (as behind a commit waiting in the kernel; here a
+/// layout read held open on another thread) counts its wait in its own thread's lock waits, from
+/// asking for the lock until getting it; one that finds the lock free counts nothing.
+fn a_collect_counts_its_wait_for_the_space_lock(kind: BackendKind) {
+    use emuhost::space::{LockWaits, lock_waits, take_lock_waits};
+    use std::time::{Duration, Instant};
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 4);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let _ = take_lock_waits();
+    poke(&s, 1);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![1]);
+    assert_eq!(take_lock_waits(), LockWaits::default(), "the lock was free: no wait counted");
+    poke(&s, 2);
+    // Held at least this long after the collect asked for it: a lower bound on its wait, which
+    // load only lengthens.
+    let held = Duration::from_millis(2);
+    std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = &s;
+        sc.spawn(move || {
+            s.with_layout(r, |_| {
+                tx.send(()).unwrap();
+                let start = Instant::now();
+                while s.lock_waiters() == 0 {
+                    assert!(start.elapsed() < Duration::from_secs(10), "the collect never waited for the lock");
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(held);
+            })
+        });
+        rx.recv().unwrap();
+        assert_eq!(written(&t.collect(r).unwrap()), vec![2]);
+    });
+    let w = lock_waits();
+    assert_eq!(w.count, 1, "{w:?}");
+    assert!(w.longest >= held && w.total == w.longest, "{w:?}");
+    assert_eq!(s.lock_waiters(), 0);
+    assert_eq!(take_lock_waits(), w);
+    assert_eq!(lock_waits(), LockWaits::default(), "taken");
 }
 
 /// `MADV_NOHUGEPAGE` takes the memory-map lock for writing: a uffd arm makes it only where the

@@ -22,7 +22,7 @@ use emuhost::import::{AnyBackend, Backend, ImportError, Importer, PoolId};
 use emuhost::sched::{self, Caller, OsHost, Sleeper};
 use emuhost::settings::Settings;
 use emuhost::space::ranges::RangeMap;
-use emuhost::space::{GuestAddr, Space, SpaceConfig, SpaceError, page_size};
+use emuhost::space::{GuestAddr, LockWaits, Space, SpaceConfig, SpaceError, page_size};
 use emuhost::watch::{Tracker, WatchError};
 
 use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceError};
@@ -160,6 +160,10 @@ pub struct ReplayReport {
     /// Changes of the mappings (commits, arms ...) that waited for a background populate or pin
     /// to end before they took the space's lock ([`emuhost::space::Space::long_read_waits`]).
     pub long_read_waits: u64,
+    /// The render thread's waits for the space's lock (its collects' and bindings'), each timed
+    /// from asking for the lock until getting it ([`emuhost::space::lock_waits`]): behind a
+    /// commit or an arm that holds it while it waits in the kernel.
+    pub render_space_lock_waits: LockWaits,
 }
 
 impl ReplayReport {
@@ -201,6 +205,30 @@ struct Shared<'a> {
     worker_stack: Option<usize>,
 }
 
+impl<'a> Shared<'a> {
+    /// The state the replay's threads share over this runtime.
+    fn new(
+        (space, importer, tracker): (&'a Arc<Space>, &'a Importer<AnyBackend>, &'a Tracker),
+        cfg: &ReplayConfig,
+        worker_stack: Option<usize>,
+    ) -> Self {
+        Shared {
+            space,
+            importer,
+            tracker,
+            pools: Mutex::new(HashMap::new()),
+            collects: Mutex::new(BTreeMap::new()),
+            paced_start: Instant::now(),
+            paced: cfg.paced,
+            sleeper: cfg.settings.sleeper_builder().build(OsHost),
+            failed: AtomicBool::new(false),
+            committed: AtomicU64::new(0),
+            committed_peak: AtomicU64::new(0),
+            worker_stack,
+        }
+    }
+}
+
 #[derive(Default)]
 struct ThreadFigures {
     writes: Vec<(u64, u64, u64)>,
@@ -209,6 +237,9 @@ struct ThreadFigures {
     host_sleeps: SleepFigures,
     zeroed: u64,
     bind_failures: u64,
+    /// The thread's waits for the space's lock, and whether it is the render thread.
+    lock_waits: LockWaits,
+    render: bool,
     error: Option<ReplayError>,
 }
 
@@ -216,9 +247,12 @@ fn failed(line: u64, r: &Record, e: impl std::error::Error + Send + Sync + 'stat
     ReplayError::Event { line, event: r.event.to_string(), source: Box::new(e) }
 }
 
-/// Runs one trace thread's events, until the reader hangs up.
-fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
-    let mut w = Worker { sh, f: ThreadFigures::default(), frame: None, present: Instant::now(), pattern: 0 };
+/// Runs trace thread `thread`'s events, until the reader hangs up.
+fn worker(sh: &Shared<'_>, rx: Receiver<Msg>, thread: Thread) -> ThreadFigures {
+    let f = ThreadFigures { render: thread == Thread::Render, ..Default::default() };
+    let mut w = Worker { sh, f, frame: None, present: Instant::now(), pattern: 0 };
+    // Counted per OS thread: this one's from here on.
+    let _ = emuhost::space::take_lock_waits();
     for msg in rx {
         let (line, r) = match msg {
             Msg::Sync(ack) => {
@@ -241,6 +275,7 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>) -> ThreadFigures {
         done.present_to_present = w.present.elapsed();
         w.f.frames.push(done);
     }
+    w.f.lock_waits = emuhost::space::take_lock_waits();
     w.f
 }
 
@@ -703,7 +738,7 @@ fn spawn_worker<'scope, 'env>(
     if let Some(size) = sh.worker_stack {
         builder = builder.stack_size(size);
     }
-    let handle = builder.spawn_scoped(scope, move || worker(sh, rx)).map_err(|source| ReplayError::Spawn {
+    let handle = builder.spawn_scoped(scope, move || worker(sh, rx, thread)).map_err(|source| ReplayError::Spawn {
         line,
         thread: thread.to_string(),
         source,
@@ -838,20 +873,7 @@ fn replay_with(
         Err(e) if refuses_window(&e) => return Err(records.find_map(Result::err).map_or(e, ReplayError::Trace)),
         Err(e) => return Err(e),
     };
-    let sh = Shared {
-        space: &space,
-        importer: &importer,
-        tracker: &tracker,
-        pools: Mutex::new(HashMap::new()),
-        collects: Mutex::new(BTreeMap::new()),
-        paced_start: Instant::now(),
-        paced: cfg.paced,
-        sleeper: cfg.settings.sleeper_builder().build(OsHost),
-        failed: AtomicBool::new(false),
-        committed: AtomicU64::new(0),
-        committed_peak: AtomicU64::new(0),
-        worker_stack,
-    };
+    let sh = Shared::new((&space, &importer, &tracker), cfg, worker_stack);
     let start = Instant::now();
     let (figures, threads, read_error, events) = dispatch(&sh, records);
     let wall = start.elapsed();
@@ -881,6 +903,9 @@ fn replay_with(
         add_sleeps(&mut report.host_sleeps, f.host_sleeps);
         report.zeroed_under_import += f.zeroed;
         report.bind_failures += f.bind_failures;
+        if f.render {
+            report.render_space_lock_waits = f.lock_waits;
+        }
     }
     report.frames.sort_by_key(|f| f.index);
     let collects = sh.collects.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -1068,12 +1093,60 @@ mod tests {
             let sleep = Event::Sleep { kind: SleepKind::Guest, ns: 1, count: 1 };
             records.push((u64::from(n) + 3, rec(Thread::Game(n), sleep)));
         }
+        replay_with(&Header::default(), records.into_iter().map(Ok), &plain_cfg(), stack)
+    }
+
+    /// The settings of a replay on the pin import backend, the seed's policy and the platform's
+    /// protection backend.
+    fn plain_cfg() -> ReplayConfig {
         let mut cfg = ReplayConfig::default();
         cfg.settings.import_backend = BackendChoice::Only(emuhost::import::BackendKind::Pin);
         cfg.settings.import.policy = emuhost::settings::ImportPolicyName::Chunks;
-        // The platform's protection backend.
         cfg.settings.watch = Some(if cfg!(windows) { watch::BackendKind::Guard } else { watch::BackendKind::Mprotect });
-        replay_with(&Header::default(), records.into_iter().map(Ok), &cfg, stack)
+        cfg
+    }
+
+    /// A collect on the render thread that finds the space's lock held (here by a layout read
+    /// held open on another thread, as by a commit waiting in the kernel) is counted in the render
+    /// thread's figures, from its own OS thread; a game thread's figures count none of it.
+    #[test]
+    fn the_render_threads_wait_for_the_space_lock_is_in_its_figures() {
+        let cfg = plain_cfg();
+        let (space, importer, _, tracker) = runtime(&Header::default(), &cfg).unwrap();
+        let sh = Shared::new((&space, &importer, &tracker), &cfg, None);
+        let g = space.range(0, 0x10000).unwrap();
+        let held = Duration::from_millis(2);
+        let (render, game) = std::thread::scope(|sc| {
+            let (tx, rx) = sync_channel(1);
+            let (gtx, grx) = sync_channel(1);
+            let sh = &sh;
+            let render = sc.spawn(move || worker(sh, rx, Thread::Render));
+            let game = sc.spawn(move || worker(sh, grx, Thread::Game(0)));
+            let (held_tx, held_rx) = sync_channel(1);
+            let space = &space;
+            sc.spawn(move || {
+                space.with_layout(g, |_| {
+                    held_tx.send(()).unwrap();
+                    let start = Instant::now();
+                    while space.lock_waiters() == 0 {
+                        assert!(start.elapsed() < Duration::from_secs(10), "the collect never waited");
+                        std::thread::yield_now();
+                    }
+                    std::thread::sleep(held);
+                })
+            });
+            held_rx.recv().unwrap();
+            let collect = rec(Thread::Render, Event::Collect { lo: GuestAddr(0), size: 0x10000 });
+            tx.send(Msg::Event(1, collect)).unwrap();
+            let sleep = rec(Thread::Game(0), Event::Sleep { kind: SleepKind::Guest, ns: 1, count: 1 });
+            gtx.send(Msg::Event(2, sleep)).unwrap();
+            drop((tx, gtx));
+            (render.join().unwrap(), game.join().unwrap())
+        });
+        assert!(render.error.is_none() && render.render && !game.render);
+        let w = render.lock_waits;
+        assert!(w.count == 1 && w.longest >= held && w.total == w.longest, "{w:?}");
+        assert_eq!(game.lock_waits, LockWaits::default());
     }
 
     #[test]

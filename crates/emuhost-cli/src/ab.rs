@@ -48,6 +48,8 @@ const ROWS: &[(&str, &str)] = &[
     ("ahead_mib_peak", "MiB imported ahead of use, peak"),
     ("live_import_mib_peak", "live imported MiB, peak"),
     ("collect_ms", "time in collects, ms"),
+    ("render_space_lock_wait_max_ms", "worst space-lock wait (render), ms"),
+    ("render_space_lock_wait_total_ms", "space-lock waits (render), ms"),
     ("lost_writes", "lost writes"),
     ("guest_sleep_cpu_ms", "CPU in guest sleeps, ms"),
     ("fps_avg", "fps (paced)"),

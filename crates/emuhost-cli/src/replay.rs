@@ -230,6 +230,10 @@ pub fn summary(r: &ReplayReport) -> Value {
     );
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
     o.insert("live_imports_peak".into(), json!(r.live_imports_peak));
+    let lw = r.render_space_lock_waits;
+    o.insert("render_space_lock_waits".into(), json!(lw.count));
+    o.insert("render_space_lock_wait_total_ms".into(), json!(ms(lw.total)));
+    o.insert("render_space_lock_wait_max_ms".into(), json!(ms(lw.longest)));
     if r.paced {
         let o = v.as_object_mut().expect("an object");
         o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));
@@ -365,6 +369,12 @@ fn print_tracking(r: &ReplayReport, s: &Value) {
         r.lost_writes,
         r.unchecked_writes,
         f("checked_writes_pct")
+    );
+    outln!(
+        "  the render thread waited {} times for the space's lock, {:.3} ms in all, longest {:.3} ms",
+        r.render_space_lock_waits.count,
+        f("render_space_lock_wait_total_ms"),
+        f("render_space_lock_wait_max_ms")
     );
     outln!("short sleeps");
     for (name, sl) in [("guest", r.guest_sleeps), ("host", r.host_sleeps)] {

@@ -80,6 +80,11 @@ fn replay_reports_json_csv_and_a_plot() {
     ] {
         assert!(v.get(k).is_some(), "{k} missing");
     }
+    // The render thread's waits for the space's lock (how many depends on how the threads
+    // interleave): counted, in all and the longest.
+    let lock = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {v}"));
+    assert!(v["render_space_lock_waits"].as_u64().is_some(), "{v}");
+    assert!(lock("render_space_lock_wait_max_ms") <= lock("render_space_lock_wait_total_ms"), "{v}");
     let csv = std::fs::read_to_string(csv).unwrap();
     assert!(csv.starts_with("Frame,TimeInSeconds,MsBetweenPresents,MsInRuntime,MsInImports,MsInCollects"));
     assert_eq!(csv.lines().count(), 5);
@@ -148,6 +153,7 @@ fn ab_alternates_the_arms_and_prints_medians() {
     assert_eq!(v["a"]["medians"]["imports"], 3.0);
     assert_eq!(v["b"]["medians"]["imports"], 1.0);
     assert_eq!(v["a"]["runs"].as_array().unwrap().len(), 2);
+    assert!(v["b"]["medians"]["render_space_lock_wait_max_ms"].as_f64().is_some(), "{v}");
     assert!((v["ratio_b_over_a"]["imports"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9);
     let out = emuhost()
         .args(["ab", "--a", "EMUHOST_IMPORT_SPAN_MB=0", "--b", "EMUHOST_IMPORT_SPAN_MB=64", "--rounds", "1"])
@@ -157,6 +163,7 @@ fn ab_alternates_the_arms_and_prints_medians() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("imports per session") && text.contains("B/A"), "{text}");
     assert!(text.contains("worst wait for an import, ms") && text.contains("time waiting for imports"), "{text}");
+    assert!(text.contains("worst space-lock wait (render), ms"), "{text}");
 }
 
 #[test]

@@ -142,7 +142,7 @@ fn past_the_huge_page(space: &Space, end: u64) -> u64 {
 /// Keeps transparent huge pages off guest `lo..lo + len` (`MADV_NOHUGEPAGE`), for a test that
 /// counts which pages a touch made resident: under THP `always` a touched page is faulted in with
 /// the whole 2 MiB (host-aligned) around it where its mapping holds that (a larger folio with
-/// multi-size THP), under `madvise` and `never` alone. The space leaves huge pages to the kernel
+/// multi-size THP), under `madvise` and `never` alone; after this, alone under every mode. The space leaves huge pages to the kernel
 /// (see [`past_the_huge_page`]) and has no call for this, so the test makes it. Nothing to do
 /// on Windows: guest memory gets large pages only when asked.
 fn no_huge_pages(space: &Space, lo: u64, len: u64) {
@@ -150,9 +150,9 @@ fn no_huge_pages(space: &Space, lo: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
         let host = space.host_addr(range.start()).unwrap();
-        // SAFETY: the range lies inside the space's reservation (checked just above) and is
-        // page-aligned; MADV_NOHUGEPAGE changes only a flag of the mappings over it: no byte, no
-        // protection and no page.
+        // SAFETY: the range lies inside the space's reservation (checked just above);
+        // MADV_NOHUGEPAGE changes only a flag of the mappings over it: no byte, no protection and
+        // no page (a start off a page boundary fails with EINVAL).
         let r = unsafe { libc::madvise(host as *mut libc::c_void, range.len() as usize, libc::MADV_NOHUGEPAGE) };
         assert_eq!(r, 0, "MADV_NOHUGEPAGE over {lo:#x}+{len:#x}: {}", std::io::Error::last_os_error());
     }

@@ -114,16 +114,6 @@ fn replay_reports_json_csv_and_a_plot() {
     // At most one: the binding across 0x1002000000 may come before its pool is whole, and its
     // part then runs across the part the binding before it imported.
     assert!(v["reimports"].as_u64() <= Some(1), "{v}");
-    // The two pools (10 MiB), the 64 KiB by which the 8 MiB pool's two 4 MiB pieces overlap (a
-    // piece reaches over the next by the largest binding, 64 KiB at least), and the bindings'
-    // parts: two granules at most each, a granule the largest power of two of MiB (1 at least)
-    // whose untouched pin fits the 400 us wait at the cost measured here. (Counting neither the
-    // overlap nor a 2 MiB granule, which a machine pinning faster than 200 us/MiB gives, the
-    // bound failed now and then.)
-    let parts = f(&v, "import_pieces");
-    let untouched_us: f64 = v["import_cost_us"].as_str().and_then(|c| c.split(',').nth(1)?.parse().ok()).unwrap();
-    let granule = (400.0 / untouched_us.max(1.0)).log2().floor().exp2().max(1.0);
-    assert!(f(&v, "live_import_mib_end") <= 10.0 + 0.0625 + 2.0 * granule * parts, "{v}");
     assert!(f(&v, "import_wait_ms_worst") <= f(&v, "import_wait_ms_total"), "{v}");
     // How many changes waited for a background populate or pin, and how many bindings for an
     // import in flight, depend on the interleaving.
@@ -136,6 +126,16 @@ fn replay_reports_json_csv_and_a_plot() {
     assert_eq!(v["import_cost_us"].as_str(), Some(measured.as_str()), "{v}");
     let v = json(&emuhost().args(pools).args(["--set", "EMUHOST_IMPORT_COST_US=30,370,50"]).arg(&t).output().unwrap());
     assert_eq!(v["import_cost"], "0.030 ms an import, 0.370 ms/MiB untouched, 0.050 ms/MiB populated", "{v}");
+    assert_eq!((v["bind_failures"].as_u64(), v["lost_writes"].as_u64()), (Some(0), Some(0)), "{v}");
+    // The two pools (10 MiB), the 64 KiB by which the 8 MiB pool's two 4 MiB pieces overlap (a
+    // piece reaches over the next by the largest binding, 64 KiB at least), and the bindings'
+    // parts: two granules at most each, a granule the largest power of two of MiB (1 at least)
+    // whose untouched pin fits the 400 us wait. Checked at a cost given (used as given, never
+    // learned): at the cost measured the importer learns from its own imports as it goes, so the
+    // granule it used is not the one the printed cost gives (a CI run had 5 MiB of parts for 2).
+    let parts = f(&v, "import_pieces");
+    let granule = (400.0_f64 / 370.0).log2().floor().exp2().max(1.0);
+    assert!(f(&v, "live_import_mib_end") <= 10.0 + 0.0625 + 2.0 * granule * parts, "{v}");
     let out = emuhost().args(["replay", "--set", "EMUHOST_IMPORT_COST_US=30,370"]).arg(&t).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("EMUHOST_IMPORT_COST_US=\"30,370\""), "{out:?}");

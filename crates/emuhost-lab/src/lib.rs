@@ -8,13 +8,14 @@
 //! - [`soak`]: the check of replays looped in one process: memory flat, nothing left live.
 //! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
 //! - [`bench`](mod@bench): the measurements of `emuhost bench` (arms, rounds, medians, ratios).
-//! - [`rng`]: the workspace's one deterministic generator (sessions, corpora, stress, benches).
+//! - [`rng`]: the workspace's one deterministic generator, the runtime's [`emuhost::rng`]
+//!   (re-exported here, where the sessions, the stress and the benches draw from it).
 #![deny(unsafe_code)]
 
 pub mod bench;
 pub mod quantile;
 pub mod replay;
-pub mod rng;
+pub use emuhost::rng;
 pub mod soak;
 pub mod stress;
 pub mod synth;

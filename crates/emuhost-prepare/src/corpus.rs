@@ -24,7 +24,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use emuhost_lab::rng::Rng;
+use emuhost::rng::Rng;
 
 use super::PrepareError;
 

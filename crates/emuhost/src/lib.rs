@@ -7,6 +7,8 @@
 //!   Vulkan and CUDA backends behind the cargo features `vulkan` and `cuda`, on by default).
 //! - `gpu`: the process's one Vulkan setup (instance, device choice, error mapping), feature `vulkan`.
 //! - [`probe`]: what this machine offers the runtime, and the process's own memory figures.
+//! - [`rng`]: the workspace's one deterministic generator (synthetic sessions, shader corpora,
+//!   stress runs, benchmark layouts): the same draws from a seed on every platform.
 //! - [`settings`]: every `EMUHOST_*` switch, typed ([`settings::Settings`]); the library reads the
 //!   environment only in [`settings::Settings::from_env`].
 //!
@@ -15,6 +17,8 @@
 //! Traces, replay, soak and the write-tracking stress are the `emuhost-lab` crate; shader
 //! preparation is `emuhost-prepare`.
 #![deny(unsafe_code)]
+// docs.rs marks the items of the `vulkan` and `cuda` features as such.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod errors;
 #[cfg(feature = "faults")]
@@ -23,8 +27,10 @@ pub mod faults;
 #[path = "faults_disabled.rs"]
 pub mod faults;
 #[cfg(feature = "vulkan")]
+#[cfg_attr(docsrs, doc(cfg(feature = "vulkan")))]
 pub mod gpu;
 pub mod import;
+pub mod rng;
 pub mod sched;
 pub mod settings;
 pub mod space;

@@ -53,6 +53,7 @@ pub enum ImportError {
     /// `vulkan`).
     #[error("{op} failed: {code:?}")]
     #[cfg(feature = "vulkan")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "vulkan")))]
     Vulkan { op: &'static str, code: ash::vk::Result },
     #[error("{op} failed: CUDA error {code} ({name})")]
     Cuda { op: &'static str, code: u32, name: String },

@@ -72,5 +72,6 @@ pub use plan::{
 };
 pub use pools::{Pool, PoolId, Pools};
 #[cfg(feature = "vulkan")]
+#[cfg_attr(docsrs, doc(cfg(feature = "vulkan")))]
 pub use vulkan::CallerDevice;
 pub use vulkan::{Vulkan, VulkanImport};

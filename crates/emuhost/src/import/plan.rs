@@ -377,7 +377,7 @@ mod tests {
 
     #[test]
     fn the_planner_matches_the_reference_model_over_random_layouts() {
-        let mut rng = emuhost_lab::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut rng = crate::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
         let mut next = move || rng.next_u64();
         let mut grew = 0;
         for case in 0..400 {

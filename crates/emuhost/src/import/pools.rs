@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn the_index_agrees_with_a_scan_over_random_layouts() {
-        let mut rng = emuhost_lab::rng::Rng::new(0x1234_5678_9abc_def0);
+        let mut rng = crate::rng::Rng::new(0x1234_5678_9abc_def0);
         let mut next = move || rng.next_u64();
         let mut p = Pools::new();
         let mut ids = Vec::new();

@@ -41,8 +41,10 @@ fn own_device() -> Result<Own, std::io::Error> {
     let found = (|| {
         // SAFETY: the instance is live; every `pd` below came from it.
         for pd in unsafe { instance.enumerate_physical_devices() }.map_err(|e| err("enumerate", e))? {
+            // SAFETY: `pd` came from the live instance.
             let exts = unsafe { instance.enumerate_device_extension_properties(pd) }.unwrap_or_default();
             let has = |n: &CStr| exts.iter().any(|e| e.extension_name_as_c_str() == Ok(n));
+            // SAFETY: as above.
             let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
             let family = families
                 .iter()

@@ -39,6 +39,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The version of emuhost this header was generated from; emuhost_version_major() etc. give the
+ * library's (EMUHOST_VERSION_CHECK() compares them). */
+#define EMUHOST_VERSION_MAJOR 0
+#define EMUHOST_VERSION_MINOR 1
+#define EMUHOST_VERSION_PATCH 0
+#define EMUHOST_VERSION_STRING "0.1.0"
+#if defined(__GNUC__) || defined(__clang__)
+#define EMUHOST_MUST_USE __attribute__((warn_unused_result))
+#elif defined(_MSC_VER) && defined(__cplusplus) && defined(_MSVC_LANG) && _MSVC_LANG >= 201703L
+#define EMUHOST_MUST_USE [[nodiscard]]
+#else
+#define EMUHOST_MUST_USE
+#endif
+
+/* Whether this library may be used by a program compiled with this header: nonzero when so (see
+ * emuhost_version_compatible). Check it once at start:
+ *   if (!EMUHOST_VERSION_CHECK()) { fprintf(stderr, "emuhost %s, built for %d.%d\n", ...); exit(1); } */
+#define EMUHOST_VERSION_CHECK() emuhost_version_compatible(EMUHOST_VERSION_MAJOR, EMUHOST_VERSION_MINOR)
+
+
 // A NULL pointer where one was needed (a handle, an out-pointer, a buffer of non-zero length).
 #define EMUHOST_ERROR_NULL 1
 
@@ -384,8 +404,28 @@ typedef struct emuhost_written_t {
 extern "C" {
 #endif // __cplusplus
 
-// The version of emuhost this library was built from, NUL-terminated (static storage).
+// The version of emuhost this library was built from, NUL-terminated (static storage), e.g.
+// `"0.1.0"`. The header's `EMUHOST_VERSION_MAJOR`, `_MINOR` and `_PATCH` are the version it was
+// generated from; `emuhost_version_compatible` compares the two.
 const char *emuhost_version(void);
+
+// The major version of this library (`EMUHOST_VERSION_MAJOR` of the header it was built with).
+uint32_t emuhost_version_major(void);
+
+// The minor version of this library (`EMUHOST_VERSION_MINOR` of the header it was built with).
+uint32_t emuhost_version_minor(void);
+
+// The patch version of this library (`EMUHOST_VERSION_PATCH` of the header it was built with).
+uint32_t emuhost_version_patch(void);
+
+// Whether a program compiled against the header of version `major`.`minor` may use this library
+// (call it as `EMUHOST_VERSION_CHECK()`, which passes the header's own numbers). Semver's rule:
+// from 1.0 the same major and a minor at least the header's (a minor adds, never changes); before
+// 1.0 (`0.MINOR`) the same minor, since every 0.x minor may change the ABI. The shared library's
+// SONAME follows the same rule (`libemuhost_capi.so.MAJOR`, `libemuhost_capi.so.0.MINOR` before
+// 1.0), so the dynamic loader refuses the worst mismatches already; this check is for a library
+// linked statically, loaded with `dlopen`, or copied under another name.
+bool emuhost_version_compatible(uint32_t major, uint32_t minor);
 
 // The error's code (`EMUHOST_ERROR_*`); `EMUHOST_ERROR_NULL` for NULL, `EMUHOST_ERROR_BAD_HANDLE`
 // where `error` is not a live error.
@@ -409,7 +449,7 @@ bool emuhost_error_delete(struct emuhost_error_t *error);
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, struct emuhost_importer_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, struct emuhost_importer_t **out);
 
 // An importer on the caller's `VkDevice`: emuhost makes no instance or device, submits nothing
 // to the caller's queues, and frees each import's memory and buffer on that device when the
@@ -422,7 +462,7 @@ struct emuhost_error_t *emuhost_importer_new(const struct emuhost_space_t *space
 // - The device and instance outlive the importer (delete it before `vkDestroyDevice`), and no
 //   command using an import's memory or buffer is pending when the import is released.
 // - `out` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_new_vulkan(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, const struct emuhost_vulkan_device_t *device, struct emuhost_importer_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_new_vulkan(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, const struct emuhost_vulkan_device_t *device, struct emuhost_importer_t **out);
 
 // An importer registering guest memory in the caller's CUDA context (`CUcontext`): emuhost
 // retains and releases nothing. `settings` may be NULL.
@@ -430,30 +470,30 @@ struct emuhost_error_t *emuhost_importer_new_vulkan(const struct emuhost_space_t
 // # Safety
 // `context` is a valid `CUcontext` of the `libcuda.so.1` (Windows: `nvcuda.dll`) this process
 // has loaded, and stays valid until the importer is deleted. `out` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_new_cuda(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, void *context, struct emuhost_importer_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_new_cuda(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, void *context, struct emuhost_importer_t **out);
 
 // Deletes the importer and releases its imports. NULL does nothing; a handle deleted already is
 // `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_importer_delete(struct emuhost_importer_t *importer);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_delete(struct emuhost_importer_t *importer);
 
 // The importer's backend (`EMUHOST_GPU_*`) and, in `buf` (as `snprintf`; `len` receives the full
 // length, may be NULL), the device or method in words. `buf` may be NULL when `cap` is 0.
 //
 // # Safety
 // `gpu` is NULL or writable; `buf` points to `cap` writable bytes; `len` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_backend(const struct emuhost_importer_t *importer, uint32_t *gpu, char *buf, size_t cap, size_t *len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_backend(const struct emuhost_importer_t *importer, uint32_t *gpu, char *buf, size_t cap, size_t *len);
 
 // Registers a game pool `lo..lo + size` (pools may overlap); `id` receives its id. A pool that
 // runs past the window's end is `EMUHOST_ERROR_OUT_OF_RANGE`.
 //
 // # Safety
 // `id` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_add_pool(const struct emuhost_importer_t *importer, uint64_t lo, uint64_t size, uint64_t *id);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_add_pool(const struct emuhost_importer_t *importer, uint64_t lo, uint64_t size, uint64_t *id);
 
 // Releases a pool. Under the `pools` policy (the default) the imports it overlaps that overlap no
 // other live pool are released with it: be done with their bindings first. Under `chunks` imports
 // stay. An id that is not a live pool is `EMUHOST_ERROR_INVALID_ARGUMENT`.
-struct emuhost_error_t *emuhost_importer_remove_pool(const struct emuhost_importer_t *importer, uint64_t id);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_remove_pool(const struct emuhost_importer_t *importer, uint64_t id);
 
 // Binds guest bytes `addr..addr + size`: reuses an import that covers them, or imports their
 // pools (`pools` policy; a part first where the pools would take too long) or their chunks
@@ -465,16 +505,16 @@ struct emuhost_error_t *emuhost_importer_remove_pool(const struct emuhost_import
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_bind(const struct emuhost_importer_t *importer, uint64_t addr, uint64_t size, struct emuhost_binding_t *out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_bind(const struct emuhost_importer_t *importer, uint64_t addr, uint64_t size, struct emuhost_binding_t *out);
 
 // The importer's figures so far.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_importer_stats(const struct emuhost_importer_t *importer, struct emuhost_import_stats_t *out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_stats(const struct emuhost_importer_t *importer, struct emuhost_import_stats_t *out);
 
 // Releases every import (their device objects go: no GPU work may still use them).
-struct emuhost_error_t *emuhost_importer_release_all(const struct emuhost_importer_t *importer);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_release_all(const struct emuhost_importer_t *importer);
 
 // Sends emuhost's log lines at `EMUHOST_LOG_INFO` and more severe (see `emuhost_set_log_level`)
 // to `callback` with `user`; NULL stops them. The first call makes emuhost's forwarding the
@@ -493,7 +533,7 @@ struct emuhost_error_t *emuhost_importer_release_all(const struct emuhost_import
 // # Safety
 // `callback` is called from emuhost's delivery thread until it is replaced: it and `user` must
 // stay valid that long, and be callable from that thread.
-struct emuhost_error_t *emuhost_set_log_callback(emuhost_log_callback_t callback, void *user);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_set_log_callback(emuhost_log_callback_t callback, void *user);
 
 // Waits until every line logged before this call has been handed to the log callback (and the
 // callback returned). Call it before reading what the callback collected, and before the
@@ -505,14 +545,14 @@ void emuhost_log_flush(void);
 
 // The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default
 // `EMUHOST_LOG_INFO`).
-struct emuhost_error_t *emuhost_set_log_level(uint32_t level);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_set_log_level(uint32_t level);
 
 // A sleeper with the settings' `EMUHOST_SHORT_SLEEP_TIMER` (`settings` may be NULL: unset, the
 // rule by processor count).
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_sleeper_new(const struct emuhost_settings_t *settings, struct emuhost_sleeper_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_sleeper_new(const struct emuhost_settings_t *settings, struct emuhost_sleeper_t **out);
 
 // [`emuhost_sleeper_new`] with the host's exact wait chosen: how the host's short sleeps wait
 // where the settings leave it to the rule (`EMUHOST_SHORT_SLEEP_TIMER` unset; set, it decides
@@ -524,15 +564,15 @@ struct emuhost_error_t *emuhost_sleeper_new(const struct emuhost_settings_t *set
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_sleeper_new_host_wait(const struct emuhost_settings_t *settings, uint32_t host_wait, struct emuhost_sleeper_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_sleeper_new_host_wait(const struct emuhost_settings_t *settings, uint32_t host_wait, struct emuhost_sleeper_t **out);
 
 // Deletes a sleeper. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_sleeper_delete(struct emuhost_sleeper_t *sleeper);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_sleeper_delete(struct emuhost_sleeper_t *sleeper);
 
 // Sleeps `ns` nanoseconds for `caller` (`EMUHOST_CALLER_*`): under a millisecond by the rule,
 // longer on the timer. `ns` over [`EMUHOST_SLEEP_MAX_NS`] (1 s) is
 // `EMUHOST_ERROR_INVALID_ARGUMENT`, at once.
-struct emuhost_error_t *emuhost_sleeper_sleep(const struct emuhost_sleeper_t *sleeper, uint32_t caller, uint64_t ns);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_sleeper_sleep(const struct emuhost_sleeper_t *sleeper, uint32_t caller, uint64_t ns);
 
 // The short-sleep rule (decided now if no sleep has decided it yet), and why in words in `why`
 // (as `snprintf`; `why_len` receives the full length, may be NULL; `why` may be NULL when `cap`
@@ -541,7 +581,7 @@ struct emuhost_error_t *emuhost_sleeper_sleep(const struct emuhost_sleeper_t *sl
 // # Safety
 // `rule` is NULL or writable; `why` points to `cap` writable bytes; `why_len` is NULL or
 // writable.
-struct emuhost_error_t *emuhost_sleeper_rule(const struct emuhost_sleeper_t *sleeper, struct emuhost_sleep_rule_t *rule, char *why, size_t cap, size_t *why_len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_sleeper_rule(const struct emuhost_sleeper_t *sleeper, struct emuhost_sleep_rule_t *rule, char *why, size_t cap, size_t *why_len);
 
 // The name of an `EMUHOST_WAIT_*` value (`"timer"`, `"yield"`, `"hybrid"`; static storage), or
 // NULL for a value that is none.
@@ -554,20 +594,20 @@ const char *emuhost_wait_name(uint32_t wait);
 // # Safety
 // `count` is NULL or writable; `why` points to `cap` writable bytes; `why_len` is NULL or
 // writable.
-struct emuhost_error_t *emuhost_prepare_workers(uint32_t allocator, uint32_t *count, char *why, size_t cap, size_t *why_len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_prepare_workers(uint32_t allocator, uint32_t *count, char *why, size_t cap, size_t *why_len);
 
 // New settings with every switch at its default. No environment variable is read.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_settings_new(struct emuhost_settings_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_new(struct emuhost_settings_t **out);
 
 // New settings from the process's environment: each `EMUHOST_*` switch that is set takes its
 // value (the only way emuhost reads the environment). A bad value is an error naming it.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_settings_from_env(struct emuhost_settings_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_from_env(struct emuhost_settings_t **out);
 
 // Sets the switch `name` (e.g. `"EMUHOST_WATCH"`) to `value` (UTF-8; empty is the default for
 // most). An unknown name or a refused value is an `EMUHOST_ERROR_SETTING` naming both, and
@@ -575,22 +615,22 @@ struct emuhost_error_t *emuhost_settings_from_env(struct emuhost_settings_t **ou
 //
 // # Safety
 // `name` and `value` are NULL or NUL-terminated strings.
-struct emuhost_error_t *emuhost_settings_set(struct emuhost_settings_t *settings, const char *name, const char *value);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_set(struct emuhost_settings_t *settings, const char *name, const char *value);
 
 // Makes the settings' `EMUHOST_FAULT_*` switches the process's fault plan (a build with the
 // `faults` feature; in another, setting one is already an error). Only the first plan of the
 // process holds: a different one later is `EMUHOST_ERROR_REFUSED`.
-struct emuhost_error_t *emuhost_settings_install_faults(const struct emuhost_settings_t *settings);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_install_faults(const struct emuhost_settings_t *settings);
 
 // Deletes settings. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_settings_delete(struct emuhost_settings_t *settings);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_delete(struct emuhost_settings_t *settings);
 
 // Reserves a window of `window` bytes (a multiple of the page size) where the kernel chooses,
 // with `guard` bytes of guard pages (0 for none) below and above it.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_reserve(uint64_t window, uint64_t guard, struct emuhost_space_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_reserve(uint64_t window, uint64_t guard, struct emuhost_space_t **out);
 
 // Reserves a window of `window` bytes at host address `base` (page-aligned), with `guard`
 // bytes of guard pages below and above it. Never replaces a mapping: where anything is mapped
@@ -598,7 +638,7 @@ struct emuhost_error_t *emuhost_space_reserve(uint64_t window, uint64_t guard, s
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_reserve_at(void *base, uint64_t window, uint64_t guard, struct emuhost_space_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_reserve_at(void *base, uint64_t window, uint64_t guard, struct emuhost_space_t **out);
 
 // Makes a space of the caller's reservation `base..base + len` (host address, page-aligned; all
 // of it mapped `PROT_NONE`, private and anonymous, as `mmap(PROT_NONE, MAP_PRIVATE |
@@ -612,39 +652,39 @@ struct emuhost_error_t *emuhost_space_reserve_at(void *base, uint64_t window, ui
 // The range is a reservation the caller made; it stays mapped while the space lives (trackers
 // and importers keep the space alive), and nothing else maps, unmaps or changes protection in it
 // meanwhile. `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_adopt(void *base, uint64_t len, struct emuhost_space_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_adopt(void *base, uint64_t len, struct emuhost_space_t **out);
 
 // Deletes the space handle. The space itself goes when the last tracker and importer made on it
 // go too. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_space_delete(struct emuhost_space_t *space);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_delete(struct emuhost_space_t *space);
 
 // The space's base, window, guards and page size.
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_info(const struct emuhost_space_t *space, struct emuhost_space_info_t *out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_info(const struct emuhost_space_t *space, struct emuhost_space_info_t *out);
 
 // Commits `addr..addr + len` with `prot` (`EMUHOST_PROT_*`), in one system call where it can.
 // Pages committed already keep their bytes; their protection is set again.
-struct emuhost_error_t *emuhost_space_commit(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_commit(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits);
 
 // Commits with `prot` only the pages of the range that are not committed (committed pages keep
 // bytes and protection); `committed` (may be NULL) receives the bytes committed.
 //
 // # Safety
 // `committed` is NULL or writable.
-struct emuhost_error_t *emuhost_space_commit_reserved(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits, uint64_t *committed);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_commit_reserved(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits, uint64_t *committed);
 
 // Decommits the range: its pages are dropped and it is reserved again. Refused
 // (`EMUHOST_ERROR_REFUSED`) where a live GPU import holds a page of it: zero it instead.
-struct emuhost_error_t *emuhost_space_decommit(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_decommit(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Sets the protection (`EMUHOST_PROT_*`) of the committed pages of the range.
-struct emuhost_error_t *emuhost_space_protect(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_protect(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint32_t prot_bits);
 
 // Zeroes the range in place (pages stay committed and mapped, so GPU imports of them stay valid).
 // Pages not committed are `EMUHOST_ERROR_NOT_COMMITTED`, read-only ones `EMUHOST_ERROR_PROTECTION`.
-struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Marks a change of the mappings of the space's window that the caller makes itself (its own
 // `mprotect`, `mmap` or `munmap` there; on Windows `VirtualProtect`, `VirtualAlloc`,
@@ -657,11 +697,11 @@ struct emuhost_error_t *emuhost_space_zero(const struct emuhost_space_t *space, 
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_change_begin(const struct emuhost_space_t *space, struct emuhost_change_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_change_begin(const struct emuhost_space_t *space, struct emuhost_change_t **out);
 
 // Ends a change marked by `emuhost_space_change_begin` (NULL does nothing; an ended one is
 // `EMUHOST_ERROR_BAD_HANDLE`).
-struct emuhost_error_t *emuhost_change_end(struct emuhost_change_t *change);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_change_end(struct emuhost_change_t *change);
 
 // Marks work of the caller's that can wait and holds the process's memory-map lock for reading
 // for long (its own driver's pin of guest memory, an import on its own device, a populate) as
@@ -674,16 +714,16 @@ struct emuhost_error_t *emuhost_change_end(struct emuhost_change_t *change);
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_space_long_read_begin(const struct emuhost_space_t *space, struct emuhost_long_read_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_long_read_begin(const struct emuhost_space_t *space, struct emuhost_long_read_t **out);
 
 // Ends a long read marked by `emuhost_space_long_read_begin` (NULL does nothing; an ended one
 // is `EMUHOST_ERROR_BAD_HANDLE`).
-struct emuhost_error_t *emuhost_long_read_end(struct emuhost_long_read_t *read);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_long_read_end(struct emuhost_long_read_t *read);
 
 // Faults the range's pages in ahead of use (they must be committed writable, else
 // `EMUHOST_ERROR_NOT_COMMITTED` or `EMUHOST_ERROR_PROTECTION`), so a later GPU import pays for
 // pinning only.
-struct emuhost_error_t *emuhost_space_populate(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_populate(const struct emuhost_space_t *space, uint64_t addr, uint64_t len);
 
 // Copies `len` bytes from `data` into guest memory at `addr` (any alignment), through the kernel:
 // an error, never a fault, where a page is not writable or outside the window (pages not
@@ -692,7 +732,7 @@ struct emuhost_error_t *emuhost_space_populate(const struct emuhost_space_t *spa
 //
 // # Safety
 // `data` points to `len` readable bytes (may be NULL when `len` is 0).
-struct emuhost_error_t *emuhost_space_write(const struct emuhost_space_t *space, uint64_t addr, const void *data, size_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_write(const struct emuhost_space_t *space, uint64_t addr, const void *data, size_t len);
 
 // Copies `len` bytes of guest memory at `addr` into `buf`: an error, never a fault, where a page
 // is not readable or outside the window (pages not committed: `EMUHOST_ERROR_NOT_COMMITTED`;
@@ -700,24 +740,24 @@ struct emuhost_error_t *emuhost_space_write(const struct emuhost_space_t *space,
 //
 // # Safety
 // `buf` points to `len` writable bytes (may be NULL when `len` is 0).
-struct emuhost_error_t *emuhost_space_read(const struct emuhost_space_t *space, uint64_t addr, void *buf, size_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_read(const struct emuhost_space_t *space, uint64_t addr, void *buf, size_t len);
 
 // Creates a shared section of `len` bytes (a memfd; on Windows a pagefile-backed file mapping;
 // zero-filled); `id` receives its id.
 //
 // # Safety
 // `id` is NULL or writable.
-struct emuhost_error_t *emuhost_space_create_section(const struct emuhost_space_t *space, uint64_t len, uint64_t *id);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_create_section(const struct emuhost_space_t *space, uint64_t len, uint64_t *id);
 
 // Drops the space's hold on a section; its views stay mapped.
-struct emuhost_error_t *emuhost_space_destroy_section(const struct emuhost_space_t *space, uint64_t id);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_destroy_section(const struct emuhost_space_t *space, uint64_t id);
 
 // Maps section `id`'s bytes from `offset` (page-aligned) at guest `addr..addr + len` as ONE
 // view with `prot`, replacing what was there. One section page at several addresses makes
 // aliases. Windows: views need placeholders (Windows 10 1803 and later; not Wine 8) in a window
 // emuhost reserved, and may not cut a committed private allocation whose other pages hold data;
 // otherwise `EMUHOST_ERROR_UNAVAILABLE`, saying which, and nothing changes.
-struct emuhost_error_t *emuhost_space_map_section(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint64_t id, uint64_t offset, uint32_t prot_bits);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_map_section(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, uint64_t id, uint64_t offset, uint32_t prot_bits);
 
 // Maps section pages at consecutive guest pages from `addr`: guest page `i` shows section page
 // `pages[i]`; each run of consecutive section pages is one view (on Windows, as
@@ -727,21 +767,21 @@ struct emuhost_error_t *emuhost_space_map_section(const struct emuhost_space_t *
 // # Safety
 // `pages` points to `count` readable values (may be NULL when `count` is 0); `views` is NULL or
 // writable.
-struct emuhost_error_t *emuhost_space_map_pages(const struct emuhost_space_t *space, uint64_t addr, uint64_t id, const uint64_t *pages, size_t count, uint32_t prot_bits, size_t *views);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_map_pages(const struct emuhost_space_t *space, uint64_t addr, uint64_t id, const uint64_t *pages, size_t count, uint32_t prot_bits, size_t *views);
 
 // The private allocations overlapping the range (unclipped, in address order): up to `cap` go to
 // `out`, and `count` receives how many there are (more than `cap`: call again with more room).
 //
 // # Safety
 // `out` points to `cap` writable entries (may be NULL when `cap` is 0); `count` is writable.
-struct emuhost_error_t *emuhost_space_allocations(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, struct emuhost_allocation_t *out, size_t cap, size_t *count);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_allocations(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, struct emuhost_allocation_t *out, size_t cap, size_t *count);
 
 // The shared views overlapping the range (unclipped, in address order), as
 // `emuhost_space_allocations` gives allocations.
 //
 // # Safety
 // As `emuhost_space_allocations`.
-struct emuhost_error_t *emuhost_space_views(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, struct emuhost_view_t *out, size_t cap, size_t *count);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_space_views(const struct emuhost_space_t *space, uint64_t addr, uint64_t len, struct emuhost_view_t *out, size_t cap, size_t *count);
 
 // A tracker on `space`. `backend`: `EMUHOST_WATCH_AUTO` (the settings' `EMUHOST_WATCH`, else the
 // first backend that passes its self-test), or one backend, which must pass its self-test.
@@ -751,18 +791,18 @@ struct emuhost_error_t *emuhost_space_views(const struct emuhost_space_t *space,
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, uint32_t backend, uint32_t flags, struct emuhost_tracker_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_new(const struct emuhost_space_t *space, const struct emuhost_settings_t *settings, uint32_t backend, uint32_t flags, struct emuhost_tracker_t **out);
 
 // Deletes the tracker: armed pages get their protection back. NULL does nothing; a handle
 // deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_tracker_delete(struct emuhost_tracker_t *tracker);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_delete(struct emuhost_tracker_t *tracker);
 
 // The tracker's backend (Linux: `EMUHOST_WATCH_UFFD` or `EMUHOST_WATCH_MPROTECT`; Windows:
 // `EMUHOST_WATCH_WRITEWATCH` or `EMUHOST_WATCH_GUARD`).
 //
 // # Safety
 // `backend` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_backend(const struct emuhost_tracker_t *tracker, uint32_t *backend);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_backend(const struct emuhost_tracker_t *tracker, uint32_t *backend);
 
 // The name of a backend constant (`"auto"`, `"uffd"`, `"mprotect"`, `"writewatch"`, `"guard"`;
 // static storage), or NULL for a value that is none.
@@ -770,10 +810,10 @@ const char *emuhost_watch_backend_name(uint32_t backend);
 
 // Arms `addr..addr + len`: writes to its pages from now on are reported by the next collect.
 // Pages armed already keep their writes.
-struct emuhost_error_t *emuhost_tracker_arm(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_arm(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len);
 
 // Stops tracking `addr..addr + len` (its pages get their protection back).
-struct emuhost_error_t *emuhost_tracker_disarm(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_disarm(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len);
 
 // Collects the pages of `addr..addr + len` written since the last collect, and arms them again
 // in the same step. Their guest addresses go to `pages`, in order; `result` receives their
@@ -784,7 +824,7 @@ struct emuhost_error_t *emuhost_tracker_disarm(const struct emuhost_tracker_t *t
 //
 // # Safety
 // `pages` points to `cap` writable values; `result` is writable.
-struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t *pages, size_t cap, struct emuhost_collect_t *result);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_collect(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t *pages, size_t cap, struct emuhost_collect_t *result);
 
 // Hands the fault at host address `addr` (the signal's `si_addr`) to whichever tracker of the
 // process has the page armed; call it first in the embedder's `SIGSEGV` handler. `is_write`:
@@ -811,7 +851,7 @@ int32_t emuhost_handle_fault(size_t addr, int32_t is_write);
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_fault_handle(const struct emuhost_tracker_t *tracker, struct emuhost_fault_handle_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_fault_handle(const struct emuhost_tracker_t *tracker, struct emuhost_fault_handle_t **out);
 
 // [`emuhost_handle_fault`] for this handle's tracker only. Returns 0 for NULL, a deleted
 // handle, or anything that is not a live fault handle (another kind of handle, a made-up value):
@@ -839,11 +879,11 @@ bool emuhost_fault_handle_delete(struct emuhost_fault_handle_t *handle);
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_host_write_begin(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, struct emuhost_host_write_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_host_write_begin(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, struct emuhost_host_write_t **out);
 
 // Ends a host write begun by [`emuhost_tracker_host_write_begin`]: its pages are armed again.
 // NULL does nothing; one ended already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_host_write_end(struct emuhost_host_write_t *write);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_host_write_end(struct emuhost_host_write_t *write);
 
 // Collects (`query` 0) or queries (`query` nonzero: takes nothing, the next collect reports the
 // pages still) the written pages of `addr..addr + len` into the caller's words: bit `i` (bit
@@ -854,24 +894,24 @@ struct emuhost_error_t *emuhost_host_write_end(struct emuhost_host_write_t *writ
 //
 // # Safety
 // `words` points to `nwords` writable values; `result` is NULL or writable.
-struct emuhost_error_t *emuhost_tracker_collect_into(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_tracker_collect_into(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
 
 // A new consumer of `tracker`'s writes (see [`emuhost_consumer_t`]).
 //
 // # Safety
 // `out` is NULL or writable.
-struct emuhost_error_t *emuhost_consumer_new(const struct emuhost_tracker_t *tracker, struct emuhost_consumer_t **out);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_consumer_new(const struct emuhost_tracker_t *tracker, struct emuhost_consumer_t **out);
 
 // Deletes a consumer (its pending pages go with it). NULL does nothing; a handle deleted
 // already is `EMUHOST_ERROR_BAD_HANDLE`.
-struct emuhost_error_t *emuhost_consumer_delete(struct emuhost_consumer_t *consumer);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_consumer_delete(struct emuhost_consumer_t *consumer);
 
 // [`emuhost_tracker_collect_into`] for this consumer: a collect of the tracker (feeding every
 // consumer), then this consumer's pending pages of the range into `words`; a query takes nothing.
 //
 // # Safety
 // `words` points to `nwords` writable values; `result` is NULL or writable.
-struct emuhost_error_t *emuhost_consumer_collect_into(const struct emuhost_consumer_t *consumer, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_consumer_collect_into(const struct emuhost_consumer_t *consumer, uint64_t addr, uint64_t len, uint64_t granularity, uint64_t *words, size_t nwords, int32_t query, struct emuhost_written_t *result);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -121,6 +121,15 @@ private:
 
 }  // namespace detail
 
+// Throws emuhost::Error (EMUHOST_ERROR_UNAVAILABLE) where the library in use does not serve this
+// header's version (EMUHOST_VERSION_CHECK(); see emuhost_version_compatible). Call it once at start.
+inline void check_version() {
+    if (!EMUHOST_VERSION_CHECK()) {
+        throw Error(EMUHOST_ERROR_UNAVAILABLE, std::string("emuhost ") + emuhost_version() +
+                                                   " does not serve the header's version " + EMUHOST_VERSION_STRING);
+    }
+}
+
 // Settings: every EMUHOST_* switch, set by name; the defaults, or the environment on request.
 class Settings : public detail::Handle<emuhost_settings_t, emuhost_settings_delete> {
 public:

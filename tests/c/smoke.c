@@ -293,6 +293,14 @@ static void vulkan_part(emuhost_space_t *space, emuhost_settings_t *settings, ui
 #endif
 
 int main(void) {
+    /* The library in use serves this header's version (the loader's SONAME check aside: a static
+     * library, or one loaded under another name). */
+    if (!EMUHOST_VERSION_CHECK()) {
+        fprintf(stderr, "smoke: emuhost %s does not serve the header's %s\n", emuhost_version(), EMUHOST_VERSION_STRING);
+        return 1;
+    }
+    printf("version: header %s, library %u.%u.%u: compatible\n", EMUHOST_VERSION_STRING, emuhost_version_major(),
+           emuhost_version_minor(), emuhost_version_patch());
     CHECK(emuhost_set_log_callback(on_log, NULL));
     emuhost_settings_t *settings; /* the environment's EMUHOST_* switches (EMUHOST_WATCH=mprotect, ...) */
     CHECK(emuhost_settings_from_env(&settings));

@@ -135,6 +135,8 @@ void vulkan_part(const emuhost::Space &space, const emuhost::Settings &settings)
 #endif
 
 int run() {
+    emuhost::check_version();
+    std::printf("version: header %s, library %s: compatible\n", EMUHOST_VERSION_STRING, emuhost_version());
     emuhost::set_log_callback(on_log, nullptr);
     emuhost::Settings settings;
     settings.set("EMUHOST_IMPORT_SPAN_MB", "64");

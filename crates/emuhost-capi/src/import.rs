@@ -131,6 +131,7 @@ fn make(
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_new(
     space: *const emuhost_space_t,
@@ -151,6 +152,7 @@ pub unsafe extern "C" fn emuhost_importer_new(
 /// - The device and instance outlive the importer (delete it before `vkDestroyDevice`), and no
 ///   command using an import's memory or buffer is pending when the import is released.
 /// - `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_new_vulkan(
     space: *const emuhost_space_t,
@@ -209,6 +211,7 @@ pub unsafe extern "C" fn emuhost_importer_new_vulkan(
 /// # Safety
 /// `context` is a valid `CUcontext` of the `libcuda.so.1` (Windows: `nvcuda.dll`) this process
 /// has loaded, and stays valid until the importer is deleted. `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_new_cuda(
     space: *const emuhost_space_t,
@@ -226,6 +229,7 @@ pub unsafe extern "C" fn emuhost_importer_new_cuda(
 
 /// Deletes the importer and releases its imports. NULL does nothing; a handle deleted already is
 /// `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_importer_delete(importer: *mut emuhost_importer_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<Imp>(importer))
@@ -240,6 +244,7 @@ fn get(importer: *const emuhost_importer_t, what: &str) -> Result<Arc<Imp>, Erro
 ///
 /// # Safety
 /// `gpu` is NULL or writable; `buf` points to `cap` writable bytes; `len` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_backend(
     importer: *const emuhost_importer_t,
@@ -269,6 +274,7 @@ pub unsafe extern "C" fn emuhost_importer_backend(
 ///
 /// # Safety
 /// `id` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_add_pool(
     importer: *const emuhost_importer_t,
@@ -288,6 +294,7 @@ pub unsafe extern "C" fn emuhost_importer_add_pool(
 /// Releases a pool. Under the `pools` policy (the default) the imports it overlaps that overlap no
 /// other live pool are released with it: be done with their bindings first. Under `chunks` imports
 /// stay. An id that is not a live pool is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_importer_remove_pool(importer: *const emuhost_importer_t, id: u64) -> *mut emuhost_error_t {
     entry(|| {
@@ -310,6 +317,7 @@ pub extern "C" fn emuhost_importer_remove_pool(importer: *const emuhost_importer
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_bind(
     importer: *const emuhost_importer_t,
@@ -345,6 +353,7 @@ pub unsafe extern "C" fn emuhost_importer_bind(
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_importer_stats(
     importer: *const emuhost_importer_t,
@@ -376,6 +385,7 @@ pub unsafe extern "C" fn emuhost_importer_stats(
 }
 
 /// Releases every import (their device objects go: no GPU work may still use them).
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_importer_release_all(importer: *const emuhost_importer_t) -> *mut emuhost_error_t {
     entry(|| {

@@ -46,10 +46,65 @@ pub use watch::*;
 
 use std::ffi::c_char;
 
-/// The version of emuhost this library was built from, NUL-terminated (static storage).
+/// The version of emuhost this library was built from, NUL-terminated (static storage), e.g.
+/// `"0.1.0"`. The header's `EMUHOST_VERSION_MAJOR`, `_MINOR` and `_PATCH` are the version it was
+/// generated from; `emuhost_version_compatible` compares the two.
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// A decimal version field (`CARGO_PKG_VERSION_*`) as a number, at compile time.
+const fn version_field(text: &str) -> u32 {
+    let bytes = text.as_bytes();
+    let (mut n, mut i) = (0u32, 0);
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "a version field that is not a decimal number");
+        n = n * 10 + (bytes[i] - b'0') as u32;
+        i += 1;
+    }
+    n
+}
+
+/// This library's version, as the header's `EMUHOST_VERSION_MAJOR`, `_MINOR`, `_PATCH` are.
+pub(crate) const VERSION: [u32; 3] = [
+    version_field(env!("CARGO_PKG_VERSION_MAJOR")),
+    version_field(env!("CARGO_PKG_VERSION_MINOR")),
+    version_field(env!("CARGO_PKG_VERSION_PATCH")),
+];
+
+/// The major version of this library (`EMUHOST_VERSION_MAJOR` of the header it was built with).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_version_major() -> u32 {
+    VERSION[0]
+}
+
+/// The minor version of this library (`EMUHOST_VERSION_MINOR` of the header it was built with).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_version_minor() -> u32 {
+    VERSION[1]
+}
+
+/// The patch version of this library (`EMUHOST_VERSION_PATCH` of the header it was built with).
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_version_patch() -> u32 {
+    VERSION[2]
+}
+
+/// Whether a program compiled against the header of version `major`.`minor` may use this library
+/// (call it as `EMUHOST_VERSION_CHECK()`, which passes the header's own numbers). Semver's rule:
+/// from 1.0 the same major and a minor at least the header's (a minor adds, never changes); before
+/// 1.0 (`0.MINOR`) the same minor, since every 0.x minor may change the ABI. The shared library's
+/// SONAME follows the same rule (`libemuhost_capi.so.MAJOR`, `libemuhost_capi.so.0.MINOR` before
+/// 1.0), so the dynamic loader refuses the worst mismatches already; this check is for a library
+/// linked statically, loaded with `dlopen`, or copied under another name.
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_version_compatible(major: u32, minor: u32) -> bool {
+    let [have_major, have_minor, _] = VERSION;
+    match have_major {
+        0 => major == 0 && minor == have_minor,
+        _ => major == have_major && minor <= have_minor,
+    }
 }
 
 /// Runs an entry point's body: `Ok` becomes NULL, an error or a panic becomes an owned

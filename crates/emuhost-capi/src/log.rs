@@ -224,6 +224,7 @@ impl<S: Subscriber> Layer<S> for Forward {
 /// # Safety
 /// `callback` is called from emuhost's delivery thread until it is replaced: it and `user` must
 /// stay valid that long, and be callable from that thread.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_set_log_callback(
     callback: emuhost_log_callback_t,
@@ -262,6 +263,7 @@ pub extern "C" fn emuhost_log_flush() {
 
 /// The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default
 /// `EMUHOST_LOG_INFO`).
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_set_log_level(level: u32) -> *mut emuhost_error_t {
     entry(|| {

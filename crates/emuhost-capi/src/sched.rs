@@ -70,6 +70,7 @@ fn wait_code(w: Wait) -> u32 {
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_sleeper_new(
     settings: *const emuhost_settings_t,
@@ -93,6 +94,7 @@ pub unsafe extern "C" fn emuhost_sleeper_new(
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_sleeper_new_host_wait(
     settings: *const emuhost_settings_t,
@@ -118,6 +120,7 @@ pub unsafe extern "C" fn emuhost_sleeper_new_host_wait(
 }
 
 /// Deletes a sleeper. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_sleeper_delete(sleeper: *mut emuhost_sleeper_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<Sleep>(sleeper))
@@ -132,6 +135,7 @@ pub const EMUHOST_SLEEP_MAX_NS: u64 = 1_000_000_000;
 /// Sleeps `ns` nanoseconds for `caller` (`EMUHOST_CALLER_*`): under a millisecond by the rule,
 /// longer on the timer. `ns` over [`EMUHOST_SLEEP_MAX_NS`] (1 s) is
 /// `EMUHOST_ERROR_INVALID_ARGUMENT`, at once.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_sleeper_sleep(
     sleeper: *const emuhost_sleeper_t,
@@ -168,6 +172,7 @@ pub extern "C" fn emuhost_sleeper_sleep(
 /// # Safety
 /// `rule` is NULL or writable; `why` points to `cap` writable bytes; `why_len` is NULL or
 /// writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_sleeper_rule(
     sleeper: *const emuhost_sleeper_t,
@@ -211,6 +216,7 @@ pub extern "C" fn emuhost_wait_name(wait: u32) -> *const c_char {
 /// # Safety
 /// `count` is NULL or writable; `why` points to `cap` writable bytes; `why_len` is NULL or
 /// writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_prepare_workers(
     allocator: u32,

@@ -44,6 +44,7 @@ fn make(settings: Settings, out: *mut *mut emuhost_settings_t) -> Result<(), Err
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_settings_new(out: *mut *mut emuhost_settings_t) -> *mut emuhost_error_t {
     entry(|| make(Settings::default(), out))
@@ -54,6 +55,7 @@ pub unsafe extern "C" fn emuhost_settings_new(out: *mut *mut emuhost_settings_t)
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_settings_from_env(out: *mut *mut emuhost_settings_t) -> *mut emuhost_error_t {
     entry(|| make(Settings::from_env()?, out))
@@ -65,6 +67,7 @@ pub unsafe extern "C" fn emuhost_settings_from_env(out: *mut *mut emuhost_settin
 ///
 /// # Safety
 /// `name` and `value` are NULL or NUL-terminated strings.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_settings_set(
     settings: *mut emuhost_settings_t,
@@ -83,6 +86,7 @@ pub unsafe extern "C" fn emuhost_settings_set(
 /// Makes the settings' `EMUHOST_FAULT_*` switches the process's fault plan (a build with the
 /// `faults` feature; in another, setting one is already an error). Only the first plan of the
 /// process holds: a different one later is `EMUHOST_ERROR_REFUSED`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_settings_install_faults(settings: *const emuhost_settings_t) -> *mut emuhost_error_t {
     entry(|| {
@@ -96,6 +100,7 @@ pub extern "C" fn emuhost_settings_install_faults(settings: *const emuhost_setti
 }
 
 /// Deletes settings. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_settings_delete(settings: *mut emuhost_settings_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<SettingsCell>(settings))

@@ -83,6 +83,7 @@ fn give(
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_reserve(
     window: u64,
@@ -98,6 +99,7 @@ pub unsafe extern "C" fn emuhost_space_reserve(
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_reserve_at(
     base: *mut c_void,
@@ -120,6 +122,7 @@ pub unsafe extern "C" fn emuhost_space_reserve_at(
 /// The range is a reservation the caller made; it stays mapped while the space lives (trackers
 /// and importers keep the space alive), and nothing else maps, unmaps or changes protection in it
 /// meanwhile. `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_adopt(
     base: *mut c_void,
@@ -134,6 +137,7 @@ pub unsafe extern "C" fn emuhost_space_adopt(
 
 /// Deletes the space handle. The space itself goes when the last tracker and importer made on it
 /// go too. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_delete(space: *mut emuhost_space_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<Space>(space))
@@ -143,6 +147,7 @@ pub extern "C" fn emuhost_space_delete(space: *mut emuhost_space_t) -> *mut emuh
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_info(
     space: *const emuhost_space_t,
@@ -179,6 +184,7 @@ fn on_range(
 
 /// Commits `addr..addr + len` with `prot` (`EMUHOST_PROT_*`), in one system call where it can.
 /// Pages committed already keep their bytes; their protection is set again.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_commit(
     space: *const emuhost_space_t,
@@ -197,6 +203,7 @@ pub extern "C" fn emuhost_space_commit(
 ///
 /// # Safety
 /// `committed` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_commit_reserved(
     space: *const emuhost_space_t,
@@ -214,12 +221,14 @@ pub unsafe extern "C" fn emuhost_space_commit_reserved(
 
 /// Decommits the range: its pages are dropped and it is reserved again. Refused
 /// (`EMUHOST_ERROR_REFUSED`) where a live GPU import holds a page of it: zero it instead.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_decommit(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_decommit", addr, len, |s, r| Ok(s.decommit(r)?))
 }
 
 /// Sets the protection (`EMUHOST_PROT_*`) of the committed pages of the range.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_protect(
     space: *const emuhost_space_t,
@@ -232,6 +241,7 @@ pub extern "C" fn emuhost_space_protect(
 
 /// Zeroes the range in place (pages stay committed and mapped, so GPU imports of them stay valid).
 /// Pages not committed are `EMUHOST_ERROR_NOT_COMMITTED`, read-only ones `EMUHOST_ERROR_PROTECTION`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_zero(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_zero", addr, len, |s, r| Ok(s.zero(r)?))
@@ -259,6 +269,7 @@ impl Kind for OwnedChanging {
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_change_begin(
     space: *const emuhost_space_t,
@@ -275,6 +286,7 @@ pub unsafe extern "C" fn emuhost_space_change_begin(
 
 /// Ends a change marked by `emuhost_space_change_begin` (NULL does nothing; an ended one is
 /// `EMUHOST_ERROR_BAD_HANDLE`).
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_change_end(change: *mut emuhost_change_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<OwnedChanging>(change))
@@ -302,6 +314,7 @@ impl Kind for OwnedLongRead {
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_long_read_begin(
     space: *const emuhost_space_t,
@@ -324,6 +337,7 @@ pub unsafe extern "C" fn emuhost_space_long_read_begin(
 
 /// Ends a long read marked by `emuhost_space_long_read_begin` (NULL does nothing; an ended one
 /// is `EMUHOST_ERROR_BAD_HANDLE`).
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_long_read_end(read: *mut emuhost_long_read_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<OwnedLongRead>(read))
@@ -332,6 +346,7 @@ pub extern "C" fn emuhost_long_read_end(read: *mut emuhost_long_read_t) -> *mut 
 /// Faults the range's pages in ahead of use (they must be committed writable, else
 /// `EMUHOST_ERROR_NOT_COMMITTED` or `EMUHOST_ERROR_PROTECTION`), so a later GPU import pays for
 /// pinning only.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_populate(space: *const emuhost_space_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     on_range(space, "emuhost_space_populate", addr, len, |s, r| Ok(s.populate(r)?))
@@ -344,6 +359,7 @@ pub extern "C" fn emuhost_space_populate(space: *const emuhost_space_t, addr: u6
 ///
 /// # Safety
 /// `data` points to `len` readable bytes (may be NULL when `len` is 0).
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_write(
     space: *const emuhost_space_t,
@@ -365,6 +381,7 @@ pub unsafe extern "C" fn emuhost_space_write(
 ///
 /// # Safety
 /// `buf` points to `len` writable bytes (may be NULL when `len` is 0).
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_read(
     space: *const emuhost_space_t,
@@ -385,6 +402,7 @@ pub unsafe extern "C" fn emuhost_space_read(
 ///
 /// # Safety
 /// `id` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_create_section(
     space: *const emuhost_space_t,
@@ -401,6 +419,7 @@ pub unsafe extern "C" fn emuhost_space_create_section(
 }
 
 /// Drops the space's hold on a section; its views stay mapped.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_destroy_section(space: *const emuhost_space_t, id: u64) -> *mut emuhost_error_t {
     entry(|| {
@@ -414,6 +433,7 @@ pub extern "C" fn emuhost_space_destroy_section(space: *const emuhost_space_t, i
 /// aliases. Windows: views need placeholders (Windows 10 1803 and later; not Wine 8) in a window
 /// emuhost reserved, and may not cut a committed private allocation whose other pages hold data;
 /// otherwise `EMUHOST_ERROR_UNAVAILABLE`, saying which, and nothing changes.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_space_map_section(
     space: *const emuhost_space_t,
@@ -436,6 +456,7 @@ pub extern "C" fn emuhost_space_map_section(
 /// # Safety
 /// `pages` points to `count` readable values (may be NULL when `count` is 0); `views` is NULL or
 /// writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_map_pages(
     space: *const emuhost_space_t,
@@ -475,6 +496,7 @@ unsafe fn fill<T: Copy>(items: &[T], out: *mut T, cap: usize, count: *mut usize)
 ///
 /// # Safety
 /// `out` points to `cap` writable entries (may be NULL when `cap` is 0); `count` is writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_allocations(
     space: *const emuhost_space_t,
@@ -500,6 +522,7 @@ pub unsafe extern "C" fn emuhost_space_allocations(
 ///
 /// # Safety
 /// As `emuhost_space_allocations`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_space_views(
     space: *const emuhost_space_t,

@@ -92,6 +92,7 @@ pub const EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS: u32 = 1;
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_new(
     space: *const emuhost_space_t,
@@ -122,6 +123,7 @@ pub unsafe extern "C" fn emuhost_tracker_new(
 
 /// Deletes the tracker: armed pages get their protection back. NULL does nothing; a handle
 /// deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_tracker_delete(tracker: *mut emuhost_tracker_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<Tracker>(tracker))
@@ -136,6 +138,7 @@ fn get(tracker: *const emuhost_tracker_t, what: &str) -> Result<Arc<Tracker>, Er
 ///
 /// # Safety
 /// `backend` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_backend(
     tracker: *const emuhost_tracker_t,
@@ -164,6 +167,7 @@ pub extern "C" fn emuhost_watch_backend_name(backend: u32) -> *const c_char {
 
 /// Arms `addr..addr + len`: writes to its pages from now on are reported by the next collect.
 /// Pages armed already keep their writes.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_tracker_arm(tracker: *const emuhost_tracker_t, addr: u64, len: u64) -> *mut emuhost_error_t {
     entry(|| {
@@ -173,6 +177,7 @@ pub extern "C" fn emuhost_tracker_arm(tracker: *const emuhost_tracker_t, addr: u
 }
 
 /// Stops tracking `addr..addr + len` (its pages get their protection back).
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_tracker_disarm(
     tracker: *const emuhost_tracker_t,
@@ -194,6 +199,7 @@ pub extern "C" fn emuhost_tracker_disarm(
 ///
 /// # Safety
 /// `pages` points to `cap` writable values; `result` is writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_collect(
     tracker: *const emuhost_tracker_t,
@@ -269,6 +275,7 @@ pub const EMUHOST_FAULT_HANDLES_MAX: u32 = 1024;
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_fault_handle(
     tracker: *const emuhost_tracker_t,
@@ -343,6 +350,7 @@ impl Kind for OwnedHostWrite {
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_host_write_begin(
     tracker: *const emuhost_tracker_t,
@@ -361,6 +369,7 @@ pub unsafe extern "C" fn emuhost_tracker_host_write_begin(
 
 /// Ends a host write begun by [`emuhost_tracker_host_write_begin`]: its pages are armed again.
 /// NULL does nothing; one ended already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_host_write_end(write: *mut emuhost_host_write_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<OwnedHostWrite>(write))
@@ -413,6 +422,7 @@ unsafe fn into_words(
 ///
 /// # Safety
 /// `words` points to `nwords` writable values; `result` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_tracker_collect_into(
     tracker: *const emuhost_tracker_t,
@@ -454,6 +464,7 @@ impl Kind for Consumer {
 ///
 /// # Safety
 /// `out` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_consumer_new(
     tracker: *const emuhost_tracker_t,
@@ -469,6 +480,7 @@ pub unsafe extern "C" fn emuhost_consumer_new(
 
 /// Deletes a consumer (its pending pages go with it). NULL does nothing; a handle deleted
 /// already is `EMUHOST_ERROR_BAD_HANDLE`.
+#[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_consumer_delete(consumer: *mut emuhost_consumer_t) -> *mut emuhost_error_t {
     entry(|| handle::delete::<Consumer>(consumer))
@@ -479,6 +491,7 @@ pub extern "C" fn emuhost_consumer_delete(consumer: *mut emuhost_consumer_t) -> 
 ///
 /// # Safety
 /// `words` points to `nwords` writable values; `result` is NULL or writable.
+#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn emuhost_consumer_collect_into(
     consumer: *const emuhost_consumer_t,

@@ -81,6 +81,13 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
             .arg(&obj));
         extra.push(obj);
     }
+    // The shared library's SONAME (libemuhost_capi.so.0.MINOR) is the name the loader looks for:
+    // a link of that name to the build's libemuhost_capi.so, as an installed prefix has.
+    let loader_dir = out.join(format!("lib-{name}"));
+    std::fs::create_dir_all(&loader_dir).expect("the loader's folder");
+    let link = loader_dir.join(crate::version::soname());
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(lib.join("libemuhost_capi.so"), &link).expect("the SONAME's link");
     let mut outputs = [String::new(), String::new()];
     for (i, linkage) in ["shared", "static"].into_iter().enumerate() {
         let exe = out.join(format!("smoke-{name}-{linkage}"));
@@ -98,7 +105,9 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
             cmd.arg("-DSMOKE_NO_VULKAN");
         }
         if linkage == "shared" {
-            cmd.arg(format!("-L{}", lib.display())).arg("-lemuhost_capi").arg(format!("-Wl,-rpath,{}", lib.display()));
+            cmd.arg(format!("-L{}", lib.display()))
+                .arg("-lemuhost_capi")
+                .arg(format!("-Wl,-rpath,{}", loader_dir.display()));
         } else {
             // What the Rust standard library needs from the system (`rustc --print native-static-libs`).
             cmd.arg(lib.join("libemuhost_capi.a")).args([
@@ -119,7 +128,7 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
         let mut go = Command::new(&exe);
         // Cargo's LD_LIBRARY_PATH for tests names target/debug too, where a `cargo build` leaves
         // its own (maybe older) libemuhost_capi.so, and it outranks the program's run path.
-        go.env("LD_LIBRARY_PATH", &lib);
+        go.env("LD_LIBRARY_PATH", &loader_dir);
         if linkage == "static" && !cpp {
             go.env("EMUHOST_WATCH", "mprotect");
         }
@@ -130,7 +139,8 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
         } else {
             "collect: 256 pages written from 2 threads, 256 queried, 256 collected, 0 lost"
         };
-        for line in [collected, "rule: guest ", "smoke: ok"] {
+        let version = format!("version: header {0}, library {0}: compatible\n", env!("CARGO_PKG_VERSION"));
+        for line in [collected, "rule: guest ", "smoke: ok", &version] {
             assert!(text.contains(line), "{linkage} {name}: no {line:?} in:\n{text}");
         }
         assert!(text.contains("backend: uffd\n") || text.contains("backend: mprotect\n"), "{text}");
@@ -169,5 +179,42 @@ fn the_cpp_program_runs_against_both_libraries() {
         for line in ["bytes into armed memory, page 300 collected\n", "hybrid: host wait hybrid\n"] {
             assert!(run.contains(line), "no {line:?} in:\n{run}");
         }
+    }
+}
+
+/// `tests/c/ignored_error.c` ignores the error of `emuhost_space_reserve`: under
+/// `-Werror=unused-result` (EMUHOST_MUST_USE is `warn_unused_result`) neither `cc` nor `c++` compiles
+/// it, naming the call; without the flag both do (a warning), so the refusal is the attribute's.
+#[test]
+fn an_ignored_error_fails_to_compile() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let root = root();
+    for (compiler, lang) in [(cc, "c"), (cxx, "c++")] {
+        let compile = |werror: bool| {
+            let mut cmd = Command::new(&compiler);
+            // An object file, not -fsyntax-only: GCC checks unused results after parsing.
+            let obj = out_dir().join(format!("ignored-{lang}-{werror}.o"));
+            cmd.args(["-x", lang, "-c", "-I"])
+                .arg(root.join("include"))
+                .arg(root.join("tests/c/ignored_error.c"))
+                .arg("-o")
+                .arg(obj);
+            if werror {
+                cmd.arg("-Werror=unused-result");
+            }
+            cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+        };
+        let warned = compile(false);
+        let text = String::from_utf8_lossy(&warned.stderr);
+        assert!(warned.status.success(), "{compiler} -x {lang} without -Werror: {text}");
+        assert!(text.contains("emuhost_space_reserve"), "{compiler} -x {lang}: no warning naming the call:\n{text}");
+        let refused = compile(true);
+        let text = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{compiler} -x {lang} -Werror=unused-result compiled an ignored error");
+        assert!(
+            text.contains("emuhost_space_reserve") && text.contains("unused-result"),
+            "{compiler} -x {lang}:\n{text}"
+        );
     }
 }

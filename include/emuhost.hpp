@@ -10,14 +10,31 @@
 // Thread safety is the C handles' (see emuhost.h): every object may be used from several threads
 // at once; moving from or destroying one while another thread uses it is the caller's to avoid,
 // as with any C++ object.
+//
+// Arguments come in the C call's order (emuhost_tracker_new(space, settings, backend, flags) is
+// Tracker(space, settings, backend, flags)), the out-pointer becoming the result.
 #ifndef EMUHOST_HPP
 #define EMUHOST_HPP
+
+// C++17 and exceptions, said plainly rather than by a page of errors further down.
+#if defined(_MSVC_LANG)
+#if _MSVC_LANG < 201703L
+#error "emuhost.hpp needs C++17 (/std:c++17); C++14 and older, and C, use emuhost.h"
+#endif
+#elif !defined(__cplusplus) || __cplusplus < 201703L
+#error "emuhost.hpp needs C++17 (-std=c++17); C++14 and older, and C, use emuhost.h"
+#endif
+#if !defined(__cpp_exceptions) && !defined(_CPPUNWIND)
+#error "emuhost.hpp reports errors as exceptions: built with -fno-exceptions, use emuhost.h (every call returns its error)"
+#endif
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -88,6 +105,19 @@ std::string text(F f) {
     s.resize(len);
     return s;
 }
+
+// Whether C is contiguous memory of plain values: std::data(c) and std::size(c) (a std::vector,
+// std::array, std::string, std::span, a C array) of a trivially copyable type; Writable: not const.
+template <class C, class = void>
+struct Contiguous : std::false_type {};
+template <class C>
+struct Contiguous<C, std::void_t<decltype(std::data(std::declval<C &>())), decltype(std::size(std::declval<C &>()))>>
+    : std::is_trivially_copyable<std::remove_pointer_t<decltype(std::data(std::declval<C &>()))>> {};
+template <class C, class = void>
+struct Writable : std::false_type {};
+template <class C>
+struct Writable<C, std::enable_if_t<Contiguous<C>::value>>
+    : std::negation<std::is_const<std::remove_pointer_t<decltype(std::data(std::declval<C &>()))>>> {};
 
 // A move-only owner of a C handle, deleted with `Delete` (whose error, impossible for a handle
 // the owner holds, is dropped: destructors do not throw).
@@ -236,11 +266,24 @@ public:
         detail::check(emuhost_space_long_read_begin(get(), &raw));
         return LongRead(raw);
     }
-    void write(std::uint64_t addr, span<const std::byte> data) const {
-        detail::check(emuhost_space_write(get(), addr, data.data(), data.size()));
+    // Copies `len` bytes at `data` to guest address `addr` (see emuhost_space_write).
+    void write(std::uint64_t addr, const void *data, std::size_t len) const {
+        detail::check(emuhost_space_write(get(), addr, data, len));
     }
-    void read(std::uint64_t addr, span<std::byte> buf) const {
-        detail::check(emuhost_space_read(get(), addr, buf.data(), buf.size()));
+    // Copies the bytes of any contiguous memory of plain values (a std::vector<std::uint8_t>, a
+    // std::array<std::uint32_t, N>, a std::string, a std::span, a C array) to `addr`.
+    template <class C, std::enable_if_t<detail::Contiguous<const C>::value, int> = 0>
+    void write(std::uint64_t addr, const C &bytes) const {
+        write(addr, std::data(bytes), std::size(bytes) * sizeof(*std::data(bytes)));
+    }
+    // Copies `len` bytes at guest address `addr` into `buf` (see emuhost_space_read).
+    void read(std::uint64_t addr, void *buf, std::size_t len) const {
+        detail::check(emuhost_space_read(get(), addr, buf, len));
+    }
+    // Fills any contiguous, writable memory of plain values with the bytes at `addr`.
+    template <class C, std::enable_if_t<detail::Writable<std::remove_reference_t<C>>::value, int> = 0>
+    void read(std::uint64_t addr, C &&buf) const {
+        read(addr, std::data(buf), std::size(buf) * sizeof(*std::data(buf)));
     }
 
     std::uint64_t create_section(std::uint64_t len) const {
@@ -280,20 +323,67 @@ private:
     }
 };
 
+// One tracker's fault handle, for the embedder's own SIGSEGV (Windows: vectored exception)
+// handler: Tracker::fault_handle(). handle() is async-signal-safe (atomics only, no lock, no
+// allocation, no exception); the handle is deleted when this goes (see emuhost_fault_handle_t).
+class FaultHandle {
+public:
+    FaultHandle() noexcept = default;
+    explicit FaultHandle(emuhost_fault_handle_t *raw) noexcept : raw_(raw) {}
+    FaultHandle(FaultHandle &&o) noexcept : raw_(std::exchange(o.raw_, nullptr)) {}
+    FaultHandle &operator=(FaultHandle &&o) noexcept {
+        if (this != &o) {
+            reset();
+            raw_ = std::exchange(o.raw_, nullptr);
+        }
+        return *this;
+    }
+    FaultHandle(const FaultHandle &) = delete;
+    FaultHandle &operator=(const FaultHandle &) = delete;
+    ~FaultHandle() { reset(); }
+
+    // Whether the fault at host address `addr` was this tracker's and is handled: return from
+    // the handler then (emuhost_fault_handle_handle). False for an empty handle.
+    bool handle(std::uintptr_t addr, bool is_write) const noexcept {
+        return emuhost_fault_handle_handle(raw_, addr, is_write ? 1 : 0) == 1;
+    }
+    emuhost_fault_handle_t *get() const noexcept { return raw_; }
+    emuhost_fault_handle_t *release() noexcept { return std::exchange(raw_, nullptr); }
+    void reset() noexcept {
+        if (raw_) emuhost_fault_handle_delete(std::exchange(raw_, nullptr));
+    }
+    explicit operator bool() const noexcept { return raw_ != nullptr; }
+
+private:
+    emuhost_fault_handle_t *raw_ = nullptr;
+};
+
+// Whether any tracker's armed pages hold the fault at `addr` and it is handled (async-signal-safe;
+// see emuhost_handle_fault).
+inline bool handle_fault(std::uintptr_t addr, bool is_write) noexcept { return emuhost_handle_fault(addr, is_write ? 1 : 0) == 1; }
+
 // A write tracker on a space (one per space); keeps the space alive.
 class Tracker : public detail::Handle<emuhost_tracker_t, emuhost_tracker_delete> {
 public:
-    // flags: 0, or EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS (the embedder's SIGSEGV handler calls
-    // emuhost_handle_fault first).
-    explicit Tracker(const Space &space, std::uint32_t backend = EMUHOST_WATCH_AUTO, const Settings *settings = nullptr,
+    // As emuhost_tracker_new(space, settings, backend, flags): settings may be nullptr (the
+    // defaults); flags 0, or EMUHOST_TRACKER_EMBEDDER_HANDLES_FAULTS (the embedder's SIGSEGV
+    // handler calls emuhost_handle_fault or FaultHandle::handle first).
+    explicit Tracker(const Space &space, const Settings *settings = nullptr, std::uint32_t backend = EMUHOST_WATCH_AUTO,
                      std::uint32_t flags = 0)
-        : Handle(make(space, backend, settings, flags)) {}
+        : Handle(make(space, settings, backend, flags)) {}
     std::uint32_t backend() const {
         std::uint32_t b = 0;
         detail::check(emuhost_tracker_backend(get(), &b));
         return b;
     }
     std::string backend_name() const { return emuhost_watch_backend_name(backend()); }
+    // A fault handle of this tracker for the embedder's own fault handler (at most
+    // EMUHOST_FAULT_HANDLES_MAX live at once).
+    FaultHandle fault_handle() const {
+        emuhost_fault_handle_t *raw = nullptr;
+        detail::check(emuhost_tracker_fault_handle(get(), &raw));
+        return FaultHandle(raw);
+    }
     void arm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_arm(get(), addr, len)); }
     void disarm(std::uint64_t addr, std::uint64_t len) const { detail::check(emuhost_tracker_disarm(get(), addr, len)); }
     // Marks the program's own kernel write into addr..addr + len (a read(2) there) while the
@@ -319,7 +409,7 @@ public:
     }
 
 private:
-    static emuhost_tracker_t *make(const Space &space, std::uint32_t backend, const Settings *settings,
+    static emuhost_tracker_t *make(const Space &space, const Settings *settings, std::uint32_t backend,
                                    std::uint32_t flags) {
         emuhost_tracker_t *raw = nullptr;
         detail::check(emuhost_tracker_new(space.get(), emuhost::raw(settings), backend, flags, &raw));
@@ -355,14 +445,15 @@ public:
         detail::check(emuhost_importer_new(space.get(), emuhost::raw(settings), &raw));
         return Importer(raw);
     }
-    // On the caller's VkDevice (see emuhost_importer_new_vulkan's safety paragraph).
-    static Importer vulkan(const Space &space, const emuhost_vulkan_device_t &device, const Settings *settings = nullptr) {
+    // On the caller's VkDevice (see emuhost_importer_new_vulkan's safety paragraph); settings may
+    // be nullptr.
+    static Importer vulkan(const Space &space, const Settings *settings, const emuhost_vulkan_device_t &device) {
         emuhost_importer_t *raw = nullptr;
         detail::check(emuhost_importer_new_vulkan(space.get(), emuhost::raw(settings), &device, &raw));
         return Importer(raw);
     }
-    // In the caller's CUcontext.
-    static Importer cuda(const Space &space, void *context, const Settings *settings = nullptr) {
+    // In the caller's CUcontext; settings may be nullptr.
+    static Importer cuda(const Space &space, const Settings *settings, void *context) {
         emuhost_importer_t *raw = nullptr;
         detail::check(emuhost_importer_new_cuda(space.get(), emuhost::raw(settings), context, &raw));
         return Importer(raw);
@@ -405,7 +496,7 @@ public:
     explicit Sleeper(const Settings *settings = nullptr) : Handle(make(settings)) {}
     // With the host's exact wait chosen (EMUHOST_WAIT_HYBRID, _YIELD or _TIMER; see
     // emuhost_sleeper_new_host_wait).
-    static Sleeper with_host_wait(std::uint32_t host_wait, const Settings *settings = nullptr) {
+    static Sleeper with_host_wait(const Settings *settings, std::uint32_t host_wait) {
         emuhost_sleeper_t *raw = nullptr;
         detail::check(emuhost_sleeper_new_host_wait(emuhost::raw(settings), host_wait, &raw));
         return Sleeper(raw);

@@ -7,12 +7,15 @@
 // into armed memory is a ReadFile from an anonymous pipe instead of a read(2).
 #include "emuhost.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #ifdef _WIN32
@@ -110,7 +113,7 @@ void vulkan_part(const emuhost::Space &space, const emuhost::Settings &settings)
     dev.enabled_extensions = vk.extensions;
     dev.enabled_extension_count = vk.extension_count;
     {
-        auto imp = emuhost::Importer::vulkan(space, dev, &settings);
+        auto imp = emuhost::Importer::vulkan(space, &settings, dev);
         const std::uint64_t pool = 32 * MIB, at = pool + 4096, len = 4096;
         space.commit(pool, MIB, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
         std::vector<std::byte> bytes(len);
@@ -133,6 +136,70 @@ void vulkan_part(const emuhost::Space &space, const emuhost::Settings &settings)
     smoke_vk_close(&vk);
 }
 #endif
+
+// The wrapper's arguments come in the C call's order: emuhost_tracker_new(space, settings,
+// backend, flags), emuhost_importer_new_vulkan(space, settings, device), _new_cuda(space,
+// settings, context), emuhost_sleeper_new_host_wait(settings, host_wait); the old orders do not
+// compile.
+using Settings = const emuhost::Settings *;
+static_assert(std::is_constructible_v<emuhost::Tracker, const emuhost::Space &, Settings, std::uint32_t, std::uint32_t>);
+static_assert(!std::is_constructible_v<emuhost::Tracker, const emuhost::Space &, std::uint32_t, Settings>);
+static_assert(std::is_invocable_v<decltype(&emuhost::Importer::vulkan), const emuhost::Space &, Settings,
+                                  const emuhost_vulkan_device_t &>);
+static_assert(!std::is_invocable_v<decltype(&emuhost::Importer::vulkan), const emuhost::Space &,
+                                   const emuhost_vulkan_device_t &, Settings>);
+static_assert(std::is_invocable_v<decltype(&emuhost::Importer::cuda), const emuhost::Space &, Settings, void *>);
+static_assert(!std::is_invocable_v<decltype(&emuhost::Importer::cuda), const emuhost::Space &, void *, Settings>);
+static_assert(std::is_invocable_v<decltype(&emuhost::Sleeper::with_host_wait), Settings, std::uint32_t>);
+static_assert(!std::is_invocable_v<decltype(&emuhost::Sleeper::with_host_wait), std::uint32_t, Settings>);
+
+// Space::write and read take any contiguous memory of plain values, and a pointer and a length.
+int bytes_in_and_out(const emuhost::Space &space, std::uint64_t at) {
+    space.commit(at, 64 * 1024, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
+    const std::vector<std::uint8_t> octets{1, 2, 3, 4};
+    const std::array<std::uint32_t, 2> words{0x05060708u, 0x090a0b0cu};
+    const std::string text = "emuhost";
+    const char c_array[3] = {'x', 'y', 'z'};
+    space.write(at, octets);
+    space.write(at + 4, words);
+    space.write(at + 12, text);
+    space.write(at + 19, c_array);
+    space.write(at + 22, "!", 1);
+    std::array<std::uint8_t, 23> back{};
+    space.read(at, back);
+    std::vector<std::byte> tail(3);
+    space.read(at + 19, tail);
+    std::uint32_t first_word = 0;
+    space.read(at + 4, &first_word, sizeof first_word);
+    std::uint8_t want[23] = {1, 2, 3, 4};
+    std::memcpy(want + 4, words.data(), 8);
+    std::memcpy(want + 12, "emuhostxyz!", 11);
+    if (std::memcmp(back.data(), want, sizeof want) != 0 || tail[0] != std::byte('x') || first_word != 0x05060708u) {
+        std::fprintf(stderr, "smoke: the bytes written through Space::write came back different\n");
+        return 1;
+    }
+    std::printf("bytes: a vector, an array of words, a string, a C array and a pointer written and read back\n");
+    return 0;
+}
+
+// A fault handle is an owner: handle() is false for a fault that is no tracker's and for an
+// empty (moved-from) handle, and the C handle is deleted when its owner goes.
+int fault_handles(const emuhost::Tracker &tracker) {
+    auto fh = tracker.fault_handle();
+    int outside = 0;
+    if (!fh || fh.handle(reinterpret_cast<std::uintptr_t>(&outside), true) ||
+        emuhost::handle_fault(reinterpret_cast<std::uintptr_t>(&outside), true))
+        return 1;
+    emuhost_fault_handle_t *raw = fh.get();
+    {
+        emuhost::FaultHandle owner = std::move(fh);
+        if (fh || fh.handle(0x1000, true) || owner.get() != raw) return 1;
+    }
+    // The owner deleted it: a second delete says false.
+    if (emuhost_fault_handle_delete(raw)) return 1;
+    std::printf("fault handle: owned, deleted with its owner\n");
+    return 0;
+}
 
 int run() {
     emuhost::check_version();
@@ -162,7 +229,7 @@ int run() {
         if (!read) return 1;
     }
 
-    emuhost::Tracker tracker(space, EMUHOST_WATCH_AUTO, &settings);
+    emuhost::Tracker tracker(space, &settings, EMUHOST_WATCH_AUTO);
     std::printf("backend: %s\n", tracker.backend_name().c_str());
     tracker.arm(0, ARMED);
     // Two caches on one tracker, each with its own dirty pages.
@@ -199,6 +266,8 @@ int run() {
                 (words[300 / 64] >> (300 % 64)) & 1 ? "collected" : "lost");
     if (got != static_cast<long long>(page) || !((words[300 / 64] >> (300 % 64)) & 1)) return 1;
 
+    if (bytes_in_and_out(space, 8 * MIB) != 0 || fault_handles(tracker) != 0) return 1;
+
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings);
 #else
@@ -213,7 +282,7 @@ int run() {
     std::printf("sleep: 20 us guest sleep took %.1f us; rule: guest %s, host %s: %s\n", slept,
                 emuhost_wait_name(rule.guest), emuhost_wait_name(rule.host), sleeper.why().c_str());
     if (slept < 20.0) return 1;
-    auto hybrid = emuhost::Sleeper::with_host_wait(EMUHOST_WAIT_HYBRID);
+    auto hybrid = emuhost::Sleeper::with_host_wait(nullptr, EMUHOST_WAIT_HYBRID);
     hybrid.sleep_host(std::chrono::milliseconds(1));
     std::printf("hybrid: host wait %s\n", emuhost_wait_name(hybrid.rule().host));
     if (hybrid.rule().host != EMUHOST_WAIT_HYBRID) return 1;

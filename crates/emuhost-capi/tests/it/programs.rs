@@ -176,7 +176,12 @@ fn the_c_program_runs_against_both_libraries() {
 #[test]
 fn the_cpp_program_runs_against_both_libraries() {
     for run in build_and_run("tests/cpp/smoke.cpp", true) {
-        for line in ["bytes into armed memory, page 300 collected\n", "hybrid: host wait hybrid\n"] {
+        for line in [
+            "bytes into armed memory, page 300 collected\n",
+            "hybrid: host wait hybrid\n",
+            "bytes: a vector, an array of words, a string, a C array and a pointer written and read back\n",
+            "fault handle: owned, deleted with its owner\n",
+        ] {
             assert!(run.contains(line), "no {line:?} in:\n{run}");
         }
     }
@@ -216,5 +221,33 @@ fn an_ignored_error_fails_to_compile() {
             text.contains("emuhost_space_reserve") && text.contains("unused-result"),
             "{compiler} -x {lang}:\n{text}"
         );
+    }
+}
+
+/// `emuhost.hpp` says what it needs, first: C++17, and exceptions (`#error` naming emuhost.h).
+#[test]
+fn the_cpp_wrapper_refuses_old_standards_and_no_exceptions_plainly() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let source = out_dir().join("wrapper-needs.cpp");
+    std::fs::write(&source, "#include \"emuhost.hpp\"\nint main() { return 0; }\n").unwrap();
+    for (flags, says) in [
+        (&["-std=c++14"][..], "emuhost.hpp needs C++17"),
+        (&["-std=c++17", "-fno-exceptions"][..], "emuhost.hpp reports errors as exceptions"),
+        (&["-std=c++17"][..], ""),
+    ] {
+        let out = Command::new(&cxx)
+            .args(flags)
+            .arg("-fsyntax-only")
+            .arg("-I")
+            .arg(root().join("include"))
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+        let text = String::from_utf8_lossy(&out.stderr);
+        if says.is_empty() {
+            assert!(out.status.success(), "{cxx} {flags:?}: {text}");
+        } else {
+            assert!(!out.status.success() && text.contains(says), "{cxx} {flags:?}: no {says:?} in:\n{text}");
+        }
     }
 }

@@ -543,9 +543,22 @@ EMUHOST_MUST_USE struct emuhost_error_t *emuhost_set_log_callback(emuhost_log_ca
 // call this (and `emuhost_set_log_callback`) holding no lock of yours that the callback takes.
 void emuhost_log_flush(void);
 
-// The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default
-// `EMUHOST_LOG_INFO`).
+// The least severe level forwarded to the log callback, for every module (`EMUHOST_LOG_ERROR` ..
+// `EMUHOST_LOG_TRACE`; before any call `EMUHOST_LOG_INFO`). It replaces the filter that
+// `emuhost_set_log_filter` set, and that one replaces it: the later call wins.
 EMUHOST_MUST_USE struct emuhost_error_t *emuhost_set_log_level(uint32_t level);
+
+// The log callback's filter, in `EMUHOST_LOG`'s syntax (`tracing`'s `EnvFilter`: a level,
+// `module=level` pairs, comma-separated, e.g. `"warn,emuhost::import=debug"`). It replaces the
+// level `emuhost_set_log_level` set, and that one replaces it: the later call wins. NULL or an
+// empty string change nothing, so `emuhost_set_log_filter(getenv("EMUHOST_LOG"))` passes on the
+// environment's switch where it is set (the library reads no environment itself, and no
+// settings object's `EMUHOST_LOG`: logging is the process's). A filter that does not parse is
+// `EMUHOST_ERROR_SETTING`, naming it, and changes nothing.
+//
+// # Safety
+// `filter` is NULL or a NUL-terminated string.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_set_log_filter(const char *filter);
 
 // A sleeper with the settings' `EMUHOST_SHORT_SLEEP_TIMER` (`settings` may be NULL: unset, the
 // rule by processor count).

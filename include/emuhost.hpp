@@ -540,6 +540,9 @@ inline Workers prepare_workers(std::uint32_t allocator) {
 // emuhost's log lines to `callback` (see emuhost_set_log_callback); nullptr stops them.
 inline void set_log_callback(emuhost_log_callback_t callback, void *user) { detail::check(emuhost_set_log_callback(callback, user)); }
 inline void set_log_level(std::uint32_t level) { detail::check(emuhost_set_log_level(level)); }
+// The log filter in EMUHOST_LOG's syntax; nullptr or "" change nothing; the later of this and
+// set_log_level wins (see emuhost_set_log_filter).
+inline void set_log_filter(const char *filter) { detail::check(emuhost_set_log_filter(filter)); }
 // Waits until the lines logged so far reached the callback (see emuhost_log_flush).
 inline void log_flush() noexcept { emuhost_log_flush(); }
 

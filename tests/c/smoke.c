@@ -302,6 +302,7 @@ int main(void) {
     printf("version: header %s, library %u.%u.%u: compatible\n", EMUHOST_VERSION_STRING, emuhost_version_major(),
            emuhost_version_minor(), emuhost_version_patch());
     CHECK(emuhost_set_log_callback(on_log, NULL));
+    CHECK(emuhost_set_log_filter(getenv("EMUHOST_LOG"))); /* the environment's, where set */
     emuhost_settings_t *settings; /* the environment's EMUHOST_* switches (EMUHOST_WATCH=mprotect, ...) */
     CHECK(emuhost_settings_from_env(&settings));
 

@@ -205,6 +205,7 @@ int run() {
     emuhost::check_version();
     std::printf("version: header %s, library %s: compatible\n", EMUHOST_VERSION_STRING, emuhost_version());
     emuhost::set_log_callback(on_log, nullptr);
+    emuhost::set_log_filter(std::getenv("EMUHOST_LOG"));
     emuhost::Settings settings;
     settings.set("EMUHOST_IMPORT_SPAN_MB", "64");
 

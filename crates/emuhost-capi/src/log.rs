@@ -10,21 +10,28 @@
 //! it, and never holds up the thread that logs); one delivery thread calls the function, in
 //! order, holding no lock of emuhost's. `emuhost_log_flush` and `emuhost_set_log_callback` wait
 //! for the lines queued before them.
+//!
+//! What is forwarded is decided by one filter of `EMUHOST_LOG`'s syntax (`tracing`'s
+//! `EnvFilter`: `info`, `warn,emuhost::import=debug`), `info` at first; `emuhost_set_log_level`
+//! and `emuhost_set_log_filter` each replace it, so the later call wins. The library reads no
+//! environment and no settings object for it (logging is the process's, settings are per
+//! object): an embedder that wants the environment's `EMUHOST_LOG` passes it on
+//! (`emuhost_set_log_filter(getenv("EMUHOST_LOG"))`).
 
 use std::cell::Cell;
 use std::ffi::{CString, c_char, c_void};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Metadata, Subscriber};
-use tracing_subscriber::Layer;
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
+use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 
 use crate::entry;
-use crate::error::{EMUHOST_ERROR_OTHER, EMUHOST_ERROR_REFUSED, Error, emuhost_error_t};
+use crate::error::{EMUHOST_ERROR_OTHER, EMUHOST_ERROR_REFUSED, EMUHOST_ERROR_SETTING, Error, emuhost_error_t};
 
 pub const EMUHOST_LOG_ERROR: u32 = 1;
 pub const EMUHOST_LOG_WARN: u32 = 2;
@@ -55,8 +62,12 @@ unsafe impl Sync for Sink {}
 pub const EMUHOST_LOG_QUEUE: u32 = 1024;
 
 static SINK: RwLock<Option<Sink>> = RwLock::new(None);
-static MAX_LEVEL: AtomicU32 = AtomicU32::new(EMUHOST_LOG_INFO);
-static INSTALLED: OnceLock<bool> = OnceLock::new();
+/// The filter forwarded lines pass (`EMUHOST_LOG`'s syntax), as the last of
+/// `emuhost_set_log_level` and `emuhost_set_log_filter` set it; `info` before either.
+static FILTER: Mutex<String> = Mutex::new(String::new());
+/// The installed subscriber's filter, reloaded when [`FILTER`] changes; `None` where the process
+/// had a subscriber already (nothing of emuhost's to filter).
+static INSTALLED: OnceLock<Option<reload::Handle<EnvFilter, Registry>>> = OnceLock::new();
 /// The delivery thread's queue (or why it could not start).
 static DELIVERY: OnceLock<Result<Delivery, String>> = OnceLock::new();
 /// Lines dropped since the last one queued.
@@ -175,18 +186,35 @@ impl Visit for Line {
     }
 }
 
+/// The filter that `text` (`EMUHOST_LOG`'s syntax) makes; an error naming it where it does not
+/// parse.
+fn parse_filter(text: &str) -> Result<EnvFilter, Error> {
+    EnvFilter::builder().parse(text).map_err(|e| {
+        Error::new(EMUHOST_ERROR_SETTING, format!("log filter {text:?} (EMUHOST_LOG's syntax) does not parse: {e}"))
+    })
+}
+
+/// Makes `text` the filter: parsed first (a bad one changes nothing), then reloaded into the
+/// installed subscriber, if any.
+fn set_filter(text: String) -> Result<(), Error> {
+    let filter = parse_filter(&text)?;
+    let mut current = FILTER.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(Some(handle)) = INSTALLED.get() {
+        handle.reload(filter).map_err(|e| Error::new(EMUHOST_ERROR_OTHER, format!("reloading the log filter: {e}")))?;
+    }
+    *current = text;
+    Ok(())
+}
+
+/// The filter as set so far (`info` before any).
+fn current_filter() -> Result<EnvFilter, Error> {
+    let text = FILTER.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    parse_filter(if text.is_empty() { "info" } else { &text })
+}
+
 struct Forward;
 
 impl<S: Subscriber> Layer<S> for Forward {
-    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
-        code(meta.level()) <= MAX_LEVEL.load(Ordering::Relaxed)
-    }
-
-    fn register_callsite(&self, _: &'static Metadata<'static>) -> tracing::subscriber::Interest {
-        // Asked every time: the level may change at run time.
-        tracing::subscriber::Interest::sometimes()
-    }
-
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         if SINK.read().unwrap_or_else(|p| p.into_inner()).is_none() {
             return;
@@ -231,10 +259,13 @@ pub unsafe extern "C" fn emuhost_set_log_callback(
     user: *mut c_void,
 ) -> *mut emuhost_error_t {
     entry(|| {
-        let installed = *INSTALLED.get_or_init(|| {
-            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Forward)).is_ok()
+        let filter = current_filter()?;
+        let installed = INSTALLED.get_or_init(|| {
+            let (filter, handle) = reload::Layer::new(filter);
+            let subscriber = tracing_subscriber::registry().with(Forward.with_filter(filter));
+            tracing::subscriber::set_global_default(subscriber).is_ok().then_some(handle)
         });
-        if !installed {
+        if installed.is_none() {
             return Err(Error::new(
                 EMUHOST_ERROR_REFUSED,
                 "the process has a global tracing subscriber already: emuhost's lines go to it",
@@ -261,16 +292,51 @@ pub extern "C" fn emuhost_log_flush() {
     crate::entry_or((), wait_for_delivery);
 }
 
-/// The least severe level forwarded (`EMUHOST_LOG_ERROR` .. `EMUHOST_LOG_TRACE`; default
-/// `EMUHOST_LOG_INFO`).
+/// The least severe level forwarded to the log callback, for every module (`EMUHOST_LOG_ERROR` ..
+/// `EMUHOST_LOG_TRACE`; before any call `EMUHOST_LOG_INFO`). It replaces the filter that
+/// `emuhost_set_log_filter` set, and that one replaces it: the later call wins.
 #[must_use]
 #[unsafe(no_mangle)]
 pub extern "C" fn emuhost_set_log_level(level: u32) -> *mut emuhost_error_t {
     entry(|| {
-        if !(EMUHOST_LOG_ERROR..=EMUHOST_LOG_TRACE).contains(&level) {
-            return Err(Error::invalid(format!("log level {level} is not one of EMUHOST_LOG_ERROR (1) .. _TRACE (5)")));
+        let name = match level {
+            EMUHOST_LOG_ERROR => "error",
+            EMUHOST_LOG_WARN => "warn",
+            EMUHOST_LOG_INFO => "info",
+            EMUHOST_LOG_DEBUG => "debug",
+            EMUHOST_LOG_TRACE => "trace",
+            _ => {
+                return Err(Error::invalid(format!(
+                    "log level {level} is not one of EMUHOST_LOG_ERROR (1) .. _TRACE (5)"
+                )));
+            }
+        };
+        set_filter(name.into())
+    })
+}
+
+/// The log callback's filter, in `EMUHOST_LOG`'s syntax (`tracing`'s `EnvFilter`: a level,
+/// `module=level` pairs, comma-separated, e.g. `"warn,emuhost::import=debug"`). It replaces the
+/// level `emuhost_set_log_level` set, and that one replaces it: the later call wins. NULL or an
+/// empty string change nothing, so `emuhost_set_log_filter(getenv("EMUHOST_LOG"))` passes on the
+/// environment's switch where it is set (the library reads no environment itself, and no
+/// settings object's `EMUHOST_LOG`: logging is the process's). A filter that does not parse is
+/// `EMUHOST_ERROR_SETTING`, naming it, and changes nothing.
+///
+/// # Safety
+/// `filter` is NULL or a NUL-terminated string.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_set_log_filter(filter: *const c_char) -> *mut emuhost_error_t {
+    entry(|| {
+        if filter.is_null() {
+            return Ok(());
         }
-        MAX_LEVEL.store(level, Ordering::Relaxed);
-        Ok(())
+        // SAFETY: a NUL-terminated string (the caller vouches).
+        let text = unsafe { crate::ffi::text(filter, "filter") }?;
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        set_filter(text.to_string())
     })
 }

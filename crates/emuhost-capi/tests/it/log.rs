@@ -223,3 +223,46 @@ fn a_replaced_callback_gets_the_lines_before_and_none_after() {
     flush();
     assert_eq!((FIRST.load(SeqCst), SECOND.load(SeqCst)), (100, 10), "a line after NULL");
 }
+
+/// Whether `log_one`'s info line (target `emuhost::sched::workers`) reaches the callback now.
+fn info_line_delivered() -> bool {
+    LINES.lock().unwrap().clear();
+    log_one();
+    flush();
+    LINES.lock().unwrap().iter().any(|(_, _, m)| m.contains("sched: prepare_workers:"))
+}
+
+fn filter(text: Option<&CStr>) -> *mut emuhost_error_t {
+    // SAFETY: NULL or a NUL-terminated literal.
+    unsafe { emuhost_set_log_filter(text.map_or(std::ptr::null(), CStr::as_ptr)) }
+}
+
+/// `emuhost_set_log_level` and `emuhost_set_log_filter` (EMUHOST_LOG's syntax) each replace what
+/// the other set: the later call wins. NULL and "" change nothing; a bad filter is an error
+/// naming it and changes nothing.
+#[test]
+fn the_later_of_log_level_and_log_filter_wins() {
+    let _serial = serial();
+    set(Some(keep), 0x5eed);
+    assert!(info_line_delivered(), "info is the default");
+    ok(filter(Some(c"warn")));
+    assert!(!info_line_delivered(), "a filter of warn let an info line through");
+    ok(emuhost_set_log_level(EMUHOST_LOG_INFO));
+    assert!(info_line_delivered(), "the level set after the filter did not win");
+    ok(filter(Some(c"warn,emuhost::sched=info")));
+    assert!(info_line_delivered(), "a module's own level was not applied");
+    ok(filter(Some(c"info,emuhost::sched=warn")));
+    assert!(!info_line_delivered(), "the module's warn did not hold back its info line");
+    // NULL (getenv of an unset switch) and "" change nothing.
+    ok(filter(None));
+    ok(filter(Some(c"")));
+    assert!(!info_line_delivered(), "NULL or \"\" changed the filter");
+    let e = filter(Some(c"emuhost=loud"));
+    crate::abi::fails(e, EMUHOST_ERROR_SETTING, "\"emuhost=loud\"");
+    assert!(!info_line_delivered(), "a refused filter changed the filter");
+    ok(emuhost_set_log_level(EMUHOST_LOG_WARN));
+    assert!(!info_line_delivered());
+    ok(emuhost_set_log_level(EMUHOST_LOG_INFO));
+    assert!(info_line_delivered());
+    set(None, 0);
+}

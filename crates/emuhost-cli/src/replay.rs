@@ -230,6 +230,9 @@ pub fn summary(r: &ReplayReport) -> Value {
     );
     o.insert("long_read_waits".into(), json!(r.long_read_waits));
     o.insert("live_imports_peak".into(), json!(r.live_imports_peak));
+    o.insert("import_merges".into(), json!(r.import_merges));
+    o.insert("import_merged_away".into(), json!(r.import_merged_away));
+    o.insert("imports_over_cap".into(), json!(r.imports_over_cap));
     let lw = r.render_space_lock_waits;
     o.insert("render_space_lock_waits".into(), json!(lw.count));
     o.insert("render_space_lock_wait_total_ms".into(), json!(ms(lw.total)));
@@ -350,7 +353,13 @@ fn print_imports(r: &ReplayReport, s: &Value) {
         f("ahead_mib_peak"),
         f("committed_mib_peak")
     );
-    outln!("  live imports at most {} at once", r.live_imports_peak);
+    outln!(
+        "  live imports at most {} at once; {} merges of a pool whole (replacing {}); {} imports over the cap",
+        r.live_imports_peak,
+        r.import_merges,
+        r.import_merged_away,
+        r.imports_over_cap
+    );
     if let Some(c) = r.import_cost {
         let how = if r.import_cost_given { "given" } else { "measured" };
         outln!("  import cost {how}: {c} (EMUHOST_IMPORT_COST_US={})", settings::import_cost_value(&c));

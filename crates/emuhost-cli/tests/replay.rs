@@ -141,6 +141,41 @@ fn replay_reports_json_csv_and_a_plot() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("EMUHOST_IMPORT_COST_US=\"30,370\""), "{out:?}");
 }
 
+/// Three bindings 256 MiB apart, each in a committed MiB: more imports than a small cap, none near
+/// enough to another to merge with (a merge at the cap grows to 64 MiB at most).
+const FAR: &str = "emuhost-trace 1 window=0x8000000000
+0 g0 commit 0x1000000000 0x100000 rw-
+1 g0 commit 0x1010000000 0x100000 rw-
+2 g0 commit 0x1020000000 0x100000 rw-
+3 r frame 0
+4 r bind 0x1000000000 0x100
+5 r bind 0x1010000000 0x100
+6 r bind 0x1020000000 0x100
+7 r frame 1
+end 8
+";
+
+/// A cap on live imports smaller than the trace needs never leaves a binding without its import:
+/// where nothing can be released or merged, the binding imports over the cap (counted).
+#[test]
+fn replay_under_a_small_cap_serves_every_binding() {
+    let t = trace_file("cap", FAR);
+    let v = json(&emuhost().args(["replay", "--json", "--set", "EMUHOST_IMPORT_MAX_LIVE=1"]).arg(&t).output().unwrap());
+    assert_eq!(v["bind_failures"].as_u64(), Some(0), "{v}");
+    assert_eq!((v["imports"].as_u64(), v["imports_over_cap"].as_u64()), (Some(3), Some(2)), "{v}");
+    assert_eq!(v["live_imports_peak"].as_u64(), Some(3), "{v}");
+    // The small trace, under both policies, at a cap of 8 and of 1.
+    let small = trace_file("cap-small", SMALL);
+    for policy in ["chunks", "pools"] {
+        for cap in ["8", "1"] {
+            let mut c = emuhost();
+            c.args(["replay", "--json", "--set", &format!("EMUHOST_IMPORT_POLICY={policy}")]);
+            let v = json(&c.args(["--set", &format!("EMUHOST_IMPORT_MAX_LIVE={cap}")]).arg(&small).output().unwrap());
+            assert_eq!(v["bind_failures"].as_u64(), Some(0), "{policy}, cap {cap}: {v}");
+        }
+    }
+}
+
 #[test]
 fn ab_alternates_the_arms_and_prints_medians() {
     let t = trace_file("ab", SMALL);

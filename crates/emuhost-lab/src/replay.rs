@@ -136,6 +136,12 @@ pub struct ReplayReport {
     /// The most live imports at once ([`emuhost::import::Stats::peak_live`]): what a backend's cap
     /// on live allocations (`maxMemoryAllocationCount`) bears on.
     pub live_imports_peak: u64,
+    /// Pools merged into one import once whole, the imports those merges replaced, and imports
+    /// made over the cap on live imports ([`emuhost::import::Stats::merges`],
+    /// [`emuhost::import::Stats::merged_away`], [`emuhost::import::Stats::over_cap`]).
+    pub import_merges: u64,
+    pub import_merged_away: u64,
+    pub imports_over_cap: u64,
     /// Imports and their bytes the import backend still counts live after the replay released
     /// every import (its own budget: taken at each import, given back at each release): 0 unless
     /// an import leaked.
@@ -294,7 +300,12 @@ impl Worker<'_, '_> {
     fn event(&mut self, line: u64, r: &Record) -> Result<(), ReplayError> {
         let sh = self.sh;
         match r.event {
-            Event::Frame { index } => self.next_frame(index, r.t_us),
+            Event::Frame { index } => {
+                // The replay keeps no binding's handle past its binding: at each frame, every
+                // handle given before is done with (imports merged over since are released).
+                sh.importer.handles_done();
+                self.next_frame(index, r.t_us)
+            }
             Event::Pool { lo, size } => {
                 let id = sh.importer.add_pool(lo.0, size).map_err(|e| failed(line, r, e))?;
                 sh.pools.lock().unwrap_or_else(|p| p.into_inner()).entry((lo.0, size)).or_default().push(id);
@@ -908,6 +919,10 @@ fn replay_with(
         }
     }
     report.frames.sort_by_key(|f| f.index);
+    // The trace is over: the background work asked for lands (merges included), and no handle
+    // is held any more, so what merges replaced goes before the figures at the end are read.
+    importer.settle();
+    importer.handles_done();
     let collects = sh.collects.into_inner().unwrap_or_else(|p| p.into_inner());
     report.collects = collects.len() as u64;
     report.collect_time = report.frames.iter().map(|f| f.collects).sum();
@@ -936,6 +951,8 @@ fn replay_with(
     report.live_import_bytes_end = st.live_bytes;
     report.live_import_bytes_peak = st.peak_live_bytes;
     report.live_imports_peak = st.peak_live;
+    (report.import_merges, report.import_merged_away, report.imports_over_cap) =
+        (st.merges, st.merged_away, st.over_cap);
     importer.release_all();
     let left = importer.backend().budget().get();
     (report.live_imports_after_teardown, report.live_import_bytes_after_teardown) = (left.count, left.bytes);

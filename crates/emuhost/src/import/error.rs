@@ -61,7 +61,9 @@ pub enum ImportError {
     Verify { backend: &'static str, what: String },
     /// One more import would pass the cap on live imports (`EMUHOST_IMPORT_MAX_LIVE`, or the
     /// backend's limit on live allocations), and the importer could make no room: nothing to
-    /// release, no neighbour near enough to merge with.
+    /// release, no neighbour near enough to merge with. The importer no longer returns it (at
+    /// the cap a binding imports over it rather than go without; only the backend's own limit
+    /// refuses, as [`ImportError::Budget`]); kept so that code matching it still builds.
     #[error(
         "{live} live imports at the cap of {cap} (EMUHOST_IMPORT_MAX_LIVE, or the backend's limit on live \
          allocations): none could be released or merged with"

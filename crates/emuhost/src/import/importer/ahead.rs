@@ -38,6 +38,9 @@ pub(super) enum AheadJob {
     Pool(PoolId, u64),
     /// Import this range whole: a pool a binding imported only part of.
     Widen(Planned, u64),
+    /// Import this range (pool `PoolId` whole, or a slice of it) in one, over the live imports
+    /// that hold all its pages between them, and release those ([`Core::merge_whole`]).
+    Merge(Planned, PoolId, u64),
     /// Populate `lo..hi` (`EMUHOST_IMPORT_POPULATE_AHEAD`), its reserved pages committed
     /// read-write first where `commit` (the chunks of a pool, gaps included).
     Populate { lo: u64, hi: u64, commit: bool },
@@ -50,6 +53,8 @@ pub(super) struct AheadQueue {
     /// Widenings, each with when it was asked.
     pub(super) widen: VecDeque<(Planned, u64, Instant)>,
     pub(super) pools: VecDeque<(PoolId, u64)>,
+    /// Merges asked for, each once while queued.
+    pub(super) merges: VecDeque<(Planned, PoolId, u64)>,
     /// Populates asked for, after every import; and the chunks asked for once already.
     pub(super) populate: VecDeque<(u64, u64, bool)>,
     pub(super) populate_chunks: HashSet<u64>,
@@ -59,7 +64,7 @@ pub(super) struct AheadQueue {
 
 impl AheadQueue {
     /// The next job at `now`: widenings first (a binding's pool, certain to be used), the
-    /// smallest first, then pools ahead, then populates, each in the order asked. Smallest first:
+    /// smallest first, then pools ahead, then merges, then populates, each in the order asked. Smallest first:
     /// in the load burst widenings queue for tens of milliseconds, and every binding across a
     /// part's border before its pool's widening lands imports pages again; the small ones land
     /// soonest, so the most pools are whole soonest (a binding is as likely in a small pool as in
@@ -74,11 +79,12 @@ impl AheadQueue {
         };
         (next.and_then(|i| self.widen.remove(i)).map(|(r, e, _)| AheadJob::Widen(r, e)))
             .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
+            .or_else(|| self.merges.pop_front().map(|(r, id, e)| AheadJob::Merge(r, id, e)))
             .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.widen.is_empty() && self.pools.is_empty() && self.populate.is_empty()
+        self.widen.is_empty() && self.pools.is_empty() && self.merges.is_empty() && self.populate.is_empty()
     }
 
     /// A job has run: tells [`Importer::settle`] when none is left.
@@ -99,6 +105,7 @@ impl<B: Backend + 'static> Importer<B> {
         match job {
             AheadJob::Pool(id, epoch) => q.pools.push_back((id, epoch)),
             AheadJob::Widen(r, epoch) => q.widen.push_back((r, epoch, Instant::now())),
+            AheadJob::Merge(r, id, epoch) => q.merges.push_back((r, id, epoch)),
             AheadJob::Populate { lo, hi, commit } => {
                 if commit && !q.populate_chunks.insert(lo) {
                     return;
@@ -174,6 +181,12 @@ impl<B: Backend> Core<B> {
                     (None, None, 0)
                 }
                 AheadJob::Widen(r, epoch) => (None, Some(r), epoch),
+                AheadJob::Merge(r, id, epoch) => {
+                    if !self.stopping.load(Ordering::Relaxed) {
+                        self.merge_whole(r, id, epoch);
+                    }
+                    (None, None, 0)
+                }
                 AheadJob::Pool(id, epoch) => {
                     let range = self.state().pools.get(id).and_then(|p| {
                         let (lo, hi) = cover(p.lo, p.hi, self.align)?;
@@ -393,7 +406,7 @@ impl<B: Backend> Core<B> {
 /// `r` cut into pieces that start `piece` apart and reach `overlap` past the next one's start
 /// (the last ends at `r`'s end): a range of at most `overlap` bytes inside `r` lies whole in one
 /// of them.
-fn pieces(r: Planned, piece: u64, overlap: u64) -> Vec<Planned> {
+pub(super) fn pieces(r: Planned, piece: u64, overlap: u64) -> Vec<Planned> {
     let mut out = Vec::new();
     let mut lo = r.lo;
     loop {
@@ -438,6 +451,7 @@ mod tests {
             order.push(match job {
                 AheadJob::Widen(w, e) => format!("widen {}K/{e}", w.len() >> 10),
                 AheadJob::Pool(id, e) => format!("pool {}/{e}", id.0),
+                AheadJob::Merge(r, _, e) => format!("merge {}K/{e}", r.len() >> 10),
                 AheadJob::Populate { lo, hi, .. } => format!("populate {}", hi - lo),
             });
         }

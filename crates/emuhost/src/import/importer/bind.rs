@@ -120,6 +120,7 @@ impl<B: Backend> Core<B> {
         let live = st.imports.get_mut(&k).expect("the key was just found");
         let range = Planned { lo: k.0, hi: live.hi };
         let first_use = live.ahead.take().is_some();
+        live.handed = true;
         let handle = self.backend.handle(&live.import);
         let s = &mut st.stats;
         s.reuses += 1;
@@ -218,17 +219,18 @@ impl<B: Backend> Core<B> {
             if merged.is_none() && compact && self.compact(st) {
                 return self.import_with(st, r, false);
             }
-            let Some((grown, keys)) = merged else {
-                let live = self.slots.load(Ordering::Acquire);
-                return Err(self.wrap(r, ImportError::LiveCap { live, cap: self.cap }));
-            };
-            st.stats.cap_merges += 1;
-            tracing::debug!(
-                "at the cap of {} live imports: {r} merged into {grown}, taking in {}",
-                self.cap,
-                keys.len()
-            );
-            (r, superseded) = (grown, keys);
+            // Where nothing makes room the binding imports over the cap (module `cap`).
+            if let Some((grown, keys)) = merged {
+                st.stats.cap_merges += 1;
+                tracing::debug!(
+                    "at the cap of {} live imports: {r} merged into {grown}, taking in {}",
+                    self.cap,
+                    keys.len()
+                );
+                (r, superseded) = (grown, keys);
+            } else {
+                self.over_cap(st, r);
+            }
         }
         let t = Instant::now();
         let span = HostSpan::of(&self.space, r.lo, r.len()).map_err(|e| self.wrap(r, e))?;

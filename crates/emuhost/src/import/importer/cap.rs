@@ -1,13 +1,16 @@
-//! The cap on live imports: a backend's limit on live allocations (Vulkan's
-//! `maxMemoryAllocationCount`, 4,096 on some Windows drivers: reference/000), lowered by
-//! [`super::ImportConfig::max_live`]. The importer counts the backend imports it holds or is
-//! making ([`Core::slots`]: a slot is taken under the state's lock before the backend is called,
-//! and given back when the call fails or the import is released), so the count never passes the
-//! cap, and the backend never sees an import its limit refuses.
+//! The cap on live imports: [`super::ImportConfig::max_live`], by default three quarters of
+//! the backend's limit on live allocations ([`default_cap`]; Vulkan's
+//! `maxMemoryAllocationCount`, 4,096 on some Windows drivers: reference/000), leaving the rest to
+//! the embedder's own allocations on the same device. The importer counts the backend imports it
+//! holds or is making ([`Core::slots`]: a slot is taken under the state's lock before the backend
+//! is called, and given back when the call fails or the import is released). It keeps the count
+//! at the cap by releasing and merging, and where nothing makes room it passes the cap rather
+//! than leave a binding without its import; the backend's own limit it never passes.
 //!
 //! A binding's import that would pass the cap is handled here, in this order:
 //! 1. imports made ahead that no binding has used are released (no binding has their handles);
-//! 2. releases under way (off the lock, on other threads) are waited for, a little;
+//! 2. releases under way (off the lock, on other threads) are waited for, a little (counted in
+//!    [`super::Stats::cap_waits`]);
 //! 3. imports that another live import covers whole are released: every binding they would
 //!    serve, the larger one serves (the chunks policy without spans keeps such imports);
 //! 4. the import is merged with its nearest live neighbour: the range grows over it (at most
@@ -15,15 +18,20 @@
 //!    range is released before it is made, so the count does not grow;
 //! 5. else the two neighbouring live imports whose union is the smallest (within the same
 //!    limits) are merged into one, which frees a slot for the binding's own import;
-//! 6. otherwise the binding is refused ([`ImportError::LiveCap`], inside
-//!    [`ImportError::Import`]: [`ImportError::is_refused`]), counted in
-//!    [`super::Stats::capped`], and goes without, as after a driver's refusal; nothing is held
-//!    cooling (a release may make room for the next one).
+//! 6. otherwise the binding imports over the cap (counted in [`super::Stats::over_cap`], a
+//!    warning logged the first time): every live import is one a binding may still use and no
+//!    two are near enough to merge, so nothing the importer holds can go, and a binding served
+//!    is worth more than a count kept. Only the backend's own limit can refuse it (then as a
+//!    driver's refusal: counted in `failures`, held cooling). Releases (pools released,
+//!    [`super::Importer::handles_done`] after merges) bring the count back under the cap, and
+//!    the next imports at the cap make room again.
 //!
-//! Steps 3 to 5 end imports that bindings may have been given (their [`super::Bound::handle`]
-//! ends with them), as a re-import on a device that refuses overlaps (CUDA) always does. Imports
-//! ahead (pools policy) use at most [`ahead_share`] of the cap, so that bindings keep room of
-//! their own.
+//! So [`super::ImportError::LiveCap`] is no longer returned and [`super::Stats::capped`] stays
+//! 0. Steps 3 to 5 end imports that bindings may have been given (their
+//! [`super::Bound::handle`] ends with them), as a re-import on a device that refuses overlaps
+//! (CUDA) always does. Imports ahead (pools policy) use at most [`ahead_share`] of the cap, so
+//! that bindings keep room of their own; a merge once a pool is whole (module `merge`) takes a
+//! slot only where one is free.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -39,6 +47,13 @@ pub const MERGE_LIMIT: u64 = 64 << 20;
 
 /// How long a binding at the cap waits for releases under way on other threads.
 const RELEASE_WAIT: Duration = Duration::from_millis(100);
+
+/// The default cap on live imports where the backend limits them to `max_count`: three
+/// quarters of it (a quarter left to the embedder's own allocations on the device: a renderer
+/// sub-allocates, so a few hundred of 4,096 is ample); no cap where the backend has no limit.
+pub(super) fn default_cap(max_count: u64) -> u64 {
+    if max_count == u64::MAX { u64::MAX } else { max_count - max_count / 4 }
+}
 
 /// The most live imports the background threads may bring the count to: three quarters of the
 /// cap, leaving bindings at least one.
@@ -74,6 +89,9 @@ impl<B: Backend> Core<B> {
         // 2. Releases under way on other threads (they take no lock of the importer's).
         let until = Instant::now() + RELEASE_WAIT;
         let mut done = self.released.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.has_room() && self.releasing.load(Ordering::Acquire) > 0 {
+            st.stats.cap_waits += 1;
+        }
         while !self.has_room() && self.releasing.load(Ordering::Acquire) > 0 {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -91,6 +109,20 @@ impl<B: Backend> Core<B> {
             }
         }
         self.has_room()
+    }
+
+    /// Step 6: `r` is imported over the cap (its slot taken all the same): counted, and logged
+    /// the first time.
+    pub(super) fn over_cap(&self, st: &mut State<B::Import>, r: Planned) {
+        st.stats.over_cap += 1;
+        if st.stats.over_cap == 1 {
+            let live = self.slots.load(Ordering::Acquire);
+            tracing::warn!(
+                "{r} imported over the cap of {} live imports ({live} live, every one a binding may use, none near \
+                 enough to merge)",
+                self.cap
+            );
+        }
     }
 
     /// A live import that another live import covers whole (the first by address).

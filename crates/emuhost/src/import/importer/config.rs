@@ -193,11 +193,13 @@ pub struct ImportConfig {
     pub commit: bool,
     /// Which ranges bindings import (`EMUHOST_IMPORT_POLICY`), and that policy's own settings.
     pub policy: ImportPolicy,
-    /// The most live imports (`EMUHOST_IMPORT_MAX_LIVE`); `None`: the backend's limit on live
-    /// allocations (Vulkan's `maxMemoryAllocationCount`, 4,096 on some Windows drivers), which
-    /// also bounds a value given (0 is taken as 1). Lower it where the device's allocations are
-    /// shared with a renderer's own (the limit is the device's), or to test the cap. An import
-    /// past it is the importer's to handle (see [`Importer::max_live`](super::Importer::max_live)).
+    /// The most live imports the importer keeps to (`EMUHOST_IMPORT_MAX_LIVE`); `None`: three
+    /// quarters of the backend's limit on live allocations (Vulkan's `maxMemoryAllocationCount`,
+    /// 4,096 on some Windows drivers: 3,072), the rest left to the embedder's own allocations on
+    /// the device; that limit also bounds a value given (0 is taken as 1). Lower it where the
+    /// renderer needs more of the device's allocations, or to test the cap. The importer keeps it
+    /// by releasing and merging, and where nothing makes room a binding imports over it (see
+    /// [`Importer::max_live`](super::Importer::max_live)).
     pub max_live: Option<u64>,
 }
 

@@ -11,6 +11,7 @@ mod bind;
 mod cap;
 mod chunks_policy;
 mod config;
+mod merge;
 mod pools_policy;
 mod state;
 
@@ -119,7 +120,8 @@ impl<B: Backend + 'static> Importer<B> {
         };
         let os = |op| move |source| ImportError::os(op, 0, 0, source);
         let state = State::new(cost, granule);
-        let cap = cfg.max_live.unwrap_or(u64::MAX).min(backend.budget().get().max_count).max(1);
+        let max_count = backend.budget().get().max_count;
+        let cap = cfg.max_live.map_or(cap::default_cap(max_count), |m| m.min(max_count)).max(1);
         if cap < u64::MAX {
             tracing::info!("at most {cap} live imports on {}", backend.kind().name());
         }
@@ -168,10 +170,12 @@ impl<B: Backend + 'static> Importer<B> {
         self.core.cfg
     }
 
-    /// The most live imports this importer makes: [`ImportConfig::max_live`], at most the
+    /// The most live imports this importer keeps to: [`ImportConfig::max_live`], at most the
     /// backend's limit on live allocations (Vulkan's `maxMemoryAllocationCount`) when it was
-    /// made; `u64::MAX` where neither limits them. At the cap a binding's import frees or merges
-    /// others, or the binding goes without (the module `importer::cap` says how).
+    /// made; unset, three quarters of that limit; `u64::MAX` where neither limits them. At the
+    /// cap a binding's import frees or merges others, and where nothing can make room it
+    /// imports over the cap, never past the backend's own limit (the module `importer::cap`
+    /// says how).
     pub fn max_live(&self) -> u64 {
         self.core.cap
     }

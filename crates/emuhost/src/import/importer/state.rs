@@ -44,12 +44,23 @@ pub struct Stats {
     pub live_bytes: u64,
     pub peak_live: u64,
     pub peak_live_bytes: u64,
-    /// At the cap on live imports: bindings refused (they went without, as after a driver's
-    /// refusal; not in `failures`), imports released to make room, and imports merged with a
-    /// neighbour's range (module `cap`).
+    /// At the cap on live imports: bindings refused (none: the cap never refuses a binding;
+    /// kept for the figures' shape), imports released to make room, imports merged with a
+    /// neighbour's range, bindings that waited for releases under way, and imports made over
+    /// the cap because nothing could make room (module `cap`).
     pub capped: u64,
     pub cap_releases: u64,
     pub cap_merges: u64,
+    pub cap_waits: u64,
+    pub over_cap: u64,
+    /// Pools policy: imports of a pool whole (or of a [`MERGE_LIMIT`](super::MERGE_LIMIT) slice
+    /// of a larger one) made once its pages were all in several live imports (background
+    /// pieces, parts), and the imports those merges replaced: each is released once no binding
+    /// needs it ([`Importer::handles_done`](super::Importer::handles_done), module `ahead`).
+    pub merges: u64,
+    pub merged_away: u64,
+    /// Merges asked for and not made: no slot free under the cap, or the import failed.
+    pub merges_left: u64,
     /// Pools populated ahead, populates that failed, and their bytes.
     pub populated: u64,
     pub populate_failures: u64,
@@ -105,8 +116,11 @@ pub struct Bound {
     /// The range was the spanned one.
     pub spanned: bool,
     /// The import's device memory (and buffer) or device pointer, raw: valid while the import
-    /// lives ([`GpuHandle`]). At the cap on live imports an import a later binding's import
-    /// merges with, or one another live import covers whole, is released (module `cap`).
+    /// lives ([`GpuHandle`]): until its pool is released, [`Importer::release_all`](super::Importer::release_all),
+    /// or, where a merge once its pool was whole replaced it, the next
+    /// [`Importer::handles_done`](super::Importer::handles_done) (module `merge`). At the cap on
+    /// live imports an import a later binding's import merges with, or one another live import
+    /// covers whole, is released at once (module `cap`).
     pub handle: GpuHandle,
     /// Where the binding's first byte lies in the import's memory (and buffer): the binding's
     /// address less the import's start. (The import may start below `range.lo` where a backend
@@ -132,6 +146,13 @@ pub(super) struct Live<I> {
     pub(super) ahead: Option<PoolId>,
     /// Made ahead for this pool (used or not): a piece of it.
     pub(super) made_for: Option<PoolId>,
+    /// Its handle was given to a binding since the embedder last said the handles given out
+    /// were done with ([`Importer::handles_done`](super::Importer::handles_done)): a binding may
+    /// still need it.
+    pub(super) handed: bool,
+    /// A merge's import covers it: no binding is served by it any more, and it is released once
+    /// no binding needs it (at once where none was given its handle).
+    pub(super) replaced: bool,
 }
 
 /// An import being made off the lock by the background thread.
@@ -196,10 +217,12 @@ impl<I> State<I> {
         self.imports.range((from, 0)..(hi, 0)).filter(move |(_, v)| v.hi > lo)
     }
 
-    /// The key of a live import covering `lo..hi`.
+    /// The key of a live import covering `lo..hi`, other than one a merge replaced (the merge's
+    /// covers whatever that covers).
     pub(super) fn covering(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
         let from = lo.saturating_sub(self.longest);
-        self.imports.range((from, 0)..(hi, 0)).find(|(k, v)| k.0 <= lo && hi <= v.hi).map(|(k, _)| *k)
+        let mut found = self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| k.0 <= lo && hi <= v.hi);
+        found.find(|(_, v)| !v.replaced).map(|(k, _)| *k)
     }
 
     /// Whether every page of `lo..hi` is in a live import (one or several).
@@ -278,6 +301,9 @@ pub(super) enum Made {
     Ahead(PoolId),
     /// The background thread, a pool whole over a binding's part of it.
     Widen,
+    /// The background thread, a pool whole (or a slice of it) over the live imports that held
+    /// all its pages between them (module `ahead`).
+    Merge,
 }
 
 impl<B: Backend> Core<B> {
@@ -289,7 +315,10 @@ impl<B: Backend> Core<B> {
             Made::Ahead(id) => Some(id),
             _ => None,
         };
-        st.imports.insert((r.lo, seq), Live { hi: r.hi, import, ahead, made_for: ahead });
+        // A binding's own import is given to it at once.
+        let handed = matches!(made, Made::Binding { .. });
+        let live = Live { hi: r.hi, import, ahead, made_for: ahead, handed, replaced: false };
+        st.imports.insert((r.lo, seq), live);
         st.longest = st.longest.max(r.len());
         let s = &mut st.stats;
         s.imports += 1;
@@ -304,6 +333,7 @@ impl<B: Backend> Core<B> {
             Made::Binding { reimport: true } => ", again over pages imported before",
             Made::Ahead(_) => " ahead",
             Made::Widen => " whole, over a binding's part of it",
+            Made::Merge => " whole, merging the live imports that held it",
         };
         match made {
             Made::Binding { reimport } => s.reimports += u64::from(reimport),
@@ -312,6 +342,7 @@ impl<B: Backend> Core<B> {
                 s.ahead_time += took;
                 s.widenings += u64::from(made == Made::Widen);
             }
+            Made::Merge => s.merges += 1,
         }
         tracing::info!(
             "import {r} ({} MiB) in {:.2} ms{what} ({} imports, {:.0} ms in all)",
@@ -320,6 +351,9 @@ impl<B: Backend> Core<B> {
             s.imports,
             s.time.as_secs_f64() * 1e3
         );
+        if made != Made::Merge {
+            self.want_merges(st, r);
+        }
     }
 
     /// Takes the live import `k` out of the state, used or not, for the caller to release
@@ -359,7 +393,8 @@ mod tests {
         let (p, q) = (Some(PoolId(1)), Some(PoolId(2)));
         let mut live = |lo: u64, hi: u64, made_for| {
             st.seq += 1;
-            st.imports.insert((lo, st.seq), Live { hi, import: (), ahead: None, made_for });
+            let v = Live { hi, import: (), ahead: None, made_for, handed: true, replaced: false };
+            st.imports.insert((lo, st.seq), v);
             st.longest = st.longest.max(hi - lo);
         };
         live(0, 100, p);

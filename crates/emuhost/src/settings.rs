@@ -76,7 +76,8 @@ pub struct Settings {
     /// `EMUHOST_IMPORT_BACKEND`.
     pub import_backend: BackendChoice,
     /// `EMUHOST_IMPORT_POLICY`, `_CHUNK_MB`, `_SPAN_MB`, `_COOLING_MS`, `_POPULATE_AHEAD`, and
-    /// the pools policy's `_AHEAD_MB`, `_AHEAD_THREADS`, `_AHEAD_PIECE_KB`, `_WAIT_US`, `_COST_US`
+    /// the pools policy's `_AHEAD_MB`, `_AHEAD_THREADS`, `_AHEAD_PIECE_KB`, `_MERGE_MB`, `_WAIT_US`,
+    /// `_COST_US`
     /// ([`Settings::import_config`] is the importer's config).
     pub import: ImportSettings,
     /// `EMUHOST_FAULT_*`: the fault plan for the process (see [`crate::faults::install`]).
@@ -288,6 +289,12 @@ pub const SETTINGS: &[Switch] = &[
         default: "`4096`",
         doc: "`pools` policy: the most KiB a background thread imports at once; a larger pool is imported in overlapping pieces; `0` imports pools whole",
         apply: |s, v| import(s, "EMUHOST_IMPORT_AHEAD_PIECE_KB", v),
+    },
+    Switch {
+        name: "EMUHOST_IMPORT_MERGE_MB",
+        default: "`64`",
+        doc: "`pools` policy: the largest range a background thread imports in one where a pool is whole in several live imports (its pieces then go); a larger pool is merged in slices of this size; `0`: no merges",
+        apply: |s, v| import(s, "EMUHOST_IMPORT_MERGE_MB", v),
     },
     Switch {
         name: "EMUHOST_IMPORT_WAIT_US",
@@ -502,6 +509,9 @@ impl ImportSettings {
             "EMUHOST_IMPORT_AHEAD_PIECE_KB" => {
                 self.pools.ahead_piece = switch_bytes(name, value, 1 << 10)?.unwrap_or(d.pools.ahead_piece);
             }
+            "EMUHOST_IMPORT_MERGE_MB" => {
+                self.pools.merge = switch_bytes(name, value, 1 << 20)?.unwrap_or(d.pools.merge);
+            }
             "EMUHOST_IMPORT_WAIT_US" => {
                 self.pools.wait = switch_u64(name, value)?.map_or(d.pools.wait, Duration::from_micros);
             }
@@ -714,6 +724,7 @@ mod tests {
                 "1M",
                 "EMUHOST_IMPORT_AHEAD_PIECE_KB=\"1M\": an unsigned integer",
             ),
+            ("EMUHOST_IMPORT_MERGE_MB", "8", "8M", "EMUHOST_IMPORT_MERGE_MB=\"8M\": an unsigned integer"),
             ("EMUHOST_IMPORT_COST_US", "30,370,50", "30,370", "EMUHOST_IMPORT_COST_US=\"30,370\": three numbers"),
             ("EMUHOST_IMPORT_COST_US", "0,0,0", "1,2,x", "EMUHOST_IMPORT_COST_US=\"1,2,x\": each part an unsigned"),
             (

@@ -308,6 +308,23 @@ fn pieces_of_a_whole_pool_merge_into_one_import_and_the_live_count_drops() {
     assert_eq!(imp.bind(p + 300 * KIB, 0x100).unwrap().range, whole);
 }
 
+/// Pools policy, `PoolsConfig::merge` 0 (`EMUHOST_IMPORT_MERGE_MB=0`): the pieces of a whole
+/// pool stay as they are, one live import each.
+#[test]
+fn no_merges_where_the_merge_size_is_zero() {
+    let piece = 64 * KIB;
+    let (imp, _f) = faulty_with(pools_config_with(256 * MIB, |p| p.ahead_piece(piece).merge(0)));
+    let (q, p) = (4 * MIB, 4 * MIB + 64 * KIB);
+    imp.add_pool(q, 16 * KIB).unwrap();
+    imp.add_pool(p, 512 * KIB).unwrap();
+    imp.bind(q + 0x10, 0x10).unwrap();
+    imp.settle();
+    let s = imp.stats();
+    assert_eq!(s.merges, 0, "{s:?}");
+    assert!(s.live >= 5, "the small pool and one import a piece: {s:?}");
+    assert!(!imp.imports().contains(&Planned { lo: p, hi: p + 512 * KIB }), "{:?}", imp.imports());
+}
+
 /// Pools policy: a binding's part and the widening's pieces that hold a pool between them are
 /// merged into one import. The part was given to the binding, so it is kept (a renderer may still
 /// read its handle) until the embedder says the handles given out are done with; bindings after

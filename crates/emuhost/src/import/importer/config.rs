@@ -126,6 +126,12 @@ pub struct PoolsConfig {
     /// most, not a whole pool's. Where the backend refuses a page in two imports (CUDA), pools
     /// are imported whole.
     pub ahead_piece: u64,
+    /// The largest range a merge once whole imports in one (`EMUHOST_IMPORT_MERGE_MB`, in bytes
+    /// here; [`MERGE_LIMIT`](super::MERGE_LIMIT) by default; 0: no merges): a pool whole in
+    /// several live imports is imported again in one, in slices of this size where it is larger
+    /// (module `merge`). A merge holds the driver for its whole pin, as long as a pool's import
+    /// would: a binding that comes meanwhile waits for it there.
+    pub merge: u64,
 }
 
 impl Default for PoolsConfig {
@@ -136,6 +142,7 @@ impl Default for PoolsConfig {
             cost: None,
             ahead_threads: 0,
             ahead_piece: DEFAULT_AHEAD_PIECE,
+            merge: super::MERGE_LIMIT,
         }
     }
 }
@@ -156,6 +163,12 @@ impl PoolsConfig {
     /// Sets [`PoolsConfig::ahead_threads`].
     pub fn ahead_threads(mut self, threads: u32) -> Self {
         self.ahead_threads = threads;
+        self
+    }
+
+    /// Sets [`PoolsConfig::merge`].
+    pub fn merge(mut self, bytes: u64) -> Self {
+        self.merge = bytes;
         self
     }
 

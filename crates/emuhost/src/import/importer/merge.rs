@@ -1,8 +1,9 @@
 //! Merges once whole (pools policy): a pool whose pages are all in live imports, two or more of
 //! them inside it (background pieces, bindings' parts, a widening's pieces), is imported again
-//! in one on a background thread, and the imports it replaces are released as soon as no
+//! in one on a background thread (in slices of at most [`PoolsConfig::merge`](super::PoolsConfig::merge),
+//! [`MERGE_LIMIT`](super::MERGE_LIMIT) by default; 0: no merges), and the imports it replaces are released as soon as no
 //! binding needs them. So a session's live imports come to about one a pool (one a
-//! [`MERGE_LIMIT`] slice of a larger one) plus the parts and pieces not merged yet, instead of
+//! [`MERGE_LIMIT`](super::MERGE_LIMIT) slice of a larger one) plus the parts and pieces not merged yet, instead of
 //! one a piece: a pool of 40 MiB imported ahead in 4 MiB pieces holds 10 live imports until its
 //! merge, then one.
 //!
@@ -33,7 +34,7 @@ use super::super::plan::{Planned, cover};
 use super::super::pools::PoolId;
 use super::ahead::pieces;
 use super::state::{Flight, Made, State};
-use super::{Core, ImportPolicy, Importer, MERGE_LIMIT, background_threads, chain};
+use super::{Core, ImportPolicy, Importer, background_threads, chain};
 
 impl<B: Backend + 'static> Importer<B> {
     /// Tells the importer that the handles of every [`super::Bound`] it gave out before this
@@ -56,18 +57,20 @@ impl<B: Backend + 'static> Importer<B> {
 }
 
 impl<B: Backend> Core<B> {
-    /// Asks the background threads for a merge of each pool (or [`MERGE_LIMIT`] slice) that
+    /// Asks the background threads for a merge of each pool (or [`PoolsConfig::merge`](super::PoolsConfig::merge) slice) that
     /// `r`, just imported, overlaps and that is now whole in several live imports
     /// ([`Core::mergeable`]). Pools policy with overlapping imports and background threads only.
     pub(super) fn want_merges(&self, st: &State<B::Import>, r: Planned) {
-        if !matches!(self.cfg.policy, ImportPolicy::Pools(_))
+        let limit = self.cfg.policy.pools_config().map_or(0, |p| p.merge);
+        if limit == 0
+            || !matches!(self.cfg.policy, ImportPolicy::Pools(_))
             || !self.backend.overlapping_imports()
             || background_threads(&self.cfg) == 0
         {
             return;
         }
         let window = self.space.window();
-        let overlap = st.largest_binding.max(64 << 10).next_multiple_of(self.align).min(MERGE_LIMIT);
+        let overlap = st.largest_binding.max(64 << 10).next_multiple_of(self.align).min(limit);
         let mut wanted = Vec::new();
         for p in st.pools.overlapping(r.lo, r.hi) {
             let Some((lo, hi)) = cover(p.lo, p.hi, self.align) else { continue };
@@ -75,7 +78,7 @@ impl<B: Backend> Core<B> {
             if whole.is_empty() {
                 continue;
             }
-            for slice in pieces(whole, MERGE_LIMIT, overlap) {
+            for slice in pieces(whole, limit, overlap) {
                 if slice.lo < r.hi && r.lo < slice.hi && self.mergeable(st, slice) {
                     wanted.push((slice, p.id));
                 }

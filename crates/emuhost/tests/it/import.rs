@@ -838,24 +838,63 @@ impl std::io::Write for Log {
     }
 }
 
+/// A log writer that, for an import's line, first waits for another thread to read the
+/// importer's figures (under its lock).
+#[derive(Clone)]
+struct OffTheLock(Log, Arc<Importer<Arc<Faulty>>>);
+
+impl std::io::Write for OffTheLock {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if String::from_utf8_lossy(b).contains("import 0x") {
+            let other = self.1.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(other.stats().imports).unwrap());
+            // Generous: only a line written under the lock makes this wait run out.
+            rx.recv_timeout(Duration::from_secs(120)).expect("the lock is free while a line is written");
+        }
+        self.0.write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Each import's line is at debug (none at info), and written once the importer's lock is
+/// released: the writer asks another thread for the importer's figures (which takes the lock) and
+/// waits for them, which it could not do under the lock.
 #[test]
 fn each_import_logs_one_line_with_its_range_and_the_running_totals() {
-    let log = Log::default();
-    let w = log.clone();
-    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
     let (imp, _) = faulty(4 * MIB, Duration::ZERO);
+    let imp = Arc::new(imp);
+    let at_info = Log::default();
+    let w = at_info.clone();
+    let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+    crate::logs::scoped(sub, || imp.bind(20 * MIB, 0x10).unwrap());
+    let text = String::from_utf8(at_info.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains("import 0x"), "an import's line is not at info: {text}");
+
+    let log = Log::default();
+    let w = OffTheLock(log.clone(), imp.clone());
+    let sub = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .finish();
     crate::logs::scoped(sub, || {
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(5 * MIB, 0x10).unwrap();
         imp.bind(9 * MIB, 0x10).unwrap();
     });
     let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains("import ")).collect();
+    // (A slow binding's line says "an import in flight": not one of these.)
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" import 0x")).collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].contains("0x500000..0x600000 (1 MiB) in ") && lines[0].contains("(1 imports, "), "{text}");
+    assert!(lines.iter().all(|l| l.contains("DEBUG")), "{text}");
+    assert!(lines[0].contains("0x500000..0x600000 (1 MiB) in ") && lines[0].contains("(2 imports, "), "{text}");
     assert!(
         lines[1].contains("0x900000..0xa00000")
-            && lines[1].contains("(2 imports, ")
+            && lines[1].contains("(3 imports, ")
             && lines[1].contains(" ms in all)")
     );
 }

@@ -282,7 +282,9 @@ impl<B: Backend> Core<B> {
         let made = HostSpan::of(&self.space, r.lo, r.len())
             .map_err(|e| self.wrap(r, e))
             .and_then(|span| self.make(span, r, true));
-        self.land(pool, r, epoch, made)
+        let more = self.land(pool, r, epoch, made);
+        super::state::log_made();
+        more
     }
 
     /// [`Core::ahead`]'s checks and budget, under the lock: `r` put in flight, and the imports

@@ -86,6 +86,9 @@ impl<B: Backend + 'static> Importer<B> {
         };
         let waited = t0.elapsed();
         st.stats.waited(waited);
+        // The log lines once the lock is released.
+        drop(st);
+        super::state::log_made();
         if waited > Duration::from_micros(500) {
             log_slow_binding((addr, size), &bound, waited, locked, &flight);
         }

@@ -326,7 +326,8 @@ impl<B: Backend + 'static> Drop for Importer<B> {
 impl<B: Backend> Core<B> {
     fn state(&self) -> MutexGuard<'_, State<B::Import>> {
         // The state stays consistent across a panic in a backend call (the maps are updated only
-        // after a call returns).
+        // after a call returns). What this thread imported under the lock before is logged first.
+        state::log_made();
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 

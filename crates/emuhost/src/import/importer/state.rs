@@ -306,8 +306,50 @@ pub(super) enum Made {
     Merge,
 }
 
+/// An import's log line, kept until the importer's lock is released: writing it can take a while
+/// (a terminal, a full pipe), and bindings wait for the lock.
+struct MadeLine {
+    r: Planned,
+    took: Duration,
+    what: &'static str,
+    /// The running totals after it.
+    imports: u64,
+    time: Duration,
+}
+
+thread_local! {
+    /// The imports this thread recorded under the lock and has not logged yet.
+    static UNLOGGED: std::cell::RefCell<Vec<MadeLine>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Logs (at debug) the imports this thread recorded since it last called this: called where the
+/// thread does not hold the importer's lock.
+pub(super) fn log_made() {
+    for l in UNLOGGED.with_borrow_mut(std::mem::take) {
+        tracing::debug!(
+            "import {} ({}) in {:.2} ms{} ({} imports, {:.0} ms in all)",
+            l.r,
+            size(l.r.len()),
+            l.took.as_secs_f64() * 1e3,
+            l.what,
+            l.imports,
+            l.time.as_secs_f64() * 1e3
+        );
+    }
+}
+
+/// A size for a log line: KiB under 1 MiB, else MiB (one decimal where it is not whole).
+fn size(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    match bytes {
+        b if b < MIB => format!("{} KiB", b >> 10),
+        b if b % MIB == 0 => format!("{} MiB", b / MIB),
+        b => format!("{:.1} MiB", b as f64 / MIB as f64),
+    }
+}
+
 impl<B: Backend> Core<B> {
-    /// Records a new live import of `r`, its figures and its log line.
+    /// Records a new live import of `r`, its figures and its log line (written by [`log_made`]).
     pub(super) fn record(&self, st: &mut State<B::Import>, r: Planned, import: B::Import, took: Duration, made: Made) {
         st.seq += 1;
         let seq = st.seq;
@@ -344,13 +386,11 @@ impl<B: Backend> Core<B> {
             }
             Made::Merge => s.merges += 1,
         }
-        tracing::info!(
-            "import {r} ({} MiB) in {:.2} ms{what} ({} imports, {:.0} ms in all)",
-            r.len() >> 20,
-            took.as_secs_f64() * 1e3,
-            s.imports,
-            s.time.as_secs_f64() * 1e3
-        );
+        // Logged once the lock is released ([`log_made`]): a slow stderr must not hold bindings.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let line = MadeLine { r, took, what, imports: s.imports, time: s.time };
+            UNLOGGED.with_borrow_mut(|v| v.push(line));
+        }
         if made != Made::Merge {
             self.want_merges(st, r);
         }
@@ -383,6 +423,14 @@ impl<B: Backend> Core<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_sizes_under_a_mib_are_in_kib() {
+        assert_eq!(size(4096), "4 KiB");
+        assert_eq!(size(768 << 10), "768 KiB");
+        assert_eq!(size(1 << 20), "1 MiB");
+        assert_eq!(size(3 << 19), "1.5 MiB");
+    }
 
     /// A binding may use a pool's piece before the next piece (which overlaps it) is checked:
     /// that piece is still made, while an import a binding made, or one made ahead for another

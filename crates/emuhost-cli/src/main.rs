@@ -147,6 +147,30 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    /// Every argument of every command has help text (`--help` and `--version` are clap's).
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.get_help().is_none() && arg.get_long_help().is_none() && id != "help" && id != "version" {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut cmd = <super::Cli as clap::CommandFactory>::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "emuhost", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+        // The walk sees the subcommands' flags.
+        let bench = cmd.find_subcommand("bench").and_then(|b| b.find_subcommand("import")).expect("bench import");
+        assert!(bench.get_arguments().count() > 10);
+    }
+
     #[test]
     fn log_colour_needs_a_terminal_and_no_no_color() {
         use std::ffi::OsString;

@@ -44,8 +44,8 @@ pub struct Args {
     #[arg(long, help = WATCH_HELP)]
     pub watch: Option<String>,
     /// Span cap in MiB (EMUHOST_IMPORT_SPAN_MB); 0 turns spans off.
-    #[arg(long)]
-    pub span_mb: Option<String>,
+    #[arg(long, alias = "span-mb")]
+    pub span_mib: Option<String>,
     /// Short-sleep switch (EMUHOST_SHORT_SLEEP_TIMER), an empty value included.
     #[arg(long)]
     pub short_sleep_timer: Option<String>,
@@ -69,7 +69,7 @@ impl Args {
         for (value, flag, name) in [
             (&self.import_backend, "--import-backend", "EMUHOST_IMPORT_BACKEND"),
             (&self.watch, "--watch", "EMUHOST_WATCH"),
-            (&self.span_mb, "--span-mb", "EMUHOST_IMPORT_SPAN_MB"),
+            (&self.span_mib, "--span-mib", "EMUHOST_IMPORT_SPAN_MB"),
             (&self.short_sleep_timer, "--short-sleep-timer", "EMUHOST_SHORT_SLEEP_TIMER"),
         ] {
             if let Some(v) = value {

@@ -4,7 +4,7 @@
 //! what applies it.
 
 use anyhow::bail;
-use emuhost::settings::{self, LOG_SWITCH, SettingError, Settings};
+use emuhost::settings::{self, LOG_SWITCH, Settings};
 
 /// Other `EMUHOST_*` names that are not switches of a run: read by the test suite and CI.
 const NOT_SWITCHES: &[&str] = &["EMUHOST_TEST_FAULT_CHILD", "EMUHOST_TEST_WATCH_CHILD", "EMUHOST_TEST_SETTINGS_CHILD"];
@@ -12,12 +12,8 @@ const NOT_SWITCHES: &[&str] = &["EMUHOST_TEST_FAULT_CHILD", "EMUHOST_TEST_WATCH_
 /// Sets the switch `name` to `value` in `s`: an unknown name or a value emuhost would refuse is
 /// an error naming it.
 pub fn set(s: &mut Settings, name: &str, value: &str) -> anyhow::Result<()> {
-    match s.set(name, value) {
-        Err(SettingError::Unknown { .. }) => {
-            bail!("{name:?} is not a switch emuhost reads (one of {})", settings::names().join(", "))
-        }
-        r => r?,
-    }
+    // An unknown name's error names the nearest switch and the switches.
+    s.set(name, value)?;
     if name == LOG_SWITCH
         && let Err(e) = tracing_subscriber::EnvFilter::try_new(value)
     {
@@ -52,7 +48,8 @@ pub fn from_env() -> anyhow::Result<Settings> {
         if settings::names().contains(&k) {
             set(&mut s, k, v)?;
         } else if !NOT_SWITCHES.contains(&k) && !settings::TEST_SWITCHES.iter().any(|(n, _)| *n == k) {
-            eprintln!("emuhost: warning: {k} is not a switch emuhost reads; see the README's table");
+            let near = settings::nearest(k).map_or(String::new(), |n| format!("; did you mean {n}?"));
+            eprintln!("emuhost: warning: {k} is not a switch emuhost reads{near} (see the README's table)");
         }
     }
     Ok(s)

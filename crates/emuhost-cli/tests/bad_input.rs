@@ -47,10 +47,15 @@ fn bad_flags_are_named() {
     let missing = std::env::temp_dir().join("emuhost-no-such-folder/frames.csv");
     let missing = missing.to_str().unwrap();
     for (list, says) in [
-        (&["replay", "--span-mb", "abc"][..], &["--span-mb", "\"abc\""][..]),
+        (&["replay", "--span-mib", "abc"][..], &["--span-mib", "\"abc\""][..]),
+        // The old spelling still works (hidden), and the error names the flag as it is now.
+        (&["replay", "--span-mb", "abc"][..], &["--span-mib", "\"abc\""][..]),
         (&["replay", "--watch", "fast"], &["--watch", "\"fast\""]),
         (&["replay", "--import-backend", "gpu"], &["--import-backend", "\"gpu\""]),
-        (&["replay", "--set", "EMUHOST_WACTH=uffd"], &["--set", "\"EMUHOST_WACTH\" is not a switch"]),
+        (
+            &["replay", "--set", "EMUHOST_WACTH=uffd"],
+            &["--set", "\"EMUHOST_WACTH\" is not a switch", "did you mean EMUHOST_WATCH?"],
+        ),
         (&["replay", "--set", "EMUHOST_WATCH"], &["--set", "\"EMUHOST_WATCH\" is not KEY=VALUE"]),
         (&["replay", "--csv", missing], &["--csv", "emuhost-no-such-folder", "does not exist"]),
         (&["replay", "--plot", "frames.gif"], &["--plot frames.gif", ".svg or .png"]),
@@ -104,7 +109,11 @@ fn bad_switches_are_named_before_any_work() {
     // A name that is not a switch is only warned of: the environment is shared with other programs.
     let out = args(&["policy"]).env("EMUHOST_WACTH", "uffd").output().unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: EMUHOST_WACTH is not a switch"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: EMUHOST_WACTH is not a switch") && err.contains("did you mean EMUHOST_WATCH?"),
+        "{err}"
+    );
 }
 
 #[test]

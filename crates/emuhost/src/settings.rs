@@ -117,7 +117,7 @@ impl std::fmt::Debug for Switch {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SettingError {
-    #[error("{name:?} is not a switch emuhost reads (one of {})", names().join(", "))]
+    #[error("{name:?} is not a switch emuhost reads{}", unknown_hint(name))]
     Unknown { name: String },
     /// `why` names the switch and the value.
     #[error("{why}")]
@@ -370,6 +370,34 @@ pub const TEST_SWITCHES: &[(&str, &str)] = &[
 /// The switches' names, in the README's order.
 pub fn names() -> Vec<&'static str> {
     SETTINGS.iter().map(|s| s.name).collect()
+}
+
+/// The switch whose name is nearest `name` (a typo's few letters away: at most 3 edits, and fewer
+/// than a third of the name), if one is.
+pub fn nearest(name: &str) -> Option<&'static str> {
+    let limit = (name.chars().count() / 3).min(3);
+    SETTINGS.iter().map(|s| (edits(name, s.name), s.name)).filter(|&(d, _)| d <= limit).min().map(|(_, n)| n)
+}
+
+/// Levenshtein distance (insertions, deletions and substitutions) of two names, ignoring case.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.to_uppercase().chars().collect(), b.chars().collect());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            (diag, row[j + 1]) = (row[j + 1], next);
+        }
+    }
+    row[b.len()]
+}
+
+/// What [`SettingError::Unknown`] adds: the nearest switch, and the switches.
+fn unknown_hint(name: &str) -> String {
+    let near = nearest(name).map_or(String::new(), |n| format!(": did you mean {n}?"));
+    format!("{near} (one of {})", names().join(", "))
 }
 
 impl Settings {
@@ -749,6 +777,25 @@ mod tests {
         }
         let e = check("EMUHOST_WACTH", "uffd").unwrap_err().to_string();
         assert!(e.starts_with("\"EMUHOST_WACTH\" is not a switch") && e.contains("EMUHOST_WATCH"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_switch_names_the_nearest() {
+        for (typo, near) in [
+            ("EMUHOST_WACTH", "EMUHOST_WATCH"),
+            ("EMUHOST_IMPORT_SPAN_MIB", "EMUHOST_IMPORT_SPAN_MB"),
+            ("emuhost_log", "EMUHOST_LOG"),
+            ("EMUHOST_IMPORT_BACKEN", "EMUHOST_IMPORT_BACKEND"),
+        ] {
+            assert_eq!(nearest(typo), Some(near), "{typo}");
+            let e = check(typo, "1").unwrap_err().to_string();
+            assert!(e.contains(&format!(": did you mean {near}? (one of ")), "{e}");
+        }
+        assert_eq!(nearest("EMUHOST_FROBNICATE"), None);
+        assert_eq!(nearest("FOO"), None);
+        let e = check("FOO", "1").unwrap_err().to_string();
+        assert!(e.starts_with("\"FOO\" is not a switch emuhost reads (one of EMUHOST_"), "{e}");
+        assert_eq!(edits("kitten", "SITTING"), 3);
     }
 
     #[test]

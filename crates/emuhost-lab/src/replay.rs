@@ -67,6 +67,8 @@ pub struct ReplayConfig {
     /// Keep the trace's frame times, with emuhost's host sleep as the frame limiter.
     pub paced: bool,
     pub settings: Settings,
+    /// Counts the frames begun (every thread done with the frame before), for a progress display.
+    pub frames_begun: Option<Arc<AtomicU64>>,
 }
 
 /// One frame's figures.
@@ -209,6 +211,8 @@ struct Shared<'a> {
     /// The stack size of the replay's threads (`None`: std's default); a test's way to make the
     /// OS refuse one.
     worker_stack: Option<usize>,
+    /// [`ReplayConfig::frames_begun`].
+    frames_begun: Option<Arc<AtomicU64>>,
 }
 
 impl<'a> Shared<'a> {
@@ -231,6 +235,7 @@ impl<'a> Shared<'a> {
             committed: AtomicU64::new(0),
             committed_peak: AtomicU64::new(0),
             worker_stack,
+            frames_begun: cfg.frames_begun.clone(),
         }
     }
 }
@@ -797,6 +802,9 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
                 if sh.failed.load(SeqCst) {
                     break;
                 }
+                if let Some(n) = &sh.frames_begun {
+                    n.fetch_add(1, SeqCst);
+                }
             }
             if let Err(e) = check_record(&mut check, line, &r) {
                 read_error = Some(e);
@@ -844,6 +852,8 @@ fn runtime(header: &Header, cfg: &ReplayConfig) -> Result<Runtime, ReplayError> 
         tracing::info!("import: {} passed over: {why}", kind.name());
     }
     let import_backend = picked.backend.describe();
+    // The run's one line on the device (the import cost, write tracking and sleeps say theirs).
+    tracing::info!("import backend {}: {import_backend}", picked.backend.kind().name());
     let importer = Importer::new(space.clone(), picked.backend, cfg.settings.import_config())?;
     let tracker = Tracker::new(&space, &cfg.settings.tracker_config())?;
     Ok((space, importer, import_backend, tracker))
@@ -1175,6 +1185,16 @@ mod tests {
             e.starts_with("line 1026: thread g1023 makes 1025 threads, over the replay's cap of 1024 threads"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_frames_begun_are_counted_for_a_progress_display() {
+        let records = (0..5u64).map(|i| Ok((i + 2, rec(Thread::Render, Event::Frame { index: i }))));
+        let mut cfg = plain_cfg();
+        let begun = Arc::new(AtomicU64::new(0));
+        cfg.frames_begun = Some(begun.clone());
+        let r = replay_with(&Header::default(), records, &cfg, None).unwrap();
+        assert_eq!((r.frames.len(), begun.load(SeqCst)), (5, 5));
     }
 
     #[test]

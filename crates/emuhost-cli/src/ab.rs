@@ -97,12 +97,22 @@ fn one(name: &str, text: &str, arm: &[(String, String)], a: &Args) -> anyhow::Re
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let (sa, sb) = (switches(&a.a).context("--a")?, switches(&a.b).context("--b")?);
     let mut runs: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
+    // A bar of the replays where stderr is a terminal; a line per replay where it is not.
+    let bar = crate::progress::shown().then(|| crate::progress::Bar::new("", "replays", Some(2 * u64::from(a.rounds))));
     for round in 0..a.rounds {
         for (i, (name, text, arm)) in [("A", &a.a, &sa), ("B", &a.b, &sb)].into_iter().enumerate() {
-            eprintln!("round {}/{}: {text}", round + 1, a.rounds);
+            let what = format!("round {}/{}: {text}", round + 1, a.rounds);
+            match &bar {
+                Some(b) => b.message(&what),
+                None => eprintln!("{what}"),
+            }
             runs[i].push(one(name, text, arm, &a)?);
+            if let Some(b) = &bar {
+                b.inc();
+            }
         }
     }
+    drop(bar);
     let figure = |run: &Value, k: &str| run.get(k).and_then(Value::as_f64);
     let med = |i: usize, k: &str| -> Option<f64> {
         let mut v: Vec<f64> = runs[i].iter().filter_map(|r| figure(r, k)).collect();

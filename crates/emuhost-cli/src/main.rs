@@ -19,6 +19,7 @@ mod plot;
 mod policy;
 mod prepare;
 mod probe;
+mod progress;
 mod replay;
 mod soak;
 mod switches;
@@ -120,11 +121,7 @@ fn main() -> ExitCode {
     };
     // Before any hook runs: the fault switches hold for the whole process.
     emuhost::faults::install(&settings.faults);
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&settings.log).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(log_colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")))
-        .init();
+    progress::init(&settings.log, log_colour(progress::shown(), std::env::var_os("NO_COLOR")));
     let result = match cli.command {
         Command::Replay(a) => replay::run(a, settings),
         Command::Ab(a) => ab::run(a),

@@ -4,7 +4,6 @@
 //! terminal; a summary on stdout (`--json`: one object). Exit 0 all prepared, 1 a shader failed
 //! (each named with its error; the run went on), 2 an error (bad input, no Vulkan device, I/O).
 
-use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -140,19 +139,6 @@ fn allocator_for(mimalloc: bool, heap: Option<(bool, &'static str)>) -> (Allocat
     }
 }
 
-fn progress_bar() -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(0);
-    let style =
-        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:40}] {pos}/{len} {elapsed_precise} eta {eta}")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style);
-    Some(bar)
-}
-
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let corpus = match &a.corpus {
         Some(dir) => Corpus::load(dir).with_context(|| format!("reading the corpus {}", dir.display()))?,
@@ -179,23 +165,20 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         stop_after: a.stop_after.map(|n| n as usize),
         ..Options::default()
     };
-    let bar = progress_bar();
+    // A bar per phase, of its variants (where stderr is a terminal).
+    let bar = crate::progress::shown().then(|| crate::progress::Bar::new("", "variants", Some(0)));
     let phase_seen = Mutex::new(None);
     let report = prepare(&corpus, &opts, &|phase, done, total| {
         let Some(bar) = &bar else { return };
         let mut seen = phase_seen.lock().unwrap_or_else(|e| e.into_inner());
         if *seen != Some(phase) {
             *seen = Some(phase);
-            bar.reset();
-            bar.set_length(total as u64);
-            bar.set_prefix(phase.name());
+            bar.restart(phase.name(), total as u64);
         }
-        bar.set_position(done as u64);
+        bar.set(done as u64);
     })
     .context("shader preparation")?;
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    drop(bar);
     let peak = emuhost_prepare::peak_memory_bytes();
     if a.json {
         outln!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));

@@ -1,11 +1,9 @@
 //! `emuhost replay`: replays a trace (the built-in session by default) through the runtime and
 //! reports like the reference PRs: hitches, worst frame, lows, imports and time in them.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
 use emuhost::settings::{self, Settings};
@@ -104,18 +102,24 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
     if let Some(d) = soak {
         return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }
-    let done = Arc::new(AtomicBool::new(false));
-    let spinner = progress(done.clone(), a.trace.is_some());
+    let frames = Arc::new(AtomicU64::new(0));
+    cfg.frames_begun = Some(frames.clone());
+    let bar = progress(frames, a.trace.is_none());
     let result = match &a.trace {
         Some(p) => replay_file(p, &cfg).with_context(|| format!("replaying {}", p.display())),
         None => replay_default(&cfg).context("replaying the built-in session"),
     };
-    done.store(true, Ordering::SeqCst);
-    if let Some(s) = spinner {
-        let _ = s.join();
-    }
+    drop(bar);
     let report = result?;
     let s = summary(&report);
+    tracing::info!(
+        "replay: {} frames in {:.1} s, {} imports ({:.0} ms), {} lost writes",
+        report.frames.len(),
+        report.wall.as_secs_f64(),
+        report.imports,
+        ms(report.import_time),
+        report.lost_writes
+    );
     if let Some(p) = &a.csv {
         std::fs::write(p, csv(&report)).with_context(|| format!("writing {}", p.display()))?;
     }
@@ -137,20 +141,18 @@ fn plot_kind(p: &std::path::Path) -> anyhow::Result<()> {
     }
 }
 
-/// A spinner on stderr while the replay runs, only when stderr is a terminal.
-fn progress(done: Arc<AtomicBool>, file: bool) -> Option<std::thread::JoinHandle<()>> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    Some(std::thread::spawn(move || {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message(if file { "replaying the trace" } else { "replaying the built-in session" });
-        while !done.load(Ordering::SeqCst) {
-            bar.tick();
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bar.finish_and_clear();
-    }))
+/// A bar of the frames on stderr while the replay runs (their count known for the built-in
+/// session), only where stderr is a terminal.
+fn progress(frames: Arc<AtomicU64>, built_in: bool) -> Option<crate::progress::Ticking> {
+    let len = built_in.then(default_frames);
+    let what = if built_in { "replaying the built-in session" } else { "replaying the trace" };
+    crate::progress::ticking(what.into(), "frames", len, move || frames.load(Ordering::Relaxed))
+}
+
+/// The built-in session's frames.
+pub fn default_frames() -> u64 {
+    let s = emuhost_lab::synth::SynthConfig::default();
+    u64::from(s.seconds) * u64::from(s.fps)
 }
 
 /// The 1 % / 0.1 % low: the frame rate of the slowest 1 % / 0.1 % of frames, averaged.

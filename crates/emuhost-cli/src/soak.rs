@@ -67,6 +67,9 @@ pub fn run(
     let start = Instant::now();
     let mut loops: Vec<SoakLoop> = Vec::new();
     let mut first: Option<ReplayReport> = None;
+    // The bar counts seconds of the duration asked (a loop can run past it).
+    let secs = duration.as_secs();
+    let bar = crate::progress::ticking("soak".into(), "s", Some(secs), move || start.elapsed().as_secs().min(secs));
     while loops.is_empty() || start.elapsed() < duration {
         let index = loops.len() as u64 + 1;
         let (t, cpu0) = (Instant::now(), cpu_time().context(PROCESS_CPU)?);
@@ -98,6 +101,7 @@ pub fn run(
         tracing::debug!("soak loop {index}: {:.1} s, RSS {:.1} MiB", wall.as_secs_f64(), mib(mem.rss));
         loops.push(l);
     }
+    drop(bar);
     let elapsed = start.elapsed();
     let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
     let r = first.expect("the first loop succeeded");

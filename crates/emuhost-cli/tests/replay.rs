@@ -39,6 +39,25 @@ fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A default replay of the built-in session (no switch set; stderr is not a terminal, so no bar)
+/// writes a few lines to stderr: what was chosen at start and a summary at the end, not a line
+/// per import.
+#[test]
+fn a_default_replay_writes_a_few_lines_to_stderr() {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_emuhost"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("EMUHOST_") {
+            c.env_remove(&k);
+        }
+    }
+    let out = c.arg("replay").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.lines().count() <= 10, "{} lines:\n{err}", err.lines().count());
+    assert!(err.lines().last().is_some_and(|l| l.contains("replay: ") && l.contains(" frames in ")), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("replay: "));
+}
+
 #[test]
 fn replay_reports_json_csv_and_a_plot() {
     let t = trace_file("replay", SMALL);

@@ -79,36 +79,53 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     if !a.json {
         outln!("backend {what}");
     }
+    let parts = a.sizes_mib.len() as u64
+        + u64::from(!a.no_session)
+        + u64::from(a.chain_rounds > 0)
+        + u64::from(a.beside_rounds > 0);
+    let bar = crate::progress::shown().then(|| crate::progress::Bar::new("bench import", "parts", Some(parts)));
+    let part = |what: &str| {
+        if let Some(b) = &bar {
+            b.message(&format!("bench import: {what}"));
+        }
+    };
     let mut sizes = Vec::new();
     for &mib in &a.sizes_mib {
+        part(&format!("{mib} MiB imports"));
         let r = sizes_arms(&backend, mib * MIB, a.rounds)?;
         if !a.json {
             r.print();
         }
         sizes.push(r.json());
+        bar.as_ref().map(crate::progress::Bar::inc);
     }
     let session = if a.no_session {
         serde_json::Value::Null
     } else {
+        part("the session");
         let s = session_arms(&backend, a.seed, a.session_rounds, settings.import_config())?;
         if !a.json {
             s.print();
         }
+        bar.as_ref().map(crate::progress::Bar::inc);
         s.json()
     };
     let chain = if a.chain_rounds == 0 {
         serde_json::Value::Null
     } else {
+        part("collects beside commits and pins");
         let dur = Duration::from_millis(a.chain_ms);
         let c = chain::arms(&backend, a.chain_rounds, dur, a.chain_pin_mib * MIB, a.chain_piece_kib << 10)?;
         if !a.json {
             c.print();
         }
+        bar.as_ref().map(crate::progress::Bar::inc);
         c.json()
     };
     let beside = if a.beside_rounds == 0 {
         serde_json::Value::Null
     } else {
+        part("small imports beside background imports");
         let dur = Duration::from_millis(a.beside_ms);
         let sizes: Vec<u64> = a.beside_kib.iter().map(|k| k << 10).collect();
         let r = beside::arms(&backend, a.beside_rounds, dur, &sizes, a.beside_live)?;
@@ -117,6 +134,7 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
         }
         r.json()
     };
+    drop(bar);
     if a.json {
         let all = json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session, "chain": chain, "beside": beside });
         outln!("{all}");

@@ -45,6 +45,17 @@ pub enum Which {
 }
 
 pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
+    // The lab's benches report at their end: a spinner with the time elapsed meanwhile (`bench
+    // import` has a bar of its parts).
+    let name = match &which {
+        Which::Space(_) => "space",
+        Which::Watch(_) => "watch",
+        Which::Sleep(_) => "sleep",
+        Which::Workers(_) => "workers",
+        Which::Import(_) => "import",
+        Which::Prepare(_) => "prepare",
+    };
+    let _spinner = (name != "import").then(|| crate::progress::ticking(format!("bench {name}"), "", None, || 0));
     match which {
         Which::Space(a) => space::run(a),
         Which::Watch(a) => watch::run(a, settings),

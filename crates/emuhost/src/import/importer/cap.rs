@@ -52,7 +52,8 @@ const RELEASE_WAIT: Duration = Duration::from_millis(100);
 /// quarters of it (a quarter left to the embedder's own allocations on the device: a renderer
 /// sub-allocates, so a few hundred of 4,096 is ample); no cap where the backend has no limit.
 pub(super) fn default_cap(max_count: u64) -> u64 {
-    if max_count == u64::MAX { u64::MAX } else { max_count - max_count / 4 }
+    // 2^32 - 1 (what lavapipe and NVIDIA report) is no limit a session can meet.
+    if max_count >= u64::from(u32::MAX) { u64::MAX } else { max_count - max_count / 4 }
 }
 
 /// The most live imports the background threads may bring the count to: three quarters of the

@@ -122,7 +122,8 @@ impl<B: Backend + 'static> Importer<B> {
         let state = State::new(cost, granule);
         let max_count = backend.budget().get().max_count;
         let cap = cfg.max_live.map_or(cap::default_cap(max_count), |m| m.min(max_count)).max(1);
-        if cap < u64::MAX {
+        // Said where it is a limit a session can meet (lavapipe's and NVIDIA's 2^32 - 1 is none).
+        if cap < u64::from(u32::MAX) {
             tracing::info!("at most {cap} live imports on {}", backend.kind().name());
         }
         let core = Arc::new(Core {

@@ -24,6 +24,21 @@
 //!
 //! A schedule names 1-based call numbers: `N` (the Nth), `N-M` (the Nth to the Mth), `N-` (the
 //! Nth and every one after), `%K` (every Kth), several separated by commas (`2,%10`).
+//!
+//! ```
+//! use emuhost::faults::{Plan, Schedule, scoped};
+//! use emuhost::space::{Prot, Space};
+//!
+//! let space = Space::with_window(16 << 20).unwrap();
+//! let range = space.range(0, 0x10000).unwrap();
+//! // Every system call of a commit fails with ENOMEM, on this thread, while `scope` lives.
+//! let scope = scoped(Plan { commit_enomem: Schedule::from_nth(1), ..Plan::default() });
+//! assert!(space.commit(range, Prot::READ_WRITE).is_err());
+//! assert!(scope.tally().commit_failed >= 1);
+//! drop(scope);
+//! space.commit(range, Prot::READ_WRITE).unwrap();
+//! ```
+#![deny(missing_docs)]
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -50,6 +65,15 @@ enum Item {
 }
 
 /// Which calls fail, by their 1-based number.
+///
+/// ```
+/// use emuhost::faults::Schedule;
+///
+/// let s: Schedule = "2,%10".parse().unwrap();
+/// assert_eq!((s.hits(1), s.hits(2), s.hits(20)), (false, true, true));
+/// assert_eq!(s, Schedule::nth(2).and(Schedule::every(10)));
+/// assert!("3-1".parse::<Schedule>().is_err());
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Schedule(Vec<Item>);
 
@@ -93,11 +117,15 @@ impl Schedule {
         })
     }
 
+    /// Whether it names no call.
     pub fn is_never(&self) -> bool {
         self.0.is_empty()
     }
 }
 
+/// Parses the switches' form (`N`, `N-M`, `N-`, `%K`, comma-separated; empty: never). The
+/// error names the part that is not a call number (1, 2, ...) or a range that ends before it
+/// starts.
 impl FromStr for Schedule {
     type Err = String;
 
@@ -139,6 +167,7 @@ pub enum UffdFault {
 }
 
 impl UffdFault {
+    /// The `errno` the failed `userfaultfd` call sets.
     #[cfg(target_os = "linux")]
     pub fn errno(self) -> i32 {
         match self {
@@ -175,6 +204,7 @@ pub struct Plan {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FaultSettings {
+    /// The plan the switches describe (the default plan: no switch set).
     pub plan: Plan,
     /// `EMUHOST_FAULT_FOREIGN_SEGV`.
     pub foreign: bool,
@@ -183,11 +213,13 @@ pub struct FaultSettings {
 /// What a plan has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
-    /// Imports seen and failed.
+    /// Imports seen.
     pub imports: u64,
+    /// Imports failed.
     pub imports_failed: u64,
-    /// Commit system calls seen and failed.
+    /// Commit system calls seen.
     pub commit_calls: u64,
+    /// Commit system calls failed.
     pub commit_failed: u64,
     /// userfaultfd opens failed.
     pub uffd_failed: u64,

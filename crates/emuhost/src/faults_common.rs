@@ -34,8 +34,20 @@ pub const SWITCHES: [&str; 7] = [
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FaultError {
+    /// A switch's value that does not parse.
     #[error("{name}={value:?}: {why}")]
-    BadSwitch { name: &'static str, value: String, why: String },
+    BadSwitch {
+        /// The switch (`EMUHOST_FAULT_...`).
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A switch set in a build without the `faults` feature.
     #[error("{name} is set, but this build has no fault injection (build with the cargo feature `faults`)")]
-    NotBuilt { name: &'static str },
+    NotBuilt {
+        /// The switch.
+        name: &'static str,
+    },
 }

@@ -1,5 +1,6 @@
 //! Fault injection, compiled out (the cargo feature `faults` is off): nothing is ever injected,
 //! and every hook is an empty inline function the optimiser removes.
+#![deny(missing_docs)]
 
 use std::io;
 

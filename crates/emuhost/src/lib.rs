@@ -176,6 +176,19 @@ pub mod probe;
 
 /// System-call counters (per thread). Filled only in a build with the `counters` feature;
 /// [`counters::snapshot`] returns `None` otherwise.
+///
+/// ```
+/// use emuhost::space::{Prot, Space};
+///
+/// let space = Space::with_window(16 << 20).unwrap();
+/// let before = emuhost::counters::snapshot();
+/// space.commit(space.range(0, 0x10000).unwrap(), Prot::READ_WRITE).unwrap();
+/// if let (Some(before), Some(after)) = (before, emuhost::counters::snapshot()) {
+///     // Feature `counters`: this thread's calls of the commit.
+///     assert!(after.since(&before).total() >= 1);
+/// }
+/// ```
+#[deny(missing_docs)]
 pub mod counters {
     pub use crate::sys::counters::{Call, Counts, snapshot};
 }

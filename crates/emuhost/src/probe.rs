@@ -2,6 +2,10 @@
 //! the affinity mask and which way region queries go; on Linux userfaultfd's features,
 //! `PAGEMAP_SCAN`, `PROCMAP_QUERY` and transparent huge pages; on Windows placeholders and write
 //! watch. Each later part adds what it chose and why.
+//!
+//! Also the process's own memory figures ([`process_memory`], [`heap`], [`process_times`], ...),
+//! for a caller that watches a long run.
+#![deny(missing_docs)]
 
 use crate::sys::probe as sys;
 #[cfg(target_os = "linux")]
@@ -10,7 +14,9 @@ use crate::sys::uapi;
 /// One capability: present, or absent with the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Offer<T> {
+    /// Present, with what was read (a count, feature bits, a name; `()` where only presence).
     Yes(T),
+    /// Absent: why, in words (the OS error of the attempt, most often).
     No(String),
 }
 
@@ -23,19 +29,37 @@ impl<T> Offer<T> {
     }
 }
 
-/// The machine, as the runtime sees it.
+/// The machine, as the runtime sees it (what `emuhost probe` prints). The fields differ by
+/// platform: userfaultfd, `PAGEMAP_SCAN`, `PROCMAP_QUERY` and transparent huge pages on Linux,
+/// placeholders and write watch on Windows.
+///
+/// ```
+/// use emuhost::probe::{Offer, Probe};
+///
+/// let p = Probe::run();
+/// assert_eq!(p.page_size, emuhost::space::page_size());
+/// match &p.cpus {
+///     Offer::Yes(n) => assert!(*n >= 1),
+///     Offer::No(why) => println!("no processor count: {why}"),
+/// }
+/// #[cfg(target_os = "linux")]
+/// println!("userfaultfd async write-protect: {}", p.uffd_wp_async());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Probe {
     /// The kernel's release (Linux), or Windows' version (and Wine's, under Wine).
     pub kernel: String,
+    /// The page size in bytes (4096 on x86-64 Linux and Windows).
     pub page_size: u64,
     /// Logical processors in this process's affinity mask.
     pub cpus: Offer<usize>,
     /// userfaultfd's feature bits (`UFFDIO_API`).
     #[cfg(target_os = "linux")]
     pub uffd_features: Offer<u64>,
+    /// The `PAGEMAP_SCAN` ioctl (Linux 6.7+): the uffd backend reads and re-arms with it.
     #[cfg(target_os = "linux")]
     pub pagemap_scan: Offer<()>,
+    /// The `PROCMAP_QUERY` ioctl (Linux 6.11+): region queries without `/proc/self/maps` text.
     #[cfg(target_os = "linux")]
     pub procmap_query: Offer<()>,
     /// How region queries are answered here: `PROCMAP_QUERY`, or the `/proc/self/maps` text
@@ -54,6 +78,8 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// Probes this machine: a few system calls and `/proc` reads (Linux) or queries (Windows),
+    /// no memory kept. Never fails: what is missing is an [`Offer::No`] with the reason.
     pub fn run() -> Probe {
         Probe {
             kernel: sys::os_release(),

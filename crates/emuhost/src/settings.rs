@@ -5,6 +5,23 @@
 //! emulator that embeds emuhost builds its `Settings` in code). [`Settings::set`],
 //! [`Settings::from_lookup`] and [`Settings::from_env`] are one code path, and an error names
 //! the switch and the value.
+//!
+//! ```
+//! use emuhost::settings::{SettingError, Settings};
+//!
+//! // An embedder sets switches in code; a CLI would call `Settings::from_env()`.
+//! let mut s = Settings::default();
+//! s.set("EMUHOST_SHORT_SLEEP_TIMER", "1").unwrap();
+//! assert_eq!(s.short_sleep_timer, Some(true));
+//! let e = s.set("EMUHOST_IMPORT_BACKEND", "opengl").unwrap_err();
+//! assert!(matches!(e, SettingError::Bad { name: "EMUHOST_IMPORT_BACKEND", .. }), "{e}");
+//! assert!(matches!(s.set("EMUHOST_NOPE", "1"), Err(SettingError::Unknown { .. })));
+//!
+//! // The same from any lookup (a config file, a test's map).
+//! let s = Settings::from_lookup(|name| (name == "EMUHOST_VERIFY_COLLECT").then(|| "1".into())).unwrap();
+//! assert!(s.verify_collect);
+//! ```
+#![deny(missing_docs)]
 
 use crate::faults::FaultSettings;
 use std::time::Duration;
@@ -18,6 +35,9 @@ use crate::watch::{BackendKind, TrackerConfig, VERIFY_SWITCH};
 pub const WATCH_SWITCH: &str = "EMUHOST_WATCH";
 
 /// Reads an `EMUHOST_IMPORT_BACKEND` value (trimmed, any case; empty is `auto`).
+///
+/// # Errors
+/// A value other than `auto`, `vulkan`, `cuda` or `pin`: the message names the switch and value.
 pub fn parse_import_backend(value: &str) -> Result<BackendChoice, String> {
     use crate::import::BackendKind as Kind;
     match value.trim().to_ascii_lowercase().as_str() {
@@ -30,6 +50,10 @@ pub fn parse_import_backend(value: &str) -> Result<BackendChoice, String> {
 }
 
 /// Reads an `EMUHOST_WATCH` value (trimmed, any case; empty is unset): the backend it forces.
+///
+/// # Errors
+/// A name that is no backend, another platform's backend (`uffd` on Windows, `writewatch` on
+/// Linux), or the retired `softdirty`: the message names the switch, the value and why.
 pub fn parse_watch(value: &str) -> Result<Option<BackendKind>, String> {
     let bad = |why: &str| format!("{WATCH_SWITCH}={value:?} {why}");
     let here = || BackendKind::AUTO.map(BackendKind::name).join(", ");
@@ -101,8 +125,11 @@ impl Default for Settings {
 /// A switch: its name, its default as the README states it, what it does, and its parser.
 #[derive(Clone, Copy)]
 pub struct Switch {
+    /// The variable's name (`EMUHOST_...`).
     pub name: &'static str,
+    /// Its default, as the README's table writes it.
     pub default: &'static str,
+    /// What it does, in one line (the README's table and `emuhost policy`).
     pub doc: &'static str,
     apply: fn(&mut Settings, &str) -> Result<(), String>,
 }
@@ -117,13 +144,28 @@ impl std::fmt::Debug for Switch {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SettingError {
+    /// A name that is no switch of [`SETTINGS`] (the nearest one suggested where one is near).
     #[error("{name:?} is not a switch emuhost reads{}", unknown_hint(name))]
-    Unknown { name: String },
-    /// `why` names the switch and the value.
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// A value the switch refuses. `why` names the switch and the value.
     #[error("{why}")]
-    Bad { name: &'static str, value: String, why: String },
+    Bad {
+        /// The switch.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it is refused, naming both.
+        why: String,
+    },
+    /// A switch set in the environment to bytes that are not UTF-8 ([`Settings::from_env`]).
     #[error("{name} is not valid UTF-8")]
-    NotUnicode { name: &'static str },
+    NotUnicode {
+        /// The switch.
+        name: &'static str,
+    },
 }
 
 /// The one on/off parser (trimmed, any case): `1`, `true`, `on`, `yes` are on; `0`, `false`,
@@ -412,8 +454,11 @@ impl Settings {
         crate::sched::SleeperBuilder::default().short_sleep_timer(self.short_sleep_timer)
     }
 
-    /// Sets the switch `name` to `value` (its parser's reading of it): an unknown name or a
-    /// value the switch refuses is an error naming both.
+    /// Sets the switch `name` to `value` (its parser's reading of it).
+    ///
+    /// # Errors
+    /// [`SettingError::Unknown`] for a name not in [`SETTINGS`], [`SettingError::Bad`] for a
+    /// value the switch refuses, naming both.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), SettingError> {
         let s =
             SETTINGS.iter().find(|s| s.name == name).ok_or_else(|| SettingError::Unknown { name: name.to_string() })?;
@@ -421,6 +466,9 @@ impl Settings {
     }
 
     /// The defaults, with each switch that `get` gives a value (`None`: unset) set to it.
+    ///
+    /// # Errors
+    /// The first switch whose value is refused ([`SettingError::Bad`]).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingError> {
         let mut settings = Settings::default();
         for s in SETTINGS {
@@ -432,7 +480,11 @@ impl Settings {
     }
 
     /// The defaults, with each switch set in this process's environment set to its value. The
-    /// only place the library reads the environment.
+    /// only place the library reads the environment (the same on Linux and Windows).
+    ///
+    /// # Errors
+    /// [`SettingError::NotUnicode`] for a switch set to bytes that are not UTF-8, else as
+    /// [`Settings::from_lookup`].
     pub fn from_env() -> Result<Self, SettingError> {
         for s in SETTINGS {
             if let Err(std::env::VarError::NotUnicode(_)) = std::env::var(s.name) {
@@ -446,8 +498,10 @@ impl Settings {
 /// Which import policy `EMUHOST_IMPORT_POLICY` names ([`ImportPolicy`] without its settings).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ImportPolicyName {
+    /// `pools` (the default): [`ImportPolicy::Pools`].
     #[default]
     Pools,
+    /// `chunks`: [`ImportPolicy::Chunks`].
     Chunks,
 }
 
@@ -600,7 +654,20 @@ const MOST_COST_US: u64 = 60_000_000;
 
 /// The cost `EMUHOST_IMPORT_COST_US` (`name`) gives: three whole numbers of µs, `FIXED,UNTOUCHED,
 /// POPULATED` (an import; a MiB of untouched pages; a MiB of populated ones), as
-/// [`import_cost_value`] writes them. A bad value is an error naming the switch.
+/// [`import_cost_value`] writes them.
+///
+/// # Errors
+/// Not three comma-separated whole numbers, or one above 60000000 µs: the message names the
+/// switch (`name`) and the value.
+///
+/// ```
+/// use emuhost::settings::{import_cost, import_cost_value};
+///
+/// let c = import_cost("EMUHOST_IMPORT_COST_US", "40, 25,300").unwrap();
+/// assert_eq!(c.fixed, std::time::Duration::from_micros(40));
+/// assert_eq!(import_cost_value(&c), "40,25,300");
+/// assert!(import_cost("EMUHOST_IMPORT_COST_US", "40,25").unwrap_err().contains("EMUHOST_IMPORT_COST_US"));
+/// ```
 pub fn import_cost(name: &str, value: &str) -> Result<ImportCost, String> {
     let bad = |why: &str| format!("{name}={value:?}: {why}");
     let parts: Vec<&str> = value.split(',').map(str::trim).collect();

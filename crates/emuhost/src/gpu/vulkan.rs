@@ -30,6 +30,8 @@ use ash::vk;
 pub struct Shared {
     /// Kept for the process's life: the instance's function pointers live in the loader.
     _entry: ash::Entry,
+    /// The instance (Vulkan 1.1 to 1.3, as the loader offers; no layer or extension). Never
+    /// destroyed: do not call `destroy_instance` on it.
     pub instance: ash::Instance,
 }
 
@@ -40,10 +42,17 @@ pub struct Shared {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InstanceError {
+    /// The Vulkan loader (`libvulkan.so.1`, `vulkan-1.dll`) could not be loaded.
     #[error("no Vulkan loader: {0}")]
     Loader(#[source] ash::LoadingError),
+    /// A Vulkan call failed.
     #[error("Vulkan: {op} failed: {code}")]
-    Vulkan { op: &'static str, code: vk::Result },
+    Vulkan {
+        /// The call (`vkCreateInstance`, `vkEnumerateInstanceVersion`).
+        op: &'static str,
+        /// What it returned.
+        code: vk::Result,
+    },
 }
 
 static SHARED: Mutex<Option<&'static Shared>> = Mutex::new(None);
@@ -62,7 +71,11 @@ pub fn rank(t: vk::PhysicalDeviceType) -> u32 {
 
 /// The best-ranked physical device of `instance` that `fits` accepts (it returns what the caller
 /// needs of the device, e.g. its queue family), the first of equals in the loader's order.
-/// `fits` sees every device, so a caller can also note why one was passed over.
+/// `fits` sees every device, so a caller can also note why one was passed over. `Ok(None)`
+/// where it accepts none.
+///
+/// # Errors
+/// What `vkEnumeratePhysicalDevices` returned where it failed.
 pub fn best<T>(
     instance: &ash::Instance,
     mut fits: impl FnMut(vk::PhysicalDevice, &vk::PhysicalDeviceProperties) -> Option<T>,
@@ -83,7 +96,26 @@ pub fn best<T>(
     Ok(best.map(|(_, pd, t)| (pd, t)))
 }
 
-/// The process's instance, made on the first call.
+/// The process's instance, made on the first call (later calls return the same one).
+///
+/// # Errors
+/// [`InstanceError`] where there is no loader or the instance cannot be made (no driver, most
+/// often); nothing is kept then, and the next call tries again.
+///
+/// ```
+/// use emuhost::gpu::vulkan::{best, rank, shared};
+///
+/// match shared() {
+///     Ok(s) => {
+///         assert!(std::ptr::eq(s, shared().unwrap()), "one instance per process");
+///         // The best-ranked device, whatever it offers.
+///         if let Some((_, ty)) = best(&s.instance, |_, props| Some(props.device_type)).unwrap() {
+///             assert!(rank(ty) <= 4);
+///         }
+///     }
+///     Err(e) => println!("no Vulkan here: {e}"),
+/// }
+/// ```
 pub fn shared() -> Result<&'static Shared, InstanceError> {
     let mut slot = SHARED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = *slot {

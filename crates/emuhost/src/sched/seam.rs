@@ -7,6 +7,30 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::sys::sched as sys;
 
 /// What a sleep needs from the machine.
+///
+/// A fake host makes a sleep's waits countable without sleeping:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+/// use std::time::Duration;
+/// use emuhost::sched::{Caller, SchedHost, Sleeper, Wait};
+///
+/// /// A clock that a yield moves by 10 µs and a timer wait moves to its deadline.
+/// #[derive(Default)]
+/// struct Fake { now: AtomicU64, yields: AtomicU64 }
+/// impl SchedHost for Fake {
+///     fn now_ns(&self) -> u64 { self.now.load(Relaxed) }
+///     fn yield_now(&self) { self.yields.fetch_add(1, Relaxed); self.now.fetch_add(10_000, Relaxed); }
+///     fn timer_wait_until(&self, deadline_ns: u64) { self.now.fetch_max(deadline_ns, Relaxed); }
+///     fn affinity_cpus(&self) -> Option<usize> { Some(16) }
+/// }
+///
+/// // 16 processors: the guest's short sleeps yield (the rule), 100 µs = 10 yields.
+/// let sleeper = Sleeper::builder().build(Fake::default());
+/// sleeper.sleep(Caller::Guest, Duration::from_micros(100));
+/// assert_eq!(sleeper.rule().guest, Wait::Yield);
+/// assert_eq!(sleeper.host().yields.load(Relaxed), 10);
+/// ```
 pub trait SchedHost: Send + Sync {
     /// Nanoseconds on a monotonic clock.
     fn now_ns(&self) -> u64;

@@ -122,6 +122,7 @@ pub enum Wait {
 }
 
 impl Wait {
+    /// The wait's name as logs and `emuhost policy` print it: `timer`, `yield` or `hybrid`.
     pub fn name(self) -> &'static str {
         match self {
             Wait::Timer => "timer",
@@ -132,14 +133,31 @@ impl Wait {
 }
 
 /// The rule for short sleeps, decided once.
+///
+/// ```
+/// use emuhost::sched::{Caller, ShortSleepRule, TIMER_MAX_CPUS, Wait};
+///
+/// // Switch unset, 4 logical processors: the guest's short sleeps wait on the timer.
+/// let rule = ShortSleepRule::decide(None, Some(4), TIMER_MAX_CPUS, Wait::Yield);
+/// assert_eq!(rule.wait_for(Caller::Guest), Wait::Timer);
+/// assert_eq!(rule.wait_for(Caller::Host), Wait::Yield);
+/// // A machine without a timer (Windows before 10 1803) yields for both.
+/// let rule = rule.without_timer(Some("no high-resolution timer".into()));
+/// assert_eq!(rule.wait_for(Caller::Guest), Wait::Yield);
+/// assert!(rule.why().contains("no timer here"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShortSleepRule {
+    /// How the guest's short sleeps wait.
     pub guest: Wait,
+    /// How the host's short sleeps wait.
     pub host: Wait,
     /// The processor count it was decided with (`None`: unknown).
     pub cpus: Option<usize>,
     /// The switch: `None` where it is unset, else whether it is on ([`crate::settings::switch_on`]).
     pub switch: Option<bool>,
+    /// The threshold it was decided with: guest short sleeps wait on the timer with this many
+    /// logical processors or fewer (by default [`TIMER_MAX_CPUS`]).
     pub timer_max_cpus: usize,
     /// Why the machine has no timer for short sleeps (`None`: it has one); where it has none,
     /// what would wait on it yields ([`ShortSleepRule::without_timer`]).
@@ -225,7 +243,8 @@ impl ShortSleepRule {
     }
 }
 
-/// Waits until `deadline_ns` on `host`'s clock by `wait`. `margin_ns`: the hybrid's margin.
+/// Waits until `deadline_ns` on `host`'s clock by `wait` (nanoseconds, [`SchedHost::now_ns`]).
+/// `margin_ns`: the hybrid's margin, in nanoseconds.
 /// Whatever a timer wait leaves (it failed) is yielded out, so every wait ends at or after the
 /// deadline.
 pub fn wait_until<H: SchedHost + ?Sized>(host: &H, wait: Wait, deadline_ns: u64, margin_ns: u64) {
@@ -311,13 +330,29 @@ impl SleeperBuilder {
         self
     }
 
+    /// The sleeper, on `host`'s clock and primitives ([`OsHost`] for the real machine, a fake
+    /// [`SchedHost`] in tests). Nothing is read or logged until its first sleep.
     pub fn build<H: SchedHost>(self, host: H) -> Sleeper<H> {
         Sleeper { host, config: self, rule: OnceLock::new(), margin: LearnedMargin::new(HYBRID_MARGIN) }
     }
 }
 
 /// Sleeps for the guest and the host by the rule, which it decides at its first sleep (or at
-/// [`Sleeper::rule`]) and logs once.
+/// [`Sleeper::rule`]) and logs once. Every sleep ends at or after its deadline (a failed timer
+/// wait is yielded out); it never returns an error or panics. Shared by reference: several
+/// threads may sleep on one sleeper at once.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use emuhost::sched::{Caller, OsHost, Sleeper, Wait};
+///
+/// // Every short sleep on the timer, as `EMUHOST_SHORT_SLEEP_TIMER=1` would say.
+/// let sleeper = Sleeper::builder().short_sleep_timer(Some(true)).build(OsHost);
+/// assert_eq!(sleeper.rule().wait_for(Caller::Guest), Wait::Timer);
+/// let start = Instant::now();
+/// sleeper.sleep(Caller::Guest, Duration::from_micros(300));
+/// assert!(start.elapsed() >= Duration::from_micros(300));
+/// ```
 pub struct Sleeper<H: SchedHost> {
     host: H,
     config: SleeperBuilder,
@@ -333,6 +368,7 @@ impl Sleeper<OsHost> {
 }
 
 impl<H: SchedHost> Sleeper<H> {
+    /// The seam it sleeps through (a test's fake host reads its counts here).
     pub fn host(&self) -> &H {
         &self.host
     }
@@ -356,13 +392,15 @@ impl<H: SchedHost> Sleeper<H> {
         })
     }
 
-    /// Sleeps `d` for `caller`.
+    /// Sleeps `d` for `caller` (a short sleep by the rule, a longer one on the timer).
     pub fn sleep(&self, caller: Caller, d: Duration) {
         let deadline = self.host.now_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64);
         self.sleep_until(caller, deadline);
     }
 
-    /// Sleeps until `deadline_ns` on the host's clock for `caller`.
+    /// Sleeps until `deadline_ns` on the host's clock for `caller` ([`SchedHost::now_ns`]:
+    /// nanoseconds of a monotonic clock, whose origin only differences mean). A deadline passed
+    /// already returns at once.
     pub fn sleep_until(&self, caller: Caller, deadline_ns: u64) {
         let left = deadline_ns.saturating_sub(self.host.now_ns());
         if left == 0 {

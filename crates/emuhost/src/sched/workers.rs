@@ -28,6 +28,7 @@ pub enum Allocator {
 }
 
 impl Allocator {
+    /// Its name in the worker count's reason: `scales` or `locked`.
     pub fn name(self) -> &'static str {
         match self {
             Allocator::Scales => "scales",
@@ -36,10 +37,13 @@ impl Allocator {
     }
 }
 
-/// A cgroup v2 CPU quota: `quota` µs of CPU time every `period` µs.
+/// A CPU quota: `quota_us` µs of CPU time every `period_us` µs (Linux: a cgroup v2 `cpu.max`;
+/// Windows: the job object's hard CPU rate cap).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuQuota {
+    /// CPU time allowed per period, in µs (over all processors: 150000 of 100000 is 1.5 CPUs).
     pub quota_us: u64,
+    /// The period, in µs (never 0 from [`parse_cpu_max`]).
     pub period_us: u64,
 }
 
@@ -51,6 +55,20 @@ impl CpuQuota {
 }
 
 /// Parses a cgroup v2 `cpu.max`: `max PERIOD` (no limit, `None`) or `QUOTA PERIOD`.
+///
+/// # Errors
+/// [`SchedError::BadCpuMax`], naming the text, where it is neither, or the quota or the period
+/// is 0.
+///
+/// ```
+/// use emuhost::sched::{CpuQuota, parse_cpu_max};
+///
+/// assert_eq!(parse_cpu_max("max 100000\n").unwrap(), None);
+/// let q = parse_cpu_max("150000 100000").unwrap().unwrap();
+/// assert_eq!(q, CpuQuota { quota_us: 150000, period_us: 100000 });
+/// assert_eq!(q.cpus(), 2);
+/// assert!(parse_cpu_max("150000 0").is_err());
+/// ```
 pub fn parse_cpu_max(text: &str) -> Result<Option<CpuQuota>, SchedError> {
     let bad = || SchedError::BadCpuMax { text: text.to_string() };
     let mut fields = text.split_whitespace();
@@ -70,6 +88,10 @@ pub fn parse_cpu_max(text: &str) -> Result<Option<CpuQuota>, SchedError> {
 }
 
 /// Parses `/proc/meminfo`'s `MemAvailable:   N kB` into bytes.
+///
+/// # Errors
+/// [`SchedError::NoMemAvailable`] where there is no such line; [`SchedError::BadMemAvailable`],
+/// naming the line, where it is not `MemAvailable: N kB` or the bytes overflow a `u64`.
 pub fn parse_mem_available(meminfo: &str) -> Result<u64, SchedError> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:")).ok_or(SchedError::NoMemAvailable)?;
     let bad = || SchedError::BadMemAvailable { line: line.to_string() };
@@ -87,13 +109,25 @@ pub fn usable_cpus(affinity: usize, quota: Option<CpuQuota>) -> usize {
 /// A worker count and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workers {
+    /// The workers to start: 1 to [`MAX_WORKERS`].
     pub count: usize,
+    /// Why, in one line (for the log and `emuhost policy`).
     pub why: String,
 }
 
 /// The worker count for a compile job: `half = max(1, usable / 2)`; where the allocator is
 /// locked, `half`; where it scales, `half` plus one for each 768 MiB of `available_bytes` past
 /// 4 GiB (none below), limited by `usable`. Either way no more than 32.
+///
+/// ```
+/// use emuhost::sched::{Allocator, prepare_workers};
+///
+/// // 16 usable CPUs and 8 GiB available.
+/// assert_eq!(prepare_workers(16, 8 << 30, Allocator::Locked).count, 8);
+/// // Scaling: 8 plus one per 768 MiB past the 4 GiB reserve (5), 13.
+/// let w = prepare_workers(16, 8 << 30, Allocator::Scales);
+/// assert_eq!(w.count, 13, "{}", w.why);
+/// ```
 pub fn prepare_workers(usable: usize, available_bytes: u64, allocator: Allocator) -> Workers {
     let half = (usable / 2).max(1);
     let mib = available_bytes >> 20;
@@ -146,6 +180,14 @@ mod source {
 /// What this machine gives the process, as `prepare_workers` needs it. Each part that could not
 /// be read says why in `notes`. On Windows the quota is the job object's hard CPU rate cap and
 /// the memory `GlobalMemoryStatusEx`'s available physical memory, read as numbers (no text).
+///
+/// ```
+/// use emuhost::sched::{Allocator, Machine};
+///
+/// let machine = Machine::read();
+/// let workers = machine.prepare_workers(Allocator::Locked);
+/// assert!(workers.count >= 1 && workers.count <= machine.usable_cpus());
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Machine {
     /// Logical processors in the affinity mask (`None`: unknown).
@@ -154,11 +196,13 @@ pub struct Machine {
     pub quota: Option<CpuQuota>,
     /// `MemAvailable` in bytes (`None`: unknown).
     pub available_bytes: Option<u64>,
+    /// One line for each value that could not be read, saying why and what was assumed.
     pub notes: Vec<String>,
 }
 
 impl Machine {
-    /// Reads the affinity mask, the cgroup quota and `MemAvailable`.
+    /// Reads the affinity mask, the cgroup quota and `MemAvailable` (Windows: the job's CPU rate
+    /// cap and `GlobalMemoryStatusEx`). Never fails: what could not be read is `None` and a note.
     pub fn read() -> Machine {
         let mut m = Machine::default();
         match sys::affinity_cpus() {

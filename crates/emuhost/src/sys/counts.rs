@@ -1,6 +1,9 @@
 //! What the system-call counters count (shared by `counters.rs` and `counters_disabled.rs`).
 
-/// The system calls emuhost counts.
+/// The system calls emuhost counts. Named as Linux's; on Windows each counts the calls of the
+/// same role: `VirtualAlloc`/`VirtualAlloc2`/`MapViewOfFile3` as `Mmap`, `VirtualProtect` as
+/// `Mprotect`, `VirtualQuery` as `Query`, `GetWriteWatch`/`ResetWriteWatch` as `Ioctl`,
+/// `VirtualFree`/`UnmapViewOfFile` as `Munmap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Call {
@@ -26,13 +29,21 @@ pub enum Call {
 /// Counts of system calls, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// [`Call::Mmap`] calls.
     pub mmap: u64,
+    /// [`Call::Mprotect`] calls.
     pub mprotect: u64,
+    /// [`Call::Madvise`] calls.
     pub madvise: u64,
+    /// [`Call::Query`] calls.
     pub query: u64,
+    /// [`Call::Copy`] calls.
     pub copy: u64,
+    /// [`Call::Ioctl`] calls.
     pub ioctl: u64,
+    /// [`Call::Register`] calls.
     pub register: u64,
+    /// [`Call::Munmap`] calls.
     pub munmap: u64,
 }
 

@@ -61,10 +61,15 @@ pub(crate) use windows::*;
 /// is a gap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// The first host address (page-aligned).
     pub start: usize,
+    /// The host address past the last byte (page-aligned).
     pub end: usize,
+    /// Readable.
     pub read: bool,
+    /// Writable (copy-on-write counts).
     pub write: bool,
+    /// Executable.
     pub exec: bool,
     /// A view of a section (`MAP_SHARED`; `MEM_MAPPED`).
     pub shared: bool,

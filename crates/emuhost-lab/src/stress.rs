@@ -13,6 +13,20 @@
 //! to the first that began after it ended. A write made between two collects has a window of
 //! exactly one collect, so an earlier write to the same page cannot hide it; the collector leaves
 //! a gap after each collect until every writer has made such a write.
+//!
+//! Linux and Windows alike, with the platform's backends ([`BackendKind::AUTO`]), but for the
+//! forker (Windows has no fork: no fork is made or counted there) and
+//! [`StressConfig::map_pressure`] (refused on Windows, which has no limit on mappings).
+//!
+//! ```no_run
+//! // no_run: a run starts a dozen threads and forks; tests and `emuhost bench watch` run it.
+//! use emuhost::watch::BackendKind;
+//! use emuhost_lab::stress::{StressConfig, stress_with};
+//!
+//! let report = stress_with(BackendKind::AUTO[0], StressConfig::new(10_000)).unwrap();
+//! assert_eq!(report.lost, 0, "{report:?}");
+//! ```
+#![deny(missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -30,9 +44,11 @@ pub struct StressOps {
     pub cpu_stores: u64,
     /// Copies into guest pages through the kernel (`process_vm_writev`).
     pub host_writes: u64,
+    /// Collects by the tracker (the calling thread).
     pub collects: u64,
     /// Commits over written pages, and recommits of pages just released.
     pub commits: u64,
+    /// Protection changes of written pages.
     pub protects: u64,
     /// Releases: of a page inside an allocation the writers write, of a section view beside
     /// written views, and of a page of an allocation of its own.
@@ -101,10 +117,12 @@ pub struct StressReport {
     /// that no write of their window explains, which only a fault that unprotected its whole
     /// block (the kernel refused to split a mapping) makes; 0 otherwise.
     pub block_reports_unwritten: u64,
+    /// Collects by the tracker.
     pub collects: u64,
     /// Commits, protections, releases, view splits, populates, arms and disarms made while the
     /// writers ran.
     pub space_ops: u64,
+    /// Each kind of operation's count.
     pub ops: StressOps,
 }
 
@@ -366,6 +384,9 @@ fn host_writer(
 }
 
 /// [`stress_with`] with every race on.
+///
+/// # Errors
+/// As [`stress_with`].
 pub fn stress(kind: BackendKind, writes_per_writer: u64) -> Result<StressReport, WatchError> {
     stress_with(kind, StressConfig::new(writes_per_writer))
 }
@@ -695,6 +716,10 @@ fn judge<'a>(
 /// 512..576 a run of section views whose pages 528 and 560 the mutator releases and maps again.
 /// Host writes and populates go through [`Tracker::host_write`] (the mprotect backend must make
 /// armed pages writable for them).
+///
+/// # Errors
+/// [`WatchError`] where the backend is not usable here, or a space or tracker operation the
+/// run needs fails (a lost write is not an error: it is counted in the report).
 // Over 80 lines: the threads are set up and joined in one place, so their sharing is visible.
 pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport, WatchError> {
     let p = page_size();

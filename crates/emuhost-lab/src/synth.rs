@@ -22,6 +22,22 @@
 //! Half the writes go to the watched pools (collected in turn), the others to pools that live
 //! through the next frame, in which the render thread collects each of them: every write but the
 //! last frames' is followed by a collect of its pages, so a replay can judge it.
+//!
+//! ```
+//! use emuhost_lab::synth::{Synth, SynthConfig};
+//!
+//! // A seed names one session: the same records on every platform.
+//! let a: Vec<_> = Synth::new(SynthConfig::default().seed(7)).unwrap().take(2000).collect();
+//! let b: Vec<_> = Synth::new(SynthConfig::default().seed(7)).unwrap().take(2000).collect();
+//! assert_eq!(a, b);
+//! // Every record passes a reader's checks.
+//! let synth = Synth::new(SynthConfig::default().seed(7)).unwrap();
+//! let mut w = emuhost_lab::trace::TraceWriter::new(std::io::sink(), synth.header()).unwrap();
+//! for r in synth.take(2000) {
+//!     w.write(&r).unwrap();
+//! }
+//! ```
+#![deny(missing_docs)]
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -52,8 +68,11 @@ pub const DEFAULT_SEED: u64 = 6;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SynthConfig {
+    /// The seed: every draw comes from one [`Rng`] seeded with it.
     pub seed: u64,
+    /// The session's length in seconds (at least twice `load_seconds`).
     pub seconds: u32,
+    /// Frames per second (not 0).
     pub fps: u32,
     /// The first seconds are the load: long-lived pools are made and first bound then.
     pub load_seconds: u32,
@@ -70,16 +89,24 @@ pub struct SynthConfig {
     pub unbound_in_groups: u32,
     /// Group ends bound across after both sides were bound (Kokiri's is one).
     pub reimport_ends: u32,
+    /// Game threads (at least 2: thread 0 makes the pools, the others sleep).
     pub game_threads: u16,
+    /// Host threads (audio, timers).
     pub host_threads: u16,
+    /// Bindings the render thread makes each frame.
     pub binds_per_frame: u32,
+    /// Writes each game thread makes each frame.
     pub writes_per_thread_frame: u32,
+    /// Collects over the watched pools (in turn) the render thread makes each frame; the pools
+    /// written the frame before are collected besides.
     pub collects_per_frame: u32,
     /// Guest short sleeps: game threads 1.. sleep this long, this many times a second in all.
     pub guest_sleep_ns: u64,
+    /// Guest short sleeps per second, over all game threads but 0.
     pub guest_sleeps_per_s: u32,
     /// Host short sleeps (audio, timers): each host thread, this long, this many times a frame.
     pub host_sleep_ns: u64,
+    /// Host short sleeps per host thread and frame.
     pub host_sleeps_per_frame: u32,
 }
 
@@ -110,6 +137,7 @@ impl Default for SynthConfig {
 }
 
 impl SynthConfig {
+    /// The same session shape with another seed.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
@@ -261,6 +289,11 @@ struct Layout {
 impl Synth {
     /// The session `cfg` describes. Every random draw comes from one generator, in the order of
     /// the steps below: a step moved changes every seed's session.
+    ///
+    /// # Errors
+    /// [`TraceError::BadConfig`], saying what does not fit, for a configuration that cannot be
+    /// laid out (more crossing pools than chunks, fewer than two game threads, a session shorter
+    /// than twice its load, ...).
     pub fn new(cfg: SynthConfig) -> Result<Self, TraceError> {
         cfg.check().map_err(|what| TraceError::BadConfig { what })?;
         let mut rng = Rng::new(cfg.seed);
@@ -488,6 +521,7 @@ impl Synth {
         Header::default().option("source", "synth").option("seed", self.cfg.seed)
     }
 
+    /// The configuration it generates.
     pub fn config(&self) -> &SynthConfig {
         &self.cfg
     }

@@ -19,8 +19,11 @@ pub const DEFAULT_WINDOW: u64 = emuhost::space::DEFAULT_WINDOW;
 /// the emulator's own (audio, timers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Thread {
+    /// The render thread, `r`.
     Render,
+    /// Game thread N, `gN`.
     Game(u16),
+    /// Host thread N, `hN`.
     Host(u16),
 }
 
@@ -37,7 +40,9 @@ impl fmt::Display for Thread {
 /// Whose short sleep: the guest's own (`SleepThread` from a game thread) or the host's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SleepKind {
+    /// `guest`: on a game thread.
     Guest,
+    /// `host`: on any thread.
     Host,
 }
 
@@ -50,27 +55,75 @@ impl fmt::Display for SleepKind {
     }
 }
 
-/// One event. Ranges are guest addresses (offsets into the guest window) and byte sizes.
+/// One event. Ranges are guest addresses (offsets into the guest window) and byte sizes; the
+/// text form writes them in hex (`commit 0x10000 0x4000 rw-`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// The start of frame `index` (a present). Frames count up by one.
-    Frame { index: u64 },
+    Frame {
+        /// The frame's number.
+        index: u64,
+    },
     /// The guest made a memory pool (pools may overlap).
-    Pool { lo: GuestAddr, size: u64 },
+    Pool {
+        /// The pool's start.
+        lo: GuestAddr,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// The guest released the pool made at `lo` with `size`.
-    Unpool { lo: GuestAddr, size: u64 },
+    Unpool {
+        /// The pool's start.
+        lo: GuestAddr,
+        /// Its size in bytes.
+        size: u64,
+    },
     /// The guest committed pages.
-    Commit { lo: GuestAddr, size: u64, prot: Prot },
+    Commit {
+        /// The first page.
+        lo: GuestAddr,
+        /// The bytes committed (whole pages).
+        size: u64,
+        /// Their protection.
+        prot: Prot,
+    },
     /// The guest decommitted pages.
-    Decommit { lo: GuestAddr, size: u64 },
+    Decommit {
+        /// The first page.
+        lo: GuestAddr,
+        /// The bytes decommitted (whole pages).
+        size: u64,
+    },
     /// The renderer bound guest memory to the GPU (any alignment).
-    Bind { addr: GuestAddr, size: u64 },
+    Bind {
+        /// The first byte bound.
+        addr: GuestAddr,
+        /// The bytes bound.
+        size: u64,
+    },
     /// The guest wrote guest memory (any alignment).
-    Write { addr: GuestAddr, size: u64 },
+    Write {
+        /// The first byte written.
+        addr: GuestAddr,
+        /// The bytes written.
+        size: u64,
+    },
     /// The renderer asked which pages of the range were written since the last collect.
-    Collect { lo: GuestAddr, size: u64 },
+    Collect {
+        /// The first page.
+        lo: GuestAddr,
+        /// The bytes asked about (whole pages).
+        size: u64,
+    },
     /// `count` short sleeps of `ns` each, one after another (an idle loop).
-    Sleep { kind: SleepKind, ns: u64, count: u32 },
+    Sleep {
+        /// Whose sleep.
+        kind: SleepKind,
+        /// Each sleep's length in nanoseconds.
+        ns: u64,
+        /// How many (at least 1; the text form writes `xN` where N > 1).
+        count: u32,
+    },
 }
 
 impl Event {
@@ -122,8 +175,11 @@ impl fmt::Display for Event {
 /// An event with its time (microseconds from the start of the session) and its thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
+    /// Microseconds from the start of the session (never less than the previous record's).
     pub t_us: u64,
+    /// The thread it happened on.
     pub thread: Thread,
+    /// What happened.
     pub event: Event,
 }
 
@@ -137,7 +193,10 @@ impl fmt::Display for Record {
 /// size (hex); other options (`source=...`, `seed=...`) are kept as they are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// The guest window's size in bytes (a non-zero multiple of [`GUEST_PAGE`]; by default
+    /// [`DEFAULT_WINDOW`]).
     pub window: u64,
+    /// The other options, `(KEY, VALUE)` in the order written.
     pub options: Vec<(String, String)>,
 }
 
@@ -164,6 +223,20 @@ impl Header {
         self.options.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
+    /// Reads a trace's first line (without its newline).
+    ///
+    /// # Errors
+    /// [`Malformed::NotATrace`], [`Malformed::Version`], or the option that is bad
+    /// ([`Malformed::HeaderOption`], [`Malformed::HeaderWindow`], [`Malformed::HeaderOptionTwice`]).
+    ///
+    /// ```
+    /// use emuhost_lab::trace::Header;
+    ///
+    /// let h = Header::parse("emuhost-trace 1 window=0x40000000 seed=7").unwrap();
+    /// assert_eq!((h.window, h.get("seed")), (1 << 30, Some("7")));
+    /// assert_eq!(h.to_string(), "emuhost-trace 1 window=0x40000000 seed=7");
+    /// assert!(Header::parse("emuhost-trace 2").is_err());
+    /// ```
     pub fn parse(line: &str) -> Result<Self, Malformed> {
         let mut words = line.split_ascii_whitespace();
         if words.next() != Some(MAGIC) {

@@ -13,6 +13,19 @@ pub const MAX_LINE: usize = 4096;
 /// Reads a trace one event at a time: an iterator of records that stops at the first error (the
 /// error names the line). It checks each line as it comes (see `docs/trace-format.md`), and at the
 /// end that the `end N` line is there and counts the events.
+///
+/// ```
+/// use emuhost_lab::trace::{Event, Reader};
+///
+/// let text = "emuhost-trace 1\n0 r frame 0\n3 g0 sleep guest 500 x2\nend 2\n";
+/// let mut r = Reader::new(text.as_bytes()).unwrap();
+/// let frame = r.next().unwrap().unwrap();
+/// assert_eq!(frame.event, Event::Frame { index: 0 });
+/// assert_eq!(r.by_ref().count(), 1);
+/// // A bad line is an error naming it.
+/// let e = Reader::new("emuhost-trace 1\n0 r fly 0\nend 1\n".as_bytes()).unwrap().next().unwrap().unwrap_err();
+/// assert_eq!(e.line(), Some(2));
+/// ```
 pub struct Reader<R> {
     input: R,
     header: Header,
@@ -28,7 +41,10 @@ pub struct Reader<R> {
 pub type FileReader = Reader<Box<dyn BufRead + Send>>;
 
 impl FileReader {
-    /// Opens a trace file; a name ending in `.zst` is read through zstd.
+    /// Opens a trace file and reads its header; a name ending in `.zst` is read through zstd.
+    ///
+    /// # Errors
+    /// [`TraceError::Open`] naming the file, else as [`Reader::new`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         let path = path.as_ref();
         let open_err = |source| TraceError::Open { path: path.to_owned(), source };
@@ -49,6 +65,9 @@ pub fn is_zstd(path: &Path) -> bool {
 
 impl<R: Read> Reader<BufReader<zstd::Decoder<'static, BufReader<R>>>> {
     /// Reads a zstd-compressed trace from `input`.
+    ///
+    /// # Errors
+    /// As [`Reader::new`]; [`TraceError::Read`] where the zstd stream cannot start.
     pub fn zstd(input: R) -> Result<Self, TraceError> {
         let d = zstd::Decoder::new(input).map_err(|source| TraceError::Read { line: 1, source })?;
         Reader::start(BufReader::new(d), true)
@@ -56,7 +75,11 @@ impl<R: Read> Reader<BufReader<zstd::Decoder<'static, BufReader<R>>>> {
 }
 
 impl<R: BufRead> Reader<R> {
-    /// Reads the header line; fails if it is not a trace of a version this code reads.
+    /// Reads the header line.
+    ///
+    /// # Errors
+    /// [`TraceError::Malformed`] (line 1) where it is not a trace of a version this code reads;
+    /// [`TraceError::Read`].
     pub fn new(input: R) -> Result<Self, TraceError> {
         Self::start(input, false)
     }
@@ -78,6 +101,7 @@ impl<R: BufRead> Reader<R> {
         Ok(r)
     }
 
+    /// The trace's header.
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -186,6 +210,9 @@ impl<R: BufRead> Iterator for Reader<R> {
 }
 
 /// Reads a whole trace from text (for tests and small traces).
+///
+/// # Errors
+/// The first bad line's, as [`Reader`] gives it.
 pub fn read_str(text: &str) -> Result<(Header, Vec<Record>), TraceError> {
     let mut r = Reader::new(io::Cursor::new(text.as_bytes()))?;
     let records = r.by_ref().collect::<Result<Vec<_>, _>>()?;

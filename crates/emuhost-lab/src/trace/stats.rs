@@ -36,17 +36,32 @@ impl RunSet {
     }
 }
 
-/// The figures `emuhost trace stats` prints.
+/// The figures `emuhost trace stats` prints. Counts are of events; sizes in bytes; times in
+/// µs (the trace's) or ns (sleeps).
+///
+/// ```
+/// use emuhost_lab::trace::{Stats, read_str};
+///
+/// let text = "emuhost-trace 1\n0 g0 pool 0xfff000 0x2000\n10 r bind 0xfff800 0x1000\n\
+///             20 r frame 0\n1000020 r frame 1\nend 4\n";
+/// let (_, records) = read_str(text).unwrap();
+/// let s = Stats::of(records.into_iter().map(Ok::<_, ()>), 16 << 20).unwrap();
+/// assert_eq!((s.pools_crossing_chunk_end, s.binds_crossing_chunk_end, s.frames), (1, 1, 2));
+/// assert_eq!(s.duration_us, 1_000_020);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stats {
     /// The chunk size the chunk figures are counted in (bytes).
     pub chunk: u64,
+    /// Events (records).
     pub events: u64,
+    /// `frame` events.
     pub frames: u64,
     /// From the first event's time to the last's.
     pub duration_us: u64,
     /// Pools made.
     pub pools: u64,
+    /// Pools released (`unpool`).
     pub pools_released: u64,
     /// Pools that run across the end of a chunk (their first and last bytes are in different chunks).
     pub pools_crossing_chunk_end: u64,
@@ -54,24 +69,37 @@ pub struct Stats {
     pub chunks_touched: u64,
     /// Chunks with at least one binding in them.
     pub chunks_bound: u64,
+    /// `commit` events.
     pub commits: u64,
     /// Byte sums are u128: a trace may commit (write, collect) its whole window many times over.
     pub committed_bytes: u128,
+    /// `decommit` events.
     pub decommits: u64,
+    /// `bind` events.
     pub binds: u64,
     /// Bindings that run across the end of a chunk.
     pub binds_crossing_chunk_end: u64,
     /// Distinct chunk ends that some binding runs across.
     pub chunk_ends_bound_across: u64,
+    /// `write` events.
     pub writes: u64,
+    /// Bytes written.
     pub write_bytes: u128,
+    /// `collect` events.
     pub collects: u64,
+    /// Bytes collected over.
     pub collect_bytes: u128,
+    /// Guest short sleeps (each of a `sleep ... xN` counted).
     pub sleeps_guest: u64,
+    /// Host short sleeps.
     pub sleeps_host: u64,
+    /// The guest's sleeps' total, in ns.
     pub sleep_guest_ns: u128,
+    /// The host's sleeps' total, in ns.
     pub sleep_host_ns: u128,
+    /// Distinct game threads.
     pub game_threads: u64,
+    /// Distinct host threads.
     pub host_threads: u64,
 }
 
@@ -90,6 +118,9 @@ pub struct StatsBuilder {
 
 impl StatsBuilder {
     /// Counts chunks of `chunk` bytes (a power of two, at least a page; 16 MiB is the default).
+    ///
+    /// # Panics
+    /// Where `chunk` is not a power of two.
     pub fn new(chunk: u64) -> Self {
         assert!(chunk.is_power_of_two(), "chunk size {chunk:#x} is not a power of two");
         let s = Stats {
@@ -136,6 +167,7 @@ impl StatsBuilder {
         (addr / self.chunk, (addr + size - 1) / self.chunk + 1)
     }
 
+    /// Counts one record (records come in the trace's order).
     pub fn add(&mut self, r: &Record) {
         let s = &mut self.s;
         s.events += 1;
@@ -188,6 +220,7 @@ impl StatsBuilder {
         }
     }
 
+    /// The figures of the records added.
     pub fn finish(mut self) -> Stats {
         let s = &mut self.s;
         s.duration_us = self.first_t.map_or(0, |f| self.last_t - f);
@@ -201,7 +234,13 @@ impl StatsBuilder {
 }
 
 impl Stats {
-    /// The figures of a stream of records; stops at the first error.
+    /// The figures of a stream of records, in chunks of `chunk` bytes.
+    ///
+    /// # Errors
+    /// The stream's first error (a [`Reader`](super::Reader)'s [`TraceError`](super::TraceError)).
+    ///
+    /// # Panics
+    /// As [`StatsBuilder::new`].
     pub fn of<E>(records: impl IntoIterator<Item = Result<Record, E>>, chunk: u64) -> Result<Stats, E> {
         let mut b = StatsBuilder::new(chunk);
         for r in records {

@@ -38,6 +38,21 @@ impl<W: Write> Sink<W> {
 
 /// Writes a trace from one thread: the header first, then each record (checked as a reader would
 /// check it, so a trace written here always reads back), then `end N` on [`TraceWriter::finish`].
+///
+/// ```
+/// use emuhost::space::{GuestAddr, Prot};
+/// use emuhost_lab::trace::{Event, Header, Record, Thread, TraceWriter, read_str};
+///
+/// let mut w = TraceWriter::new(Vec::new(), Header::default().option("source", "doc")).unwrap();
+/// let commit = Event::Commit { lo: GuestAddr(0x10000), size: 0x4000, prot: Prot::READ_WRITE };
+/// w.write(&Record { t_us: 5, thread: Thread::Game(0), event: commit }).unwrap();
+/// // A write on the render thread is refused, and not written.
+/// let bad = Event::Write { addr: GuestAddr(0x10000), size: 8 };
+/// assert!(w.write(&Record { t_us: 6, thread: Thread::Render, event: bad }).is_err());
+/// let text = String::from_utf8(w.finish().unwrap()).unwrap();
+/// let (header, records) = read_str(&text).unwrap();
+/// assert_eq!((header.get("source"), records.len()), (Some("doc"), 1));
+/// ```
 pub struct TraceWriter<W: Write> {
     sink: Option<Sink<W>>,
     header: Header,
@@ -46,7 +61,11 @@ pub struct TraceWriter<W: Write> {
 }
 
 impl TraceWriter<File> {
-    /// Creates the file; a name ending in `.zst` is written through zstd.
+    /// Creates the file (truncating one that exists); a name ending in `.zst` is written through
+    /// zstd.
+    ///
+    /// # Errors
+    /// [`TraceError::Open`] naming the file, else as [`TraceWriter::new`].
     pub fn create(path: impl AsRef<Path>, header: Header) -> Result<Self, TraceError> {
         let path = path.as_ref();
         let file = File::create(path).map_err(|source| TraceError::Open { path: path.to_owned(), source })?;
@@ -55,12 +74,18 @@ impl TraceWriter<File> {
 }
 
 impl<W: Write> TraceWriter<W> {
-    /// A plain-text trace into `out`.
+    /// A plain-text trace into `out`, its header line written first.
+    ///
+    /// # Errors
+    /// [`TraceError::HeaderRejected`] for a header no reader would read; [`TraceError::Write`].
     pub fn new(out: W, header: Header) -> Result<Self, TraceError> {
         Self::start(Sink::Plain(BufWriter::with_capacity(1 << 16, out)), header)
     }
 
-    /// A zstd-compressed trace into `out`.
+    /// A zstd-compressed trace into `out` (level [`ZSTD_LEVEL`]).
+    ///
+    /// # Errors
+    /// As [`TraceWriter::new`].
     pub fn zstd(out: W, header: Header) -> Result<Self, TraceError> {
         let enc = zstd::Encoder::new(out, ZSTD_LEVEL).map_err(|source| TraceError::Write { source })?;
         Self::start(Sink::Zstd(BufWriter::with_capacity(1 << 16, enc)), header)
@@ -73,6 +98,7 @@ impl<W: Write> TraceWriter<W> {
         Ok(Self { sink: Some(sink), header, seq: Sequence::default(), line: String::with_capacity(128) })
     }
 
+    /// The header written.
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -88,6 +114,11 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Checks and writes one record. A record a reader would reject is not written.
+    ///
+    /// # Errors
+    /// [`TraceError::Rejected`] (with the event's number and what is wrong: a time going back, a
+    /// range outside the window, an event on the wrong thread, ...); [`TraceError::Write`];
+    /// [`TraceError::Finished`] after [`TraceWriter::finish`] failed half-way.
     pub fn write(&mut self, r: &Record) -> Result<(), TraceError> {
         use std::fmt::Write as _;
         let sink = self.sink.as_mut().ok_or(TraceError::Finished)?;
@@ -99,12 +130,18 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Pushes what is buffered to the output (a zstd stream flushes its current block).
+    ///
+    /// # Errors
+    /// [`TraceError::Write`].
     pub fn flush(&mut self) -> Result<(), TraceError> {
         let sink = self.sink.as_mut().ok_or(TraceError::Finished)?;
         sink.out().flush().map_err(|source| TraceError::Write { source })
     }
 
     /// Writes the `end N` line, ends the zstd stream if any, and returns the output.
+    ///
+    /// # Errors
+    /// [`TraceError::Write`].
     pub fn finish(mut self) -> Result<W, TraceError> {
         self.finish_mut()
     }
@@ -120,6 +157,19 @@ impl<W: Write> TraceWriter<W> {
 /// time since the recorder was made, taken under the recorder's lock so that times in the file
 /// never go back. Buffered (64 KiB) and written by the thread that records; [`Recorder::flush`]
 /// pushes the buffer out, [`Recorder::finish`] (or dropping the recorder) ends the trace.
+///
+/// ```
+/// use emuhost::space::{GuestAddr, Prot};
+/// use emuhost_lab::trace::{Header, Recorder, Thread, TraceWriter, read_str};
+///
+/// let rec = Recorder::new(TraceWriter::new(Vec::new(), Header::default()).unwrap());
+/// rec.commit(Thread::Game(0), GuestAddr(0), 0x2000, Prot::READ_WRITE).unwrap();
+/// assert_eq!(rec.frame().unwrap(), 0);
+/// rec.write(0, GuestAddr(0x1008), 4).unwrap();
+/// rec.collect(GuestAddr(0), 0x2000).unwrap();
+/// let (_, records) = read_str(std::str::from_utf8(&rec.finish().unwrap()).unwrap()).unwrap();
+/// assert_eq!(records.len(), 4);
+/// ```
 pub struct Recorder<W: Write + Send = File> {
     inner: Mutex<Option<TraceWriter<W>>>,
     start: Instant,
@@ -127,6 +177,9 @@ pub struct Recorder<W: Write + Send = File> {
 
 impl Recorder<File> {
     /// Records into a file (`.zst`: compressed), with the default header and `source=recorder`.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::create`].
     pub fn create(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         Ok(Recorder::new(TraceWriter::create(path, Header::default().option("source", "recorder"))?))
     }
@@ -145,6 +198,10 @@ impl<W: Write + Send> Recorder<W> {
     }
 
     /// Records `event` on `thread`, now.
+    ///
+    /// # Errors
+    /// [`TraceError::Rejected`] for an event no reader would accept (not recorded);
+    /// [`TraceError::Write`]; [`TraceError::Finished`] after [`Recorder::finish`].
     pub fn record(&self, thread: Thread, event: Event) -> Result<(), TraceError> {
         let mut guard = self.lock();
         let w = guard.as_mut().ok_or(TraceError::Finished)?;
@@ -153,6 +210,9 @@ impl<W: Write + Send> Recorder<W> {
     }
 
     /// A frame boundary on the render thread; returns the new frame's index (0, 1, 2, ...).
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn frame(&self) -> Result<u64, TraceError> {
         let mut guard = self.lock();
         let w = guard.as_mut().ok_or(TraceError::Finished)?;
@@ -162,38 +222,66 @@ impl<W: Write + Send> Recorder<W> {
         Ok(index)
     }
 
+    /// The guest made a pool at `lo` of `size` bytes.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn pool(&self, thread: Thread, lo: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(thread, Event::Pool { lo, size })
     }
 
+    /// The guest released the pool at `lo` of `size` bytes.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn unpool(&self, thread: Thread, lo: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(thread, Event::Unpool { lo, size })
     }
 
+    /// The guest committed `size` bytes at `lo` (whole pages) with `prot`.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn commit(&self, thread: Thread, lo: GuestAddr, size: u64, prot: Prot) -> Result<(), TraceError> {
         self.record(thread, Event::Commit { lo, size, prot })
     }
 
+    /// The guest decommitted `size` bytes at `lo` (whole pages).
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn decommit(&self, thread: Thread, lo: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(thread, Event::Decommit { lo, size })
     }
 
     /// A GPU binding, on the render thread.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn bind(&self, addr: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(Thread::Render, Event::Bind { addr, size })
     }
 
     /// A guest write on game thread `game`.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn write(&self, game: u16, addr: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(Thread::Game(game), Event::Write { addr, size })
     }
 
     /// A collect of written pages, on the render thread.
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn collect(&self, lo: GuestAddr, size: u64) -> Result<(), TraceError> {
         self.record(Thread::Render, Event::Collect { lo, size })
     }
 
     /// One short sleep of `d` (nanoseconds past `u64::MAX` are clamped).
+    ///
+    /// # Errors
+    /// As [`Recorder::record`].
     pub fn sleep(&self, thread: Thread, kind: SleepKind, d: Duration) -> Result<(), TraceError> {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.record(thread, Event::Sleep { kind, ns, count: 1 })
@@ -204,12 +292,19 @@ impl<W: Write + Send> Recorder<W> {
         self.lock().as_ref().map_or(0, |w| w.events())
     }
 
+    /// Pushes the buffered events to the output.
+    ///
+    /// # Errors
+    /// [`TraceError::Write`]; [`TraceError::Finished`] after [`Recorder::finish`].
     pub fn flush(&self) -> Result<(), TraceError> {
         self.lock().as_mut().ok_or(TraceError::Finished)?.flush()
     }
 
     /// Ends the trace (the `end N` line) and returns the output; later records fail with
     /// [`TraceError::Finished`].
+    ///
+    /// # Errors
+    /// [`TraceError::Write`]; [`TraceError::Finished`] when called twice.
     pub fn finish(&self) -> Result<W, TraceError> {
         self.lock().take().ok_or(TraceError::Finished)?.finish()
     }

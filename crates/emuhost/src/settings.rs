@@ -84,6 +84,19 @@ pub const SHORT_SLEEP_TIMER_SWITCH: &str = crate::sched::SHORT_SLEEP_TIMER_VAR;
 
 /// How the host layer is set up: one typed field per switch. [`Default`] is the documented
 /// defaults (no environment is read).
+///
+/// ```
+/// use emuhost::sched::{Caller, OsHost, Wait};
+/// use emuhost::settings::Settings;
+///
+/// let mut s = Settings::default();
+/// s.set("EMUHOST_SHORT_SLEEP_TIMER", "0").unwrap();
+/// // The parts each module is made with.
+/// let sleeper = s.sleeper_builder().build(OsHost);
+/// assert_eq!(sleeper.rule().wait_for(Caller::Guest), Wait::Yield);
+/// let _tracker_config = s.tracker_config();
+/// let _import_config = s.import_config();
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Settings {

@@ -103,7 +103,19 @@ pub struct Stats {
     pub host_threads: u64,
 }
 
-/// Accumulates [`Stats`] one record at a time.
+/// Accumulates [`Stats`] one record at a time (as a reader streams them, say).
+///
+/// ```
+/// use emuhost::space::GuestAddr;
+/// use emuhost_lab::trace::{Event, Record, StatsBuilder, Thread};
+///
+/// let mut b = StatsBuilder::new(16 << 20);
+/// let write = Event::Write { addr: GuestAddr(0x1000), size: 64 };
+/// b.add(&Record { t_us: 0, thread: Thread::Game(1), event: write });
+/// b.add(&Record { t_us: 9, thread: Thread::Game(2), event: write });
+/// let s = b.finish();
+/// assert_eq!((s.writes, s.write_bytes, s.game_threads, s.duration_us), (2, 128, 2, 9));
+/// ```
 #[derive(Clone, Debug)]
 pub struct StatsBuilder {
     chunk: u64,

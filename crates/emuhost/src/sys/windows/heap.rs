@@ -86,7 +86,9 @@ impl HeapKind {
 /// not be read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessHeap {
+    /// The heap's kind.
     pub kind: HeapKind,
+    /// The signature read from the heap's header (`None`: unreadable).
     pub signature: Option<u32>,
 }
 

@@ -27,6 +27,7 @@ pub enum QueryPath {
 }
 
 impl QueryPath {
+    /// The path in words, as `emuhost probe` prints it.
     pub fn name(self) -> &'static str {
         match self {
             QueryPath::VirtualQuery => "VirtualQuery",

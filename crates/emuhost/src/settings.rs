@@ -348,7 +348,7 @@ pub const SETTINGS: &[Switch] = &[
     Switch {
         name: "EMUHOST_IMPORT_MERGE_MB",
         default: "`64`",
-        doc: "`pools` policy: the largest range a background thread imports in one where a pool is whole in several live imports (its pieces then go); a larger pool is merged in slices of this size; `0`: no merges",
+        doc: "`pools` policy: where the live imports are at half the cap or more, the largest range a background thread imports in one where a pool is whole in several of them (its pieces then go); a larger pool is merged in slices of this size; `0`: no merges",
         apply: |s, v| import(s, "EMUHOST_IMPORT_MERGE_MB", v),
     },
     Switch {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use emuhost::import::{Backend, Budget, ImportCost, Importer, MERGE_LIMIT, Pin, Planned};
+use emuhost::import::{Backend, Budget, ImportConfig, ImportCost, Importer, MERGE_LIMIT, Pin, Planned};
 use emuhost::settings::Settings;
 use emuhost::space::{GuestAddr, Prot, Space};
 
@@ -290,7 +290,8 @@ fn a_session_that_needs_more_than_the_cap_never_passes_it_and_loses_nothing() {
 #[test]
 fn pieces_of_a_whole_pool_merge_into_one_import_and_the_live_count_drops() {
     let piece = 64 * KIB;
-    let (imp, f) = faulty_with(pools_config_with(256 * MIB, |p| p.ahead_piece(piece)));
+    // Merges begin at half the cap: 8 live imports here (the small pool's and 8 pieces).
+    let (imp, f) = faulty_with(pools_config_with(256 * MIB, |p| p.ahead_piece(piece)).max_live(Some(16)));
     let (q, p) = (4 * MIB, 4 * MIB + 64 * KIB);
     imp.add_pool(q, 16 * KIB).unwrap();
     imp.add_pool(p, 512 * KIB).unwrap();
@@ -308,21 +309,29 @@ fn pieces_of_a_whole_pool_merge_into_one_import_and_the_live_count_drops() {
     assert_eq!(imp.bind(p + 300 * KIB, 0x100).unwrap().range, whole);
 }
 
-/// Pools policy, `PoolsConfig::merge` 0 (`EMUHOST_IMPORT_MERGE_MB=0`): the pieces of a whole
-/// pool stay as they are, one live import each.
+/// Pools policy: the pieces of a whole pool stay as they are, one live import each, where the
+/// merge size is 0 (`EMUHOST_IMPORT_MERGE_MB=0`), where the live count is under half the cap, and
+/// where there is no cap (a merge holds the driver: merges are for keeping a count bounded).
 #[test]
-fn no_merges_where_the_merge_size_is_zero() {
+fn no_merges_at_merge_size_zero_under_half_the_cap_or_without_a_cap() {
     let piece = 64 * KIB;
-    let (imp, _f) = faulty_with(pools_config_with(256 * MIB, |p| p.ahead_piece(piece).merge(0)));
-    let (q, p) = (4 * MIB, 4 * MIB + 64 * KIB);
-    imp.add_pool(q, 16 * KIB).unwrap();
-    imp.add_pool(p, 512 * KIB).unwrap();
-    imp.bind(q + 0x10, 0x10).unwrap();
-    imp.settle();
-    let s = imp.stats();
-    assert_eq!(s.merges, 0, "{s:?}");
-    assert!(s.live >= 5, "the small pool and one import a piece: {s:?}");
-    assert!(!imp.imports().contains(&Planned { lo: p, hi: p + 512 * KIB }), "{:?}", imp.imports());
+    let cases: [(&str, ImportConfig); 3] = [
+        ("merge 0", pools_config_with(256 * MIB, |p| p.ahead_piece(piece).merge(0)).max_live(Some(16))),
+        ("under half the cap", pools_config_with(256 * MIB, |p| p.ahead_piece(piece)).max_live(Some(64))),
+        ("no cap", pools_config_with(256 * MIB, |p| p.ahead_piece(piece))),
+    ];
+    for (case, cfg) in cases {
+        let (imp, _f) = faulty_with(cfg);
+        let (q, p) = (4 * MIB, 4 * MIB + 64 * KIB);
+        imp.add_pool(q, 16 * KIB).unwrap();
+        imp.add_pool(p, 512 * KIB).unwrap();
+        imp.bind(q + 0x10, 0x10).unwrap();
+        imp.settle();
+        let s = imp.stats();
+        assert_eq!(s.merges, 0, "{case}: {s:?}");
+        assert!(s.live >= 5, "{case}: the small pool and one import a piece: {s:?}");
+        assert!(!imp.imports().contains(&Planned { lo: p, hi: p + 512 * KIB }), "{case}: {:?}", imp.imports());
+    }
 }
 
 /// Pools policy: a binding's part and the widening's pieces that hold a pool between them are
@@ -332,7 +341,8 @@ fn no_merges_where_the_merge_size_is_zero() {
 #[test]
 fn a_part_a_binding_was_given_is_kept_past_its_merge_until_the_handles_are_done() {
     // A 2 MiB pool does not fit the 400 us wait at 1 ms/MiB: the binding imports its part.
-    let (imp, f) = faulty_with(pools_config_with(0, |p| p.ahead_piece(64 * KIB)));
+    // A cap above the pieces' count, merges from half of it.
+    let (imp, f) = faulty_with(pools_config_with(0, |p| p.ahead_piece(64 * KIB)).max_live(Some(48)));
     let p = 4 * MIB;
     imp.add_pool(p, 2 * MIB).unwrap();
     let part = imp.bind(p + MIB, 0x100).unwrap();

@@ -128,8 +128,8 @@ pub struct PoolsConfig {
     pub ahead_piece: u64,
     /// The largest range a merge once whole imports in one (`EMUHOST_IMPORT_MERGE_MB`, in bytes
     /// here; [`MERGE_LIMIT`](super::MERGE_LIMIT) by default; 0: no merges): a pool whole in
-    /// several live imports is imported again in one, in slices of this size where it is larger
-    /// (module `merge`). A merge holds the driver for its whole pin, as long as a pool's import
+    /// several live imports is imported again in one, in slices of this size where it is larger,
+    /// while the live count is at half the cap or above (module `merge`). A merge holds the driver for its whole pin, as long as a pool's import
     /// would: a binding that comes meanwhile waits for it there.
     pub merge: u64,
 }

@@ -28,26 +28,25 @@ const TRIM: &str = if cfg!(windows) { "HeapCompact of the process heap" } else {
 /// Rows of the table at most: past this, every Nth loop is shown (and each that failed a check).
 const MAX_ROWS: usize = 40;
 
-/// Parses a duration: a whole number with `s`, `m` or `h` after it, or seconds alone (`10m`,
-/// `90s`, `90`).
+/// Parses a duration as humantime does (`10m`, `90s`, `1h 30m`, `2days`), or seconds alone
+/// (`90`).
 pub fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     let t = text.trim();
-    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => t.split_at(i),
-        None => (t, "s"),
+    let parsed = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        t.parse::<u64>().map(Duration::from_secs).map_err(|e| e.to_string())
+    } else {
+        humantime::parse_duration(t).map_err(|e| e.to_string())
     };
-    let per = match unit.trim() {
-        "s" | "sec" => 1,
-        "m" | "min" => 60,
-        "h" => 3600,
-        _ => bail!("--soak {text:?}: the unit must be s, m or h (e.g. 10m, 90s, or seconds alone)"),
-    };
-    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("--soak {text:?}: not a whole number of s, m or h"))?;
-    match n.checked_mul(per) {
-        Some(0) => bail!("--soak {text:?}: the duration must be more than 0"),
-        Some(s) => Ok(Duration::from_secs(s)),
-        None => bail!("--soak {text:?}: too long"),
+    match parsed {
+        Ok(d) if d.is_zero() => bail!("--soak {text:?}: the duration must be more than 0"),
+        Ok(d) => Ok(d),
+        Err(e) => bail!("--soak {text:?}: {e} (a duration such as 10m, 90s, 1h 30m, or seconds alone)"),
     }
+}
+
+/// `d` for a person, to the tenth of a second (`10m 0s 100ms`), as humantime writes it.
+fn human(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(d.as_millis().div_ceil(100) as u64 * 100))
 }
 
 fn mib(b: u64) -> f64 {
@@ -173,9 +172,9 @@ fn print_report(
 ) {
     let what = trace.map_or("the built-in session".to_string(), |p| p.display().to_string());
     outln!(
-        "soak: {} loops of {what} in {:.1} s (write tracking {}, imports {})",
+        "soak: {} loops of {what} in {} (write tracking {}, imports {})",
         loops.len(),
-        elapsed.as_secs_f64(),
+        human(elapsed),
         r.watch_backend,
         r.import_backend
     );
@@ -263,7 +262,10 @@ mod tests {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration(" 45 ").unwrap(), Duration::from_secs(45));
         assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
-        for bad in ["", "m", "10d", "1.5m", "-3s", "0", "0m", "99999999999999999999h"] {
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400), "humantime's");
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5m").unwrap(), Duration::from_secs(90));
+        for bad in ["", "m", "10x", "-3s", "0", "0m", "99999999999999999999h", "99999999999999999999"] {
             let e = parse_duration(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
         }
@@ -279,5 +281,11 @@ mod tests {
         assert_eq!(&idx[..3], &[1, 4, 7]);
         assert!(idx.contains(&57) && idx.last() == Some(&100));
         assert_eq!(shown(&loops[..10]).0.len(), 10);
+    }
+
+    #[test]
+    fn durations_print_as_humantime_does() {
+        assert_eq!(human(Duration::from_millis(600_040)).to_string(), "10m 100ms");
+        assert_eq!(human(Duration::from_secs(90)).to_string(), "1m 30s");
     }
 }

@@ -4,11 +4,13 @@
 //! `VkPipelineCacheHeaderVersionOne`: header size (32), header version (1), vendor ID, device ID
 //! and the driver's `pipelineCacheUUID` (16 bytes); the rest is the driver's own. A driver is
 //! meant to ignore data made for another device or driver, but corrupt data past a valid header
-//! is not something to hand it. So the file wraps the data in an envelope: 16 bytes of magic,
-//! the data's length and its FNV-1a 64 checksum (little-endian u64s), then the data. A file whose
-//! envelope, checksum or header does not match this device is rejected ([`CacheRejected`]) and the
-//! run starts cold. The file is replaced atomically (written beside it, synced, renamed); the file
-//! beside it, `FILE.tmp`, is created exclusively ([`create_exclusive`]), so a link put there while
+//! is not something to hand it. So the file wraps the data in an envelope: 16 bytes of magic
+//! (`EMUHOST-VKPC`, three zero bytes, the envelope's version), the data's length and its CRC32
+//! (`crc32fast`, zero-extended; little-endian u64s), then the data. Version 1 held an FNV-1a 64
+//! checksum instead: such a file is rejected as of another version ([`CacheRejected::Version`]),
+//! as one whose envelope, checksum or header does not match this device is ([`CacheRejected`]),
+//! and the run starts cold. The file is replaced atomically (written beside it, synced, renamed);
+//! the file beside it, `FILE.tmp`, is created exclusively ([`create_exclusive`]), so a link put there while
 //! the run goes on is never written through, and FILE never becomes one.
 //!
 //! **Journal** (`FILE.journal`): what an interrupted run had finished. Its first line names the
@@ -27,11 +29,13 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::PrepareError;
 use super::error::CacheRejected;
 use super::vk::DeviceInfo;
-use super::{PrepareError, fnv1a};
 
-const MAGIC: &[u8; 16] = b"EMUHOST-VKPC\0\0\0\x01";
+/// The envelope's version: the magic's last byte. 1 held an FNV-1a 64 checksum, 2 a CRC32.
+const VERSION: u8 = 2;
+const MAGIC: &[u8; 16] = b"EMUHOST-VKPC\0\0\0\x02";
 /// What every version of emuhost's cache file starts with (the magic less its version).
 const CACHE_MARK: &[u8] = b"EMUHOST-VKPC";
 /// What every journal starts with.
@@ -48,7 +52,7 @@ pub fn wrap(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ENVELOPE + data.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    out.extend_from_slice(&fnv1a(data).to_le_bytes());
+    out.extend_from_slice(&u64::from(crc32fast::hash(data)).to_le_bytes());
     out.extend_from_slice(data);
     out
 }
@@ -67,14 +71,18 @@ pub fn unwrap<'a>(file: &'a [u8], dev: &DeviceInfo) -> Result<&'a [u8], CacheRej
         return Err(CacheRejected::Short { len: file.len(), want: ENVELOPE });
     }
     if &file[..16] != MAGIC {
-        return Err(CacheRejected::Magic);
+        return Err(if file[..15] == MAGIC[..15] {
+            CacheRejected::Version { found: file[15], want: VERSION }
+        } else {
+            CacheRejected::Magic
+        });
     }
     let (said, want_sum) = (u64_at(file, 16), u64_at(file, 24));
     let data = &file[ENVELOPE..];
     if said != data.len() as u64 {
         return Err(CacheRejected::Length { said, held: data.len() as u64 });
     }
-    let found = fnv1a(data);
+    let found = u64::from(crc32fast::hash(data));
     if found != want_sum {
         return Err(CacheRejected::Checksum { found, want: want_sum });
     }
@@ -230,6 +238,28 @@ mod tests {
         assert_eq!(unwrap(&wrap(&d), &dev()).unwrap(), &d[..]);
     }
 
+    /// A file of envelope version 1: the magic ending in 1 and an FNV-1a 64 checksum.
+    fn version_1(data: &[u8]) -> Vec<u8> {
+        let mut out = b"EMUHOST-VKPC\0\0\0\x01".to_vec();
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crate::fnv1a(data).to_le_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn the_checksum_is_crc32_and_a_version_1_file_is_rejected_as_such() {
+        let d = data(0x10de, 0x2335, [7; 16]);
+        let w = wrap(&d);
+        assert_eq!(&w[24..32], &u64::from(crc32fast::hash(&d)).to_le_bytes(), "CRC32, zero-extended");
+        let old = version_1(&d);
+        let e = unwrap(&old, &dev()).unwrap_err();
+        assert_eq!(e, CacheRejected::Version { found: 1, want: 2 });
+        assert!(e.to_string().contains("version 1") && e.to_string().contains("FNV-1a"), "{e}");
+        // Ours: a run replaces it.
+        assert!(old.starts_with(CACHE_MARK));
+    }
+
     #[test]
     fn every_fault_is_rejected() {
         let good = wrap(&data(0x10de, 0x2335, [7; 16]));
@@ -237,6 +267,9 @@ mod tests {
         let mut f = good.clone();
         f[0] ^= 1;
         assert_eq!(unwrap(&f, &dev()), Err(CacheRejected::Magic));
+        let mut f = good.clone();
+        f[15] = 9;
+        assert_eq!(unwrap(&f, &dev()), Err(CacheRejected::Version { found: 9, want: 2 }));
         assert!(matches!(unwrap(&good[..good.len() - 1], &dev()), Err(CacheRejected::Length { .. })));
         let mut f = good.clone();
         *f.last_mut().unwrap() ^= 0x40;

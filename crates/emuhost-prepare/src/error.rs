@@ -51,14 +51,20 @@ impl From<InstanceError> for PrepareError {
 
 /// Why a pipeline cache file was not used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheRejected {
     #[error("{len:#x} bytes: shorter than emuhost's {want:#x}-byte envelope")]
     Short { len: usize, want: usize },
     #[error("not an emuhost pipeline cache (bad magic)")]
     Magic,
+    /// emuhost's, of another envelope version (1: checked by FNV-1a 64, before CRC32).
+    #[error(
+        "an emuhost pipeline cache of envelope version {found}, this build reads version {want} (version 1 was checked by FNV-1a 64, version 2 by CRC32)"
+    )]
+    Version { found: u8, want: u8 },
     #[error("the envelope says {said:#x} bytes of data, the file holds {held:#x}")]
     Length { said: u64, held: u64 },
-    #[error("checksum {found:#018x}, expected {want:#018x}: the data is corrupt")]
+    #[error("CRC32 {found:#010x}, expected {want:#010x}: the data is corrupt")]
     Checksum { found: u64, want: u64 },
     #[error(
         "the Vulkan header says {header_size:#x} bytes, version {version:#x} (expected >= 0x20 bytes, version 0x1)"

@@ -42,8 +42,8 @@ pub fn probe_device(index: Option<usize>) -> Result<DeviceInfo, PrepareError> {
     vk::Driver::open(index).map(|d| d.info.clone())
 }
 
-/// FNV-1a, 64 bits: a stable hash (the same in every build) for variant keys and the cache
-/// file's checksum.
+/// FNV-1a, 64 bits: a stable hash (the same in every build) for the journal's variant keys (an
+/// identity, not a checksum: the cache file's checksum is CRC32).
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

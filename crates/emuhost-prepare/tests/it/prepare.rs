@@ -144,7 +144,7 @@ fn corrupt_or_foreign_cache_files_are_rejected() {
     version[15] = 9;
     std::fs::write(&cache, &version).unwrap();
     let r = run(&c, &opts);
-    assert_eq!(r.cache, CacheStart::Rejected(CacheRejected::Magic));
+    assert_eq!(r.cache, CacheStart::Rejected(CacheRejected::Version { found: 9, want: 2 }));
     assert_eq!(r.created, 6, "the run goes on with an empty cache");
     assert_eq!(std::fs::read(&cache).unwrap(), good, "and replaces the file with a good one");
     // What a run killed while saving leaves: an empty temporary file, and a journal of another

@@ -9,7 +9,6 @@ use anyhow::{Context, bail};
 use emuhost::settings::{self, Settings};
 pub(crate) use emuhost_lab::bench::{ms, quantile};
 use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
-use serde_json::{Value, json};
 
 use crate::Outcome;
 
@@ -127,7 +126,7 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
         crate::plot::frames(p, &report).with_context(|| format!("plotting to {}", p.display()))?;
     }
     if a.json {
-        outln!("{s}");
+        outln!("{}", serde_json::to_string(&s).context("writing the report as JSON")?);
     } else {
         print_table(&report, &s);
     }
@@ -167,86 +166,157 @@ fn low(frame_ms: &[f64], frac: f64) -> f64 {
     if avg > 0.0 { 1000.0 / avg } else { 0.0 }
 }
 
+/// The version of `replay --json`'s keys: raised when a key changes name, unit or meaning or goes
+/// away (a new key alone does not raise it).
+pub const SCHEMA: u32 = 1;
+
+/// `replay --json`: the report's figures, under the keys other tools read (`ab`, `.ci/windows`).
+/// Every key is in docs/replay.md's table, with its unit and meaning (a test checks both ways).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Summary {
+    pub schema: u32,
+    pub frames: usize,
+    pub events: u64,
+    pub threads: usize,
+    pub wall_s: f64,
+    pub paced: bool,
+    pub import_backend: String,
+    pub watch_backend: String,
+    pub sleep_rule: String,
+    pub runtime_ms_p50: f64,
+    pub runtime_ms_p99: f64,
+    pub runtime_ms_p999: f64,
+    pub runtime_ms_worst: f64,
+    pub frames_over_16_7ms: usize,
+    pub frames_over_50ms: usize,
+    pub frames_over_100ms: usize,
+    pub imports: u64,
+    pub reimports: u64,
+    pub import_ms: f64,
+    pub worst_import_ms: f64,
+    pub import_wait_ms_worst: f64,
+    pub import_wait_ms_total: f64,
+    pub ahead_imports: u64,
+    pub import_failures: u64,
+    pub bind_failures: u64,
+    pub live_import_mib_end: f64,
+    pub live_import_mib_peak: f64,
+    pub collects: u64,
+    pub collect_ms: f64,
+    pub pages_reported: u64,
+    pub writes: u64,
+    pub lost_writes: u64,
+    pub unchecked_writes: u64,
+    pub checked_writes_pct: f64,
+    pub guest_sleeps: u64,
+    pub guest_sleep_cpu_ms: f64,
+    pub guest_sleep_wall_ms: f64,
+    pub host_sleeps: u64,
+    pub host_sleep_cpu_ms: f64,
+    pub host_sleep_wall_ms: f64,
+    pub zeroed_under_import: u64,
+    pub import_pieces: u64,
+    pub import_widenings: u64,
+    pub import_in_flight_waits: u64,
+    pub ahead_mib_peak: f64,
+    pub committed_mib_peak: f64,
+    /// Empty under the chunks policy.
+    pub import_cost: String,
+    pub import_cost_us: String,
+    pub long_read_waits: u64,
+    pub live_imports_peak: u64,
+    /// Pools whole in several imports merged into one, and the imports those merges replaced.
+    pub import_merges: u64,
+    pub import_merged_away: u64,
+    /// Imports a binding made over the cap on live imports (nothing could make room).
+    pub imports_over_cap: u64,
+    pub render_space_lock_waits: u64,
+    pub render_space_lock_wait_total_ms: f64,
+    pub render_space_lock_wait_max_ms: f64,
+    /// Paced replays alone: the four below are left out of an unpaced one's JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fps_avg: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low_1pct_fps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low_01pct_fps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_frame_ms: Option<f64>,
+}
+
 /// The report's figures, with the JSON keys other tools read.
-pub fn summary(r: &ReplayReport) -> Value {
+// Over 80 lines: one line per key of the report, in the order of docs/replay.md's table.
+pub fn summary(r: &ReplayReport) -> Summary {
     let mut rt: Vec<f64> = r.frames.iter().map(|f| ms(f.runtime)).collect();
     rt.sort_by(|a, b| a.total_cmp(b));
     let over = |t: f64| rt.iter().filter(|x| **x > t).count();
     let present: Vec<f64> = r.frames.iter().map(|f| ms(f.present_to_present)).collect();
     let total_s: f64 = present.iter().sum::<f64>() / 1e3;
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let mut v = json!({
-        "frames": r.frames.len(),
-        "events": r.events,
-        "threads": r.threads,
-        "wall_s": r.wall.as_secs_f64(),
-        "paced": r.paced,
-        "import_backend": r.import_backend,
-        "watch_backend": r.watch_backend,
-        "sleep_rule": r.sleep_rule,
-        "runtime_ms_p50": quantile(&rt, 0.5),
-        "runtime_ms_p99": quantile(&rt, 0.99),
-        "runtime_ms_p999": quantile(&rt, 0.999),
-        "runtime_ms_worst": rt.last().copied().unwrap_or(0.0),
-        "frames_over_16_7ms": over(16.7),
-        "frames_over_50ms": over(50.0),
-        "frames_over_100ms": over(100.0),
-        "imports": r.imports,
-        "reimports": r.reimports,
-        "import_ms": ms(r.import_time),
-        "worst_import_ms": ms(r.worst_import),
-        "import_wait_ms_worst": ms(r.import_wait_worst),
-        "import_wait_ms_total": ms(r.import_wait_total),
-        "ahead_imports": r.ahead_imports,
-        "import_failures": r.import_failures,
-        "bind_failures": r.bind_failures,
-        "live_import_mib_end": mib(r.live_import_bytes_end),
-        "live_import_mib_peak": mib(r.live_import_bytes_peak),
-        "collects": r.collects,
-        "collect_ms": ms(r.collect_time),
-        "pages_reported": r.pages_reported,
-        "writes": r.writes,
-        "lost_writes": r.lost_writes,
-        "unchecked_writes": r.unchecked_writes,
-        "checked_writes_pct": r.checked_share() * 100.0,
-        "guest_sleeps": r.guest_sleeps.count,
-        "guest_sleep_cpu_ms": ms(r.guest_sleeps.cpu),
-        "guest_sleep_wall_ms": ms(r.guest_sleeps.wall),
-        "host_sleeps": r.host_sleeps.count,
-        "host_sleep_cpu_ms": ms(r.host_sleeps.cpu),
-        "host_sleep_wall_ms": ms(r.host_sleeps.wall),
-        "zeroed_under_import": r.zeroed_under_import,
-    });
-    // Apart: one `json!` this long passes the macro's recursion limit.
-    let o = v.as_object_mut().expect("an object");
-    o.insert("import_pieces".into(), json!(r.import_pieces));
-    o.insert("import_widenings".into(), json!(r.import_widenings));
-    o.insert("import_in_flight_waits".into(), json!(r.import_in_flight_waits));
-    o.insert("ahead_mib_peak".into(), json!(mib(r.ahead_bytes_peak)));
-    o.insert("committed_mib_peak".into(), json!(mib(r.committed_bytes_peak)));
-    // Empty under the chunks policy.
-    o.insert("import_cost".into(), json!(r.import_cost.map(|c| c.to_string()).unwrap_or_default()));
-    o.insert(
-        "import_cost_us".into(),
-        json!(r.import_cost.map(|c| settings::import_cost_value(&c)).unwrap_or_default()),
-    );
-    o.insert("long_read_waits".into(), json!(r.long_read_waits));
-    o.insert("live_imports_peak".into(), json!(r.live_imports_peak));
-    o.insert("import_merges".into(), json!(r.import_merges));
-    o.insert("import_merged_away".into(), json!(r.import_merged_away));
-    o.insert("imports_over_cap".into(), json!(r.imports_over_cap));
     let lw = r.render_space_lock_waits;
-    o.insert("render_space_lock_waits".into(), json!(lw.count));
-    o.insert("render_space_lock_wait_total_ms".into(), json!(ms(lw.total)));
-    o.insert("render_space_lock_wait_max_ms".into(), json!(ms(lw.longest)));
-    if r.paced {
-        let o = v.as_object_mut().expect("an object");
-        o.insert("fps_avg".into(), json!(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }));
-        o.insert("low_1pct_fps".into(), json!(low(&present, 0.01)));
-        o.insert("low_01pct_fps".into(), json!(low(&present, 0.001)));
-        o.insert("worst_frame_ms".into(), json!(present.iter().copied().fold(0.0, f64::max)));
+    let paced = |v: f64| r.paced.then_some(v);
+    Summary {
+        schema: SCHEMA,
+        frames: r.frames.len(),
+        events: r.events,
+        threads: r.threads,
+        wall_s: r.wall.as_secs_f64(),
+        paced: r.paced,
+        import_backend: r.import_backend.clone(),
+        watch_backend: r.watch_backend.clone(),
+        sleep_rule: r.sleep_rule.clone(),
+        runtime_ms_p50: quantile(&rt, 0.5),
+        runtime_ms_p99: quantile(&rt, 0.99),
+        runtime_ms_p999: quantile(&rt, 0.999),
+        runtime_ms_worst: rt.last().copied().unwrap_or(0.0),
+        frames_over_16_7ms: over(16.7),
+        frames_over_50ms: over(50.0),
+        frames_over_100ms: over(100.0),
+        imports: r.imports,
+        reimports: r.reimports,
+        import_ms: ms(r.import_time),
+        worst_import_ms: ms(r.worst_import),
+        import_wait_ms_worst: ms(r.import_wait_worst),
+        import_wait_ms_total: ms(r.import_wait_total),
+        ahead_imports: r.ahead_imports,
+        import_failures: r.import_failures,
+        bind_failures: r.bind_failures,
+        live_import_mib_end: mib(r.live_import_bytes_end),
+        live_import_mib_peak: mib(r.live_import_bytes_peak),
+        collects: r.collects,
+        collect_ms: ms(r.collect_time),
+        pages_reported: r.pages_reported,
+        writes: r.writes,
+        lost_writes: r.lost_writes,
+        unchecked_writes: r.unchecked_writes,
+        checked_writes_pct: r.checked_share() * 100.0,
+        guest_sleeps: r.guest_sleeps.count,
+        guest_sleep_cpu_ms: ms(r.guest_sleeps.cpu),
+        guest_sleep_wall_ms: ms(r.guest_sleeps.wall),
+        host_sleeps: r.host_sleeps.count,
+        host_sleep_cpu_ms: ms(r.host_sleeps.cpu),
+        host_sleep_wall_ms: ms(r.host_sleeps.wall),
+        zeroed_under_import: r.zeroed_under_import,
+        import_pieces: r.import_pieces,
+        import_widenings: r.import_widenings,
+        import_in_flight_waits: r.import_in_flight_waits,
+        ahead_mib_peak: mib(r.ahead_bytes_peak),
+        committed_mib_peak: mib(r.committed_bytes_peak),
+        import_cost: r.import_cost.map(|c| c.to_string()).unwrap_or_default(),
+        import_cost_us: r.import_cost.map(|c| settings::import_cost_value(&c)).unwrap_or_default(),
+        long_read_waits: r.long_read_waits,
+        live_imports_peak: r.live_imports_peak,
+        import_merges: r.import_merges,
+        import_merged_away: r.import_merged_away,
+        imports_over_cap: r.imports_over_cap,
+        render_space_lock_waits: lw.count,
+        render_space_lock_wait_total_ms: ms(lw.total),
+        render_space_lock_wait_max_ms: ms(lw.longest),
+        fps_avg: paced(if total_s > 0.0 { present.len() as f64 / total_s } else { 0.0 }),
+        low_1pct_fps: paced(low(&present, 0.01)),
+        low_01pct_fps: paced(low(&present, 0.001)),
+        worst_frame_ms: paced(present.iter().copied().fold(0.0, f64::max)),
     }
-    v
 }
 
 fn csv(r: &ReplayReport) -> String {
@@ -270,24 +340,13 @@ fn csv(r: &ReplayReport) -> String {
 }
 
 /// The text report: the run, the render thread's frames, imports, write tracking, sleeps.
-fn print_table(r: &ReplayReport, s: &Value) {
+fn print_table(r: &ReplayReport, s: &Summary) {
     print_frames(r, s);
     print_imports(r, s);
     print_tracking(r, s);
 }
 
-/// The figure `k` of the summary `s` (`Null` where absent).
-fn figure(s: &Value, k: &str) -> Value {
-    s.get(k).cloned().unwrap_or(Value::Null)
-}
-
-/// The figure `k` of the summary `s` as a number (0 where absent).
-fn number(s: &Value, k: &str) -> f64 {
-    figure(s, k).as_f64().unwrap_or(0.0)
-}
-
-fn print_frames(r: &ReplayReport, s: &Value) {
-    let (g, f) = (|k: &str| figure(s, k), |k: &str| number(s, k));
+fn print_frames(r: &ReplayReport, s: &Summary) {
     outln!(
         "replay: {} frames, {} events, {} threads in {:.1} s ({})",
         r.frames.len(),
@@ -302,44 +361,43 @@ fn print_frames(r: &ReplayReport, s: &Value) {
     outln!("render thread in the runtime, per frame");
     outln!(
         "  p50 {:.3} ms   p99 {:.3} ms   p99.9 {:.3} ms   worst {:.3} ms",
-        f("runtime_ms_p50"),
-        f("runtime_ms_p99"),
-        f("runtime_ms_p999"),
-        f("runtime_ms_worst")
+        s.runtime_ms_p50,
+        s.runtime_ms_p99,
+        s.runtime_ms_p999,
+        s.runtime_ms_worst
     );
     outln!(
         "  frames over 16.7 ms: {}   over 50 ms: {}   over 100 ms: {}",
-        g("frames_over_16_7ms"),
-        g("frames_over_50ms"),
-        g("frames_over_100ms")
+        s.frames_over_16_7ms,
+        s.frames_over_50ms,
+        s.frames_over_100ms
     );
     if r.paced {
         outln!(
             "  fps {:.1}   1% low {:.1}   0.1% low {:.1}   worst frame {:.1} ms",
-            f("fps_avg"),
-            f("low_1pct_fps"),
-            f("low_01pct_fps"),
-            f("worst_frame_ms")
+            s.fps_avg.unwrap_or(0.0),
+            s.low_1pct_fps.unwrap_or(0.0),
+            s.low_01pct_fps.unwrap_or(0.0),
+            s.worst_frame_ms.unwrap_or(0.0)
         );
     }
 }
 
-fn print_imports(r: &ReplayReport, s: &Value) {
-    let f = |k: &str| number(s, k);
+fn print_imports(r: &ReplayReport, s: &Summary) {
     outln!("imports");
     outln!(
         "  {} imports ({} re-imports), {:.1} ms in all, worst {:.2} ms, {} failed; {} bindings went without",
         r.imports,
         r.reimports,
-        f("import_ms"),
-        f("worst_import_ms"),
+        s.import_ms,
+        s.worst_import_ms,
         r.import_failures,
         r.bind_failures
     );
     outln!(
         "  the binding thread waited {:.1} ms for imports, worst {:.2} ms; {} imports made ahead",
-        f("import_wait_ms_total"),
-        f("import_wait_ms_worst"),
+        s.import_wait_ms_total,
+        s.import_wait_ms_worst,
         r.ahead_imports
     );
     outln!(
@@ -350,10 +408,10 @@ fn print_imports(r: &ReplayReport, s: &Value) {
     );
     outln!(
         "  live imported {:.0} MiB at the end, {:.0} MiB at peak; {:.0} MiB ahead of use at peak; {:.0} MiB committed at peak",
-        f("live_import_mib_end"),
-        f("live_import_mib_peak"),
-        f("ahead_mib_peak"),
-        f("committed_mib_peak")
+        s.live_import_mib_end,
+        s.live_import_mib_peak,
+        s.ahead_mib_peak,
+        s.committed_mib_peak
     );
     outln!(
         "  live imports at most {} at once; {} merges of a pool whole (replacing {}); {} imports over the cap",
@@ -368,24 +426,23 @@ fn print_imports(r: &ReplayReport, s: &Value) {
     }
 }
 
-fn print_tracking(r: &ReplayReport, s: &Value) {
-    let f = |k: &str| number(s, k);
+fn print_tracking(r: &ReplayReport, s: &Summary) {
     outln!("write tracking");
     outln!(
         "  {} collects, {:.1} ms in all, {} pages reported; {} guest writes, {} lost, {} unchecked ({:.1} % checked)",
         r.collects,
-        f("collect_ms"),
+        s.collect_ms,
         r.pages_reported,
         r.writes,
         r.lost_writes,
         r.unchecked_writes,
-        f("checked_writes_pct")
+        s.checked_writes_pct
     );
     outln!(
         "  the render thread waited {} times for the space's lock, {:.3} ms in all, longest {:.3} ms",
         r.render_space_lock_waits.count,
-        f("render_space_lock_wait_total_ms"),
-        f("render_space_lock_wait_max_ms")
+        s.render_space_lock_wait_total_ms,
+        s.render_space_lock_wait_max_ms
     );
     outln!("short sleeps");
     for (name, sl) in [("guest", r.guest_sleeps), ("host", r.host_sleeps)] {
@@ -396,5 +453,55 @@ fn print_tracking(r: &ReplayReport, s: &Value) {
             ms(sl.wall),
             ms(sl.cpu)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys of docs/replay.md's table of `replay --json` (its first column, in backticks).
+    fn documented_keys(doc: &str) -> Vec<String> {
+        let section = doc.split("## `replay --json` keys").nth(1).expect("docs/replay.md has the keys' section");
+        section
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|l| l.split('`').nth(1).filter(|_| l.starts_with("| `")))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_json_key_is_in_the_docs_table() {
+        // The docs are beside the workspace, not in the CLI's package: a packaged build skips.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/replay.md");
+        let Ok(doc) = std::fs::read_to_string(path) else {
+            eprintln!("{path} not found (a packaged build): skipped");
+            return;
+        };
+        // Paced: the keys of a paced replay are a superset of an unpaced one's.
+        let report = ReplayReport { paced: true, ..Default::default() };
+        let v = serde_json::to_value(summary(&report)).unwrap();
+        let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        let documented = documented_keys(&doc);
+        let missing: Vec<_> = keys.iter().filter(|k| !documented.contains(k)).collect();
+        let stale: Vec<_> = documented.iter().filter(|k| !keys.contains(k)).collect();
+        assert!(missing.is_empty(), "keys of `replay --json` missing from docs/replay.md's table: {missing:?}");
+        assert!(stale.is_empty(), "docs/replay.md's table has keys `replay --json` does not write: {stale:?}");
+        let mut dup = documented.clone();
+        dup.sort();
+        dup.dedup();
+        assert_eq!(dup.len(), documented.len(), "a key twice in the table");
+    }
+
+    #[test]
+    fn the_schema_comes_first_and_paced_keys_only_when_paced() {
+        let unpaced = serde_json::to_string(&summary(&ReplayReport::default())).unwrap();
+        assert!(unpaced.starts_with(&format!("{{\"schema\":{SCHEMA},")), "{unpaced}");
+        assert!(!unpaced.contains("fps_avg") && !unpaced.contains("low_1pct_fps"), "{unpaced}");
+        let paced = serde_json::to_value(summary(&ReplayReport { paced: true, ..Default::default() })).unwrap();
+        assert_eq!(paced["fps_avg"], 0.0);
+        assert_eq!(paced["worst_frame_ms"], 0.0);
     }
 }

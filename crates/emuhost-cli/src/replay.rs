@@ -156,13 +156,7 @@ pub fn default_frames() -> u64 {
 
 /// The 1 % / 0.1 % low: the frame rate of the slowest 1 % / 0.1 % of frames, averaged.
 fn low(frame_ms: &[f64], frac: f64) -> f64 {
-    let mut v = frame_ms.to_vec();
-    v.sort_by(|a, b| b.total_cmp(a));
-    let n = ((v.len() as f64 * frac).ceil() as usize).max(1).min(v.len());
-    if n == 0 {
-        return 0.0;
-    }
-    let avg = v[..n].iter().sum::<f64>() / n as f64;
+    let avg = emuhost_lab::quantile::top_mean(frame_ms, frac);
     if avg > 0.0 { 1000.0 / avg } else { 0.0 }
 }
 

@@ -8,14 +8,15 @@
 //! - [`soak`]: the check of replays looped in one process: memory flat, nothing left live.
 //! - [`stress`]: the no-lost-writes stress of the write-tracking backends.
 //! - [`bench`](mod@bench): the measurements of `emuhost bench` (arms, rounds, medians, ratios).
+//! - [`quantile`]: the workspace's one rule for percentiles and medians, the runtime's
+//!   [`emuhost::quantile`] (re-exported here, where the benches and replays use it).
 //! - [`rng`]: the workspace's one deterministic generator, the runtime's [`emuhost::rng`]
 //!   (re-exported here, where the sessions, the stress and the benches draw from it).
 #![deny(unsafe_code)]
 
 pub mod bench;
-pub mod quantile;
 pub mod replay;
-pub use emuhost::rng;
+pub use emuhost::{quantile, rng};
 pub mod soak;
 pub mod stress;
 pub mod synth;

@@ -7,6 +7,7 @@
 //!   Vulkan and CUDA backends behind the cargo features `vulkan` and `cuda`, on by default).
 //! - `gpu`: the process's one Vulkan setup (instance, device choice, error mapping), feature `vulkan`.
 //! - [`probe`]: what this machine offers the runtime, and the process's own memory figures.
+//! - [`quantile`]: the workspace's one rule for percentiles and medians of measured samples.
 //! - [`rng`]: the workspace's one deterministic generator (synthetic sessions, shader corpora,
 //!   stress runs, benchmark layouts): the same draws from a seed on every platform.
 //! - [`settings`]: every `EMUHOST_*` switch, typed ([`settings::Settings`]); the library reads the
@@ -165,6 +166,7 @@ pub mod faults;
 #[cfg_attr(docsrs, doc(cfg(feature = "vulkan")))]
 pub mod gpu;
 pub mod import;
+pub mod quantile;
 pub mod rng;
 pub mod sched;
 pub mod settings;

@@ -192,8 +192,7 @@ impl Recent {
         let mut v = self.v;
         let v = &mut v[..self.n];
         v.sort_unstable_by(f64::total_cmp);
-        let rank = (self.n * 9).div_ceil(10);
-        v.get(rank.saturating_sub(1)).copied().unwrap_or(0.0)
+        crate::quantile::quantile(v, 0.9)
     }
 }
 

@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::Outcome;
 use crate::bench::median;
@@ -29,6 +31,31 @@ pub struct Args {
     json: bool,
     /// The trace (the built-in default session when left out).
     trace: Option<PathBuf>,
+}
+
+/// The version of `ab --json`'s keys (raised when one changes name or meaning or goes away).
+pub const SCHEMA: u32 = 1;
+
+/// `ab --json`: the rounds, both arms and the ratio of their medians, B over A.
+#[derive(Debug, serde::Serialize)]
+struct Report<'a> {
+    schema: u32,
+    rounds: u32,
+    a: ArmReport<'a>,
+    b: ArmReport<'a>,
+    /// Per figure of [`ROWS`] whose medians both arms have, A's not 0.
+    ratio_b_over_a: BTreeMap<&'static str, f64>,
+}
+
+/// One arm of `ab --json`.
+#[derive(Debug, serde::Serialize)]
+struct ArmReport<'a> {
+    /// The arm's switches as given (`--a`, `--b`).
+    switches: &'a str,
+    /// Each round's `replay --json` object, as the replay wrote it.
+    runs: &'a [Value],
+    /// Per figure of [`ROWS`] the arm's runs have: their median.
+    medians: BTreeMap<&'static str, f64>,
 }
 
 /// The figures compared, in the table's order: (key, label).
@@ -120,24 +147,20 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     };
     let lost: f64 = runs.iter().flatten().filter_map(|r| figure(r, "lost_writes")).sum();
     if a.json {
-        let arm = |i: usize, sw: &str| {
-            let mut medians = serde_json::Map::new();
-            for (k, _) in ROWS {
-                if let Some(m) = med(i, k) {
-                    medians.insert((*k).into(), json!(m));
-                }
-            }
-            json!({ "switches": sw, "runs": runs[i], "medians": medians })
+        let arm = |i: usize, switches| ArmReport {
+            switches,
+            runs: &runs[i],
+            medians: ROWS.iter().filter_map(|(k, _)| Some((*k, med(i, k)?))).collect(),
         };
-        let mut ratios = serde_json::Map::new();
-        for (k, _) in ROWS {
-            if let (Some(x), Some(y)) = (med(0, k), med(1, k))
-                && x != 0.0
-            {
-                ratios.insert((*k).into(), json!(y / x));
-            }
-        }
-        outln!("{}", json!({ "rounds": a.rounds, "a": arm(0, &a.a), "b": arm(1, &a.b), "ratio_b_over_a": ratios }));
+        let ratio_b_over_a = ROWS
+            .iter()
+            .filter_map(|(k, _)| match (med(0, k), med(1, k)) {
+                (Some(x), Some(y)) if x != 0.0 => Some((*k, y / x)),
+                _ => None,
+            })
+            .collect();
+        let r = Report { schema: SCHEMA, rounds: a.rounds, a: arm(0, &a.a), b: arm(1, &a.b), ratio_b_over_a };
+        outln!("{}", serde_json::to_string(&r).context("writing the report as JSON")?);
     } else {
         outln!("A: {}\nB: {}\n{} rounds, alternated A B, each a fresh process\n", a.a, a.b, a.rounds);
         let cell = |v: Option<f64>| {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
 use emuhost_lab::soak::{DEFAULT_GROWTH_LIMIT, SoakLoop, SoakVerdict, cpu_time, judge, memory, trim_heap};
-use serde_json::json;
 
 use crate::Outcome;
 
@@ -105,45 +104,120 @@ pub fn run(
     let v = judge(&loops, DEFAULT_GROWTH_LIMIT);
     let r = first.expect("the first loop succeeded");
     if as_json {
-        outln!("{}", report_json(&loops, &v, &r, duration, elapsed, trim));
+        let report = report_json(&loops, &v, &r, duration, elapsed, trim);
+        outln!("{}", serde_json::to_string(&report).context("writing the report as JSON")?);
     } else {
         print_report(&loops, &v, &r, trace, elapsed, trim);
     }
     Ok(if v.passed() { Outcome::Ok } else { Outcome::CheckFailed })
 }
 
-fn report_json(
-    loops: &[SoakLoop],
-    v: &SoakVerdict,
-    r: &ReplayReport,
+/// The version of `replay --soak --json`'s keys (raised when one changes name or meaning or goes
+/// away).
+pub const SCHEMA: u32 = 1;
+
+/// `replay --soak --json`: every loop, the verdict's figures and the check.
+#[derive(Debug, serde::Serialize)]
+struct Report<'a> {
+    schema: u32,
+    soak_s: f64,
+    elapsed_s: f64,
+    trim: bool,
+    rust_allocator: &'static str,
+    loops: Vec<LoopRow<'a>>,
+    import_backend: &'a str,
+    watch_backend: &'a str,
+    rss_first_mib: f64,
+    rss_max_after_mib: f64,
+    rss_max_loop: u64,
+    rss_growth_mib: f64,
+    rss_growth_pct: f64,
+    rss_growth_allowed_mib: f64,
+    heap_in_use_first_mib: f64,
+    heap_in_use_max_after_mib: f64,
+    heap_in_use_growth_mib: f64,
+    live_imports_end: u64,
+    live_import_bytes_end: u64,
+    errors: u64,
+    lost_writes: u64,
+    passed: bool,
+    failures: &'a [String],
+}
+
+/// One loop of the soak's JSON.
+#[derive(Debug, serde::Serialize)]
+struct LoopRow<'a> {
+    #[serde(rename = "loop")]
+    index: u64,
+    wall_s: f64,
+    cpu_s: f64,
+    rss_mib: f64,
+    rss_untrimmed_mib: f64,
+    heap_in_use_mib: f64,
+    heap_free_mib: f64,
+    locked_mib: f64,
+    live_imports: u64,
+    live_import_bytes: u64,
+    writes: u64,
+    lost_writes: u64,
+    import_backend: &'a str,
+    watch_backend: &'a str,
+    error: Option<&'a str>,
+}
+
+fn report_json<'a>(
+    loops: &'a [SoakLoop],
+    v: &'a SoakVerdict,
+    r: &'a ReplayReport,
     asked: Duration,
     elapsed: Duration,
     trim: bool,
-) -> serde_json::Value {
-    let rows: Vec<_> = loops
+) -> Report<'a> {
+    let rows = loops
         .iter()
-        .map(|l| {
-            json!({
-                "loop": l.index, "wall_s": l.wall.as_secs_f64(), "cpu_s": l.cpu.as_secs_f64(), "rss_mib": mib(l.memory.rss), "rss_untrimmed_mib": mib(l.rss_untrimmed),
-                "heap_in_use_mib": mib(l.memory.heap_in_use), "heap_free_mib": mib(l.memory.heap_free),
-                "locked_mib": mib(l.memory.locked), "live_imports": l.live_imports,
-                "live_import_bytes": l.live_bytes, "writes": l.writes, "lost_writes": l.lost_writes,
-                "import_backend": &*l.import_backend, "watch_backend": &*l.watch_backend, "error": l.error,
-            })
+        .map(|l| LoopRow {
+            index: l.index,
+            wall_s: l.wall.as_secs_f64(),
+            cpu_s: l.cpu.as_secs_f64(),
+            rss_mib: mib(l.memory.rss),
+            rss_untrimmed_mib: mib(l.rss_untrimmed),
+            heap_in_use_mib: mib(l.memory.heap_in_use),
+            heap_free_mib: mib(l.memory.heap_free),
+            locked_mib: mib(l.memory.locked),
+            live_imports: l.live_imports,
+            live_import_bytes: l.live_bytes,
+            writes: l.writes,
+            lost_writes: l.lost_writes,
+            import_backend: &l.import_backend,
+            watch_backend: &l.watch_backend,
+            error: l.error.as_deref(),
         })
         .collect();
-    json!({
-        "soak_s": asked.as_secs_f64(), "elapsed_s": elapsed.as_secs_f64(), "trim": trim, "rust_allocator": if cfg!(feature = "mimalloc") { "mimalloc" } else { "system" },
-        "loops": rows,
-        "import_backend": r.import_backend, "watch_backend": r.watch_backend,
-        "rss_first_mib": mib(v.rss_first), "rss_max_after_mib": mib(v.rss_max_after),
-        "rss_max_loop": v.rss_max_loop, "rss_growth_mib": mib(v.growth), "rss_growth_pct": v.growth_percent,
-        "rss_growth_allowed_mib": mib(v.allowed_growth),
-        "heap_in_use_first_mib": mib(v.heap_first), "heap_in_use_max_after_mib": mib(v.heap_max_after),
-        "heap_in_use_growth_mib": mib(v.heap_growth),
-        "live_imports_end": v.live_imports_end, "live_import_bytes_end": v.live_bytes_end,
-        "errors": v.errors, "lost_writes": v.lost_writes, "passed": v.passed(), "failures": v.failures,
-    })
+    Report {
+        schema: SCHEMA,
+        soak_s: asked.as_secs_f64(),
+        elapsed_s: elapsed.as_secs_f64(),
+        trim,
+        rust_allocator: if cfg!(feature = "mimalloc") { "mimalloc" } else { "system" },
+        loops: rows,
+        import_backend: &r.import_backend,
+        watch_backend: &r.watch_backend,
+        rss_first_mib: mib(v.rss_first),
+        rss_max_after_mib: mib(v.rss_max_after),
+        rss_max_loop: v.rss_max_loop,
+        rss_growth_mib: mib(v.growth),
+        rss_growth_pct: v.growth_percent,
+        rss_growth_allowed_mib: mib(v.allowed_growth),
+        heap_in_use_first_mib: mib(v.heap_first),
+        heap_in_use_max_after_mib: mib(v.heap_max_after),
+        heap_in_use_growth_mib: mib(v.heap_growth),
+        live_imports_end: v.live_imports_end,
+        live_import_bytes_end: v.live_bytes_end,
+        errors: v.errors,
+        lost_writes: v.lost_writes,
+        passed: v.passed(),
+        failures: &v.failures,
+    }
 }
 
 /// The loops the table shows: all of them, or every Nth past [`MAX_ROWS`], with the first, the

@@ -94,6 +94,7 @@ fn replay_reports_json_csv_and_a_plot() {
         replay.arg("--plot").arg(&svg);
     }
     let v = json(&replay.output().unwrap());
+    assert_eq!(v["schema"], 1, "{v}");
     assert_eq!(v["frames"], 4);
     assert_eq!(v["imports"], 1);
     assert_eq!(v["reimports"], 0);
@@ -218,6 +219,8 @@ fn ab_alternates_the_arms_and_prints_medians() {
         .output()
         .unwrap();
     let v = json(&out);
+    assert_eq!(v["schema"], 1, "{v}");
+    assert_eq!(v["a"]["runs"][0]["schema"], 1, "each run is replay --json's object: {v}");
     assert_eq!(v["a"]["medians"]["imports"], 3.0);
     assert_eq!(v["b"]["medians"]["imports"], 1.0);
     assert_eq!(v["a"]["runs"].as_array().unwrap().len(), 2);

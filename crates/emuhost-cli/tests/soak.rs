@@ -80,6 +80,25 @@ fn a_soak_reports_json_and_passes_flags_on() {
     let out = soak("json", &["--soak", "1s", "--json", "--watch", "mprotect"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
+    // The keys other tools read: the same set as before the report was a struct, and `schema`.
+    let keys = |o: &serde_json::Value| {
+        let mut k: Vec<String> = o.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k.join(" ")
+    };
+    assert_eq!(
+        keys(&v),
+        "elapsed_s errors failures heap_in_use_first_mib heap_in_use_growth_mib heap_in_use_max_after_mib \
+         import_backend live_import_bytes_end live_imports_end loops lost_writes passed rss_first_mib \
+         rss_growth_allowed_mib rss_growth_mib rss_growth_pct rss_max_after_mib rss_max_loop rust_allocator \
+         schema soak_s trim watch_backend"
+    );
+    assert_eq!(
+        keys(&v["loops"][0]),
+        "cpu_s error heap_free_mib heap_in_use_mib import_backend live_import_bytes live_imports locked_mib \
+         loop lost_writes rss_mib rss_untrimmed_mib wall_s watch_backend writes"
+    );
     assert_eq!(v["watch_backend"], "mprotect");
     assert_eq!(
         (v["passed"].as_bool(), v["errors"].as_u64(), v["live_import_bytes_end"].as_u64()),

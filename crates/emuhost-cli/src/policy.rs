@@ -1,6 +1,6 @@
 //! `emuhost policy`: the short-sleep rule and the compile-worker count, as one JSON object:
-//! `{"short_sleep":{"guest":"timer"|"yield","host":"timer"|"yield"|"hybrid"},"prepare_workers":N,"why":"..."}`.
-//! Other tools depend on that shape. Without flags it reports this machine; each flag stands in for
+//! `{"schema":1,"short_sleep":{"guest":"timer"|"yield","host":"timer"|"yield"|"hybrid"},"prepare_workers":N,"why":"..."}`.
+//! Other tools depend on that shape ([`Report`]; the keys in that order). Without flags it reports this machine; each flag stands in for
 //! what the machine would say. Bad values are refused by the argument parser: exit 2, naming them.
 
 use emuhost::sched::{
@@ -27,6 +27,25 @@ pub struct Args {
     /// absent means unset (the environment is not read).
     #[arg(long, value_name = "VALUE", allow_hyphen_values = true)]
     short_sleep_timer: Option<String>,
+}
+
+/// The version of `policy`'s keys (raised when one changes name or meaning or goes away).
+pub const SCHEMA: u32 = 1;
+
+/// `policy`'s object; the fields in the contract's order.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    schema: u32,
+    short_sleep: ShortSleep,
+    prepare_workers: usize,
+    why: String,
+}
+
+/// The wait of each caller's short sleeps (`timer`, `yield`, `hybrid`).
+#[derive(Debug, serde::Serialize)]
+struct ShortSleep {
+    guest: &'static str,
+    host: &'static str,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -65,13 +84,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         w
     };
     let why = format!("short sleeps: {}. workers: {}", rule.why(), workers.why);
-    // Written by hand so the keys come in the contract's order.
-    outln!(
-        "{{\"short_sleep\":{{\"guest\":{},\"host\":{}}},\"prepare_workers\":{},\"why\":{}}}",
-        serde_json::to_string(rule.guest.name())?,
-        serde_json::to_string(rule.host.name())?,
-        workers.count,
-        serde_json::to_string(&why)?
-    );
+    let report = Report {
+        schema: SCHEMA,
+        short_sleep: ShortSleep { guest: rule.guest.name(), host: rule.host.name() },
+        prepare_workers: workers.count,
+        why,
+    };
+    outln!("{}", serde_json::to_string(&report)?);
     Ok(Outcome::Ok)
 }

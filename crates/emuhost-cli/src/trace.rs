@@ -7,7 +7,6 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 use emuhost_lab::synth::{self, Synth, SynthConfig};
 use emuhost_lab::trace::{FileReader, Stats, TraceError, TraceWriter};
-use serde_json::json;
 
 use crate::Outcome;
 
@@ -103,8 +102,51 @@ fn write_all<W: Write>(synth: Synth, w: &mut TraceWriter<W>) -> Result<(), Trace
 
 /// A byte sum for JSON: exact where it fits a u64 (what JSON readers take as an integer), else
 /// as a float.
-fn big(n: u128) -> serde_json::Value {
-    u64::try_from(n).map_or_else(|_| json!(n as f64), |v| json!(v))
+#[derive(Debug, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+enum Big {
+    Exact(u64),
+    Approx(f64),
+}
+
+fn big(n: u128) -> Big {
+    u64::try_from(n).map_or(Big::Approx(n as f64), Big::Exact)
+}
+
+/// The version of `trace stats --json`'s keys (raised when one changes name or meaning or goes
+/// away).
+pub const SCHEMA: u32 = 1;
+
+/// `trace stats --json`: the trace's figures (see `emuhost_lab::trace::Stats`).
+#[derive(Debug, serde::Serialize)]
+struct StatsReport {
+    schema: u32,
+    chunk_mib: u64,
+    events: u64,
+    frames: u64,
+    duration_s: f64,
+    fps: f64,
+    pools: u64,
+    pools_released: u64,
+    pools_crossing_chunk_end: u64,
+    chunks_touched: u64,
+    chunks_bound: u64,
+    binds: u64,
+    binds_crossing_chunk_end: u64,
+    chunk_ends_bound_across: u64,
+    commits: u64,
+    committed_bytes: Big,
+    decommits: u64,
+    writes: u64,
+    write_bytes: Big,
+    collects: u64,
+    collect_bytes: Big,
+    sleeps_guest: u64,
+    sleeps_host: u64,
+    sleep_guest_ms: f64,
+    sleep_host_ms: f64,
+    game_threads: u64,
+    host_threads: u64,
 }
 
 fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result<Outcome> {
@@ -124,7 +166,7 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
         }
     };
     if as_json {
-        outln!("{}", stats_json(&s, chunk_mib));
+        outln!("{}", serde_json::to_string(&stats_json(&s, chunk_mib)).context("writing the figures as JSON")?);
     } else {
         print_stats(&name, &s, chunk_mib);
     }
@@ -132,35 +174,36 @@ fn stats(file: Option<PathBuf>, as_json: bool, chunk_mib: u64) -> anyhow::Result
 }
 
 /// The trace's figures as one JSON object.
-fn stats_json(s: &Stats, chunk_mib: u64) -> serde_json::Value {
-    json!({
-        "chunk_mib": chunk_mib,
-        "events": s.events,
-        "frames": s.frames,
-        "duration_s": s.duration_us as f64 / 1e6,
-        "fps": s.fps(),
-        "pools": s.pools,
-        "pools_released": s.pools_released,
-        "pools_crossing_chunk_end": s.pools_crossing_chunk_end,
-        "chunks_touched": s.chunks_touched,
-        "chunks_bound": s.chunks_bound,
-        "binds": s.binds,
-        "binds_crossing_chunk_end": s.binds_crossing_chunk_end,
-        "chunk_ends_bound_across": s.chunk_ends_bound_across,
-        "commits": s.commits,
-        "committed_bytes": big(s.committed_bytes),
-        "decommits": s.decommits,
-        "writes": s.writes,
-        "write_bytes": big(s.write_bytes),
-        "collects": s.collects,
-        "collect_bytes": big(s.collect_bytes),
-        "sleeps_guest": s.sleeps_guest,
-        "sleeps_host": s.sleeps_host,
-        "sleep_guest_ms": s.sleep_guest_ns as f64 / 1e6,
-        "sleep_host_ms": s.sleep_host_ns as f64 / 1e6,
-        "game_threads": s.game_threads,
-        "host_threads": s.host_threads,
-    })
+fn stats_json(s: &Stats, chunk_mib: u64) -> StatsReport {
+    StatsReport {
+        schema: SCHEMA,
+        chunk_mib,
+        events: s.events,
+        frames: s.frames,
+        duration_s: s.duration_us as f64 / 1e6,
+        fps: s.fps(),
+        pools: s.pools,
+        pools_released: s.pools_released,
+        pools_crossing_chunk_end: s.pools_crossing_chunk_end,
+        chunks_touched: s.chunks_touched,
+        chunks_bound: s.chunks_bound,
+        binds: s.binds,
+        binds_crossing_chunk_end: s.binds_crossing_chunk_end,
+        chunk_ends_bound_across: s.chunk_ends_bound_across,
+        commits: s.commits,
+        committed_bytes: big(s.committed_bytes),
+        decommits: s.decommits,
+        writes: s.writes,
+        write_bytes: big(s.write_bytes),
+        collects: s.collects,
+        collect_bytes: big(s.collect_bytes),
+        sleeps_guest: s.sleeps_guest,
+        sleeps_host: s.sleeps_host,
+        sleep_guest_ms: s.sleep_guest_ns as f64 / 1e6,
+        sleep_host_ms: s.sleep_host_ns as f64 / 1e6,
+        game_threads: s.game_threads,
+        host_threads: s.host_threads,
+    }
 }
 
 /// The trace's figures as text, one line each.
@@ -217,6 +260,18 @@ mod tests {
         let msg = format!("{e:#}");
         assert!(msg.contains("line 3: address \"0xzz\" is not a hex number"), "{msg}");
         assert!(stats(None, false, 3).is_err(), "a chunk that is not a power of two");
+    }
+
+    #[test]
+    fn stats_json_has_the_schema_first_and_exact_sums_where_they_fit() {
+        let mut s = Stats::of(std::iter::empty::<Result<_, std::convert::Infallible>>(), 16 << 20).unwrap();
+        (s.committed_bytes, s.write_bytes) = (5, u128::from(u64::MAX) + 1);
+        let text = serde_json::to_string(&stats_json(&s, 16)).unwrap();
+        assert!(text.starts_with(&format!("{{\"schema\":{SCHEMA},\"chunk_mib\":16,")), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["committed_bytes"].as_u64(), Some(5), "{text}");
+        assert_eq!(v["write_bytes"].as_f64(), Some(18446744073709551616.0), "{text}");
+        assert!(v["write_bytes"].as_u64().is_none(), "past u64: a float");
     }
 
     #[test]

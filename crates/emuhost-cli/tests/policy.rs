@@ -24,7 +24,8 @@ fn json(args: &[&str]) -> serde_json::Value {
     let o = v.as_object().unwrap();
     let mut keys: Vec<_> = o.keys().map(String::as_str).collect();
     keys.sort();
-    assert_eq!(keys, ["prepare_workers", "short_sleep", "why"], "{stdout}");
+    assert_eq!(keys, ["prepare_workers", "schema", "short_sleep", "why"], "{stdout}");
+    assert_eq!(o["schema"], 1, "{stdout}");
     let ss = o["short_sleep"].as_object().unwrap();
     assert_eq!(ss.len(), 2, "{stdout}");
     assert!(["timer", "yield"].contains(&ss["guest"].as_str().unwrap()), "{stdout}");
@@ -32,6 +33,7 @@ fn json(args: &[&str]) -> serde_json::Value {
     assert!(o["prepare_workers"].as_u64().unwrap() >= 1, "{stdout}");
     assert!(!o["why"].as_str().unwrap().is_empty());
     // The keys in the contract's order.
+    assert!(stdout.starts_with("{\"schema\":1,"), "{stdout}");
     let (a, b, c) = (
         stdout.find("\"short_sleep\"").unwrap(),
         stdout.find("\"prepare_workers\"").unwrap(),

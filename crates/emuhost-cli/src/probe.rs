@@ -4,15 +4,96 @@ use emuhost::import::{AnyBackend, Backend, BackendChoice, error_chain};
 use emuhost::probe::{Offer, Probe};
 use emuhost::settings::Settings;
 use emuhost::watch;
-use serde_json::json;
+use serde::Serialize;
+use std::collections::BTreeMap;
 
 use crate::Outcome;
 
-fn offer<T: serde::Serialize>(o: &Offer<T>) -> serde_json::Value {
+/// The version of `probe --json`'s keys (raised when one changes name or meaning or goes away).
+pub const SCHEMA: u32 = 1;
+
+/// `probe --json`: what this machine offers the runtime.
+#[derive(Serialize)]
+struct Report<'a> {
+    schema: u32,
+    kernel: &'a str,
+    page_size: u64,
+    cpus: OfferJson<'a, usize>,
+    region_queries: OfferJson<'a, &'static str>,
+    watch: WatchJson,
+    /// Each write-tracking backend's self-test: `passes`, or why not.
+    watch_self_tests: BTreeMap<String, String>,
+    import: ImportJson,
+    #[serde(flatten)]
+    platform: Platform<'a>,
+}
+
+/// Linux's offers.
+#[cfg(target_os = "linux")]
+#[derive(Serialize)]
+struct Platform<'a> {
+    uffd_features: OfferJson<'a, u64>,
+    uffd_wp_async: bool,
+    uffd_wp_unpopulated: bool,
+    pagemap_scan: OfferJson<'a, ()>,
+    procmap_query: OfferJson<'a, ()>,
+    thp: Option<&'a str>,
+}
+
+/// Windows's offers.
+#[cfg(windows)]
+#[derive(Serialize)]
+struct Platform<'a> {
+    placeholders: OfferJson<'a, ()>,
+    write_watch: OfferJson<'a, ()>,
+}
+
+/// An offer: `{"ok":true,"value":...}` or `{"ok":false,"why":"..."}`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OfferJson<'a, T: Serialize> {
+    Yes { ok: bool, value: &'a T },
+    No { ok: bool, why: &'a str },
+}
+
+fn offer<T: Serialize>(o: &Offer<T>) -> OfferJson<'_, T> {
     match o {
-        Offer::Yes(v) => json!({ "ok": true, "value": v }),
-        Offer::No(why) => json!({ "ok": false, "why": why }),
+        Offer::Yes(value) => OfferJson::Yes { ok: true, value },
+        Offer::No(why) => OfferJson::No { ok: false, why },
     }
+}
+
+/// The write-tracking backend chosen (`null` where none), and why.
+#[derive(Serialize)]
+struct WatchJson {
+    backend: Option<&'static str>,
+    why: String,
+}
+
+/// The import backend the choice picks, or why none.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ImportJson {
+    Picked {
+        ok: bool,
+        choice: &'static str,
+        backend: &'static str,
+        device: String,
+        alignment: u64,
+        passed_over: Vec<PassedOver>,
+    },
+    None {
+        ok: bool,
+        choice: &'static str,
+        why: String,
+    },
+}
+
+/// A backend the automatic choice passed over, and why.
+#[derive(Serialize)]
+struct PassedOver {
+    backend: &'static str,
+    why: String,
 }
 
 fn text<T: std::fmt::Debug>(o: &Offer<T>, show: impl Fn(&T) -> String) -> String {
@@ -32,35 +113,31 @@ pub fn run(as_json: bool, settings: &Settings) -> anyhow::Result<Outcome> {
     let import = import_backend(settings.import_backend);
     if as_json {
         #[cfg(target_os = "linux")]
-        let platform = json!({
-            "uffd_features": offer(&p.uffd_features),
-            "uffd_wp_async": p.uffd_wp_async(),
-            "uffd_wp_unpopulated": p.uffd_wp_unpopulated(),
-            "pagemap_scan": offer(&p.pagemap_scan),
-            "procmap_query": offer(&p.procmap_query),
-            "thp": p.thp,
-        });
+        let platform = Platform {
+            uffd_features: offer(&p.uffd_features),
+            uffd_wp_async: p.uffd_wp_async(),
+            uffd_wp_unpopulated: p.uffd_wp_unpopulated(),
+            pagemap_scan: offer(&p.pagemap_scan),
+            procmap_query: offer(&p.procmap_query),
+            thp: p.thp.as_deref(),
+        };
         #[cfg(windows)]
-        let platform = json!({
-            "placeholders": offer(&p.placeholders),
-            "write_watch": offer(&p.write_watch),
-        });
-        let mut v = json!({
-            "kernel": p.kernel,
-            "page_size": p.page_size,
-            "cpus": offer(&p.cpus),
-            "region_queries": offer(&p.region_queries),
-            "watch": match &tracking {
-                Ok(c) => json!({ "backend": c.kind.name(), "why": c.why }),
-                Err(e) => json!({ "backend": null, "why": e.to_string() }),
+        let platform = Platform { placeholders: offer(&p.placeholders), write_watch: offer(&p.write_watch) };
+        let report = Report {
+            schema: SCHEMA,
+            kernel: &p.kernel,
+            page_size: p.page_size,
+            cpus: offer(&p.cpus),
+            region_queries: offer(&p.region_queries),
+            watch: match &tracking {
+                Ok(c) => WatchJson { backend: Some(c.kind.name()), why: c.why.to_string() },
+                Err(e) => WatchJson { backend: None, why: e.to_string() },
             },
-            "watch_self_tests": tried.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
-            "import": import.json,
-        });
-        if let (Some(v), serde_json::Value::Object(more)) = (v.as_object_mut(), platform) {
-            v.extend(more);
-        }
-        outln!("{v}");
+            watch_self_tests: tried.iter().cloned().collect(),
+            import: import.json,
+            platform,
+        };
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
         outln!("kernel            {}", p.kernel);
         outln!("page size         {} bytes", p.page_size);
@@ -107,7 +184,7 @@ fn yes(b: bool) -> &'static str {
 }
 
 struct ImportProbe {
-    json: serde_json::Value,
+    json: ImportJson,
     text: Vec<String>,
 }
 
@@ -135,15 +212,20 @@ fn import_backend(choice: BackendChoice) -> ImportProbe {
             for (k, why) in &p.passed_over {
                 text.push(format!("  passed over     {}: {why}", k.name()));
             }
-            let passed: Vec<_> =
-                p.passed_over.iter().map(|(k, why)| json!({ "backend": k.name(), "why": why })).collect();
-            ImportProbe {
-                json: json!({ "ok": true, "choice": choice, "backend": b.kind().name(), "device": b.describe(), "alignment": b.alignment(), "passed_over": passed }),
-                text,
-            }
+            let passed_over =
+                p.passed_over.iter().map(|(k, why)| PassedOver { backend: k.name(), why: why.to_string() }).collect();
+            let json = ImportJson::Picked {
+                ok: true,
+                choice,
+                backend: b.kind().name(),
+                device: b.describe(),
+                alignment: b.alignment(),
+                passed_over,
+            };
+            ImportProbe { json, text }
         }
         Err(e) => ImportProbe {
-            json: json!({ "ok": false, "choice": choice, "why": error_chain(&e) }),
+            json: ImportJson::None { ok: false, choice, why: error_chain(&e) },
             text: vec![format!("import backend    no ({})", error_chain(&e))],
         },
     }

@@ -10,7 +10,6 @@ use std::sync::Mutex;
 use anyhow::Context as _;
 use emuhost::sched::{Allocator, Machine};
 use emuhost_prepare::{CacheStart, Corpus, GenConfig, JournalStart, Options, Report, generate, prepare};
-use serde_json::json;
 
 use crate::Outcome;
 use crate::replay::ms;
@@ -181,7 +180,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     drop(bar);
     let peak = emuhost_prepare::peak_memory_bytes();
     if a.json {
-        outln!("{}", to_json(&report, &why, allocator_name, peak, a.cache.as_deref()));
+        let json = to_json(&report, &why, allocator_name, peak, a.cache.as_deref());
+        outln!("{}", serde_json::to_string(&json).context("writing the report as JSON")?);
     } else {
         print_summary(&report, &why, allocator_name, peak, a.cache.as_deref());
     }
@@ -207,53 +207,155 @@ fn cache_verdict(r: &Report) -> String {
     }
 }
 
-fn to_json(
-    r: &Report,
-    why: &str,
-    allocator: &str,
+/// The version of `prepare --json`'s keys (raised when one changes name or meaning or goes away).
+pub const SCHEMA: u32 = 1;
+
+/// `prepare --json`: the run's figures (`bench prepare` reads them from its runs).
+#[derive(Debug, serde::Serialize)]
+struct JsonReport<'a> {
+    schema: u32,
+    programs: usize,
+    variants: usize,
+    device: JsonDevice<'a>,
+    workers: usize,
+    workers_why: &'a str,
+    allocator: &'a str,
+    cache: JsonCache,
+    journal: JsonJournal<'a>,
+    translate: JsonTranslate,
+    compile: JsonCompile,
+    total_ms: f64,
+    peak_rss_bytes: Option<u64>,
+    failures: Vec<JsonFailure<'a>>,
+    interrupted: bool,
+    remaining: usize,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct JsonDevice<'a> {
+    name: &'a str,
+    vendor_id: u32,
+    device_id: u32,
+    driver_version: u32,
+}
+
+/// The cache file: how the run found it (`none`, `cold`, `warm`, `rejected` and why) and what it
+/// saved.
+#[derive(Debug, serde::Serialize)]
+struct JsonCache {
+    file: Option<String>,
+    state: &'static str,
+    bytes_in: usize,
+    rejected: Option<String>,
+    bytes_saved: usize,
+    saves: usize,
+}
+
+/// The journal: how the run found it (`none`, `resumed`, `discarded` and why) and whether it is
+/// kept.
+#[derive(Debug, serde::Serialize)]
+struct JsonJournal<'a> {
+    state: &'static str,
+    skipped: usize,
+    discarded: Option<&'a str>,
+    kept: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct JsonTranslate {
+    programs: usize,
+    variants: usize,
+    wall_ms: f64,
+    busy_ms: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct JsonCompile {
+    pipelines: usize,
+    cache_hits: Option<usize>,
+    wall_ms: f64,
+    busy_ms: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct JsonFailure<'a> {
+    program: &'a str,
+    variant: Option<usize>,
+    constants: Option<&'a str>,
+    phase: &'static str,
+    error: &'a str,
+}
+
+fn to_json<'a>(
+    r: &'a Report,
+    why: &'a str,
+    allocator: &'a str,
     peak: Option<u64>,
     cache: Option<&std::path::Path>,
-) -> serde_json::Value {
-    let (cache_state, cache_in, cache_reason) = match &r.cache {
-        CacheStart::None => ("none", 0, None),
-        CacheStart::Cold => ("cold", 0, None),
-        CacheStart::Warm { bytes } => ("warm", *bytes, None),
+) -> JsonReport<'a> {
+    let (state, bytes_in, rejected) = match &r.cache {
         CacheStart::Rejected(why) => ("rejected", 0, Some(why.to_string())),
+        CacheStart::Warm { bytes } => ("warm", *bytes, None),
+        CacheStart::Cold => ("cold", 0, None),
+        CacheStart::None => ("none", 0, None),
     };
-    let (journal_state, skipped, journal_reason) = match &r.journal {
-        JournalStart::None => ("none", 0, None),
+    let (journal_state, skipped, discarded) = match &r.journal {
         JournalStart::Resumed { skipped } => ("resumed", *skipped, None),
-        JournalStart::Discarded(why) => ("discarded", 0, Some(why.clone())),
+        JournalStart::Discarded(why) => ("discarded", 0, Some(why.as_str())),
+        JournalStart::None => ("none", 0, None),
     };
-    let failures: Vec<_> = r
+    let failures = r
         .failures
         .iter()
-        .map(|f| {
-            json!({ "program": f.program, "variant": f.variant.as_ref().map(|v| v.0),
-                    "constants": f.variant.as_ref().map(|v| v.1.clone()), "phase": f.phase.name(), "error": f.error })
+        .map(|f| JsonFailure {
+            program: &f.program,
+            variant: f.variant.as_ref().map(|v| v.0),
+            constants: f.variant.as_ref().map(|v| v.1.as_str()),
+            phase: f.phase.name(),
+            error: &f.error,
         })
         .collect();
-    json!({
-        "programs": r.programs,
-        "variants": r.variants,
-        "device": { "name": r.device.name, "vendor_id": r.device.vendor_id, "device_id": r.device.device_id,
-                    "driver_version": r.device.driver_version },
-        "workers": r.workers,
-        "workers_why": why,
-        "allocator": allocator,
-        "cache": { "file": cache.map(|p| p.display().to_string()), "state": cache_state, "bytes_in": cache_in,
-                   "rejected": cache_reason, "bytes_saved": r.cache_bytes, "saves": r.saves },
-        "journal": { "state": journal_state, "skipped": skipped, "discarded": journal_reason, "kept": r.journal_kept },
-        "translate": { "programs": r.translated_programs, "variants": r.translated_variants,
-                       "wall_ms": ms(r.translate.wall), "busy_ms": ms(r.translate.busy) },
-        "compile": { "pipelines": r.created, "cache_hits": r.cache_hits,
-                     "wall_ms": ms(r.compile.wall), "busy_ms": ms(r.compile.busy) },
-        "total_ms": ms(r.translate.wall + r.compile.wall),
-        "peak_rss_bytes": peak,
-        "failures": failures,
-        "interrupted": r.interrupted,
-        "remaining": r.remaining(),
-    })
+    let d = &r.device;
+    JsonReport {
+        schema: SCHEMA,
+        programs: r.programs,
+        variants: r.variants,
+        device: JsonDevice {
+            name: &d.name,
+            vendor_id: d.vendor_id,
+            device_id: d.device_id,
+            driver_version: d.driver_version,
+        },
+        workers: r.workers,
+        workers_why: why,
+        allocator,
+        cache: JsonCache {
+            file: cache.map(|p| p.display().to_string()),
+            state,
+            bytes_in,
+            rejected,
+            bytes_saved: r.cache_bytes,
+            saves: r.saves,
+        },
+        journal: JsonJournal { state: journal_state, skipped, discarded, kept: r.journal_kept },
+        translate: JsonTranslate {
+            programs: r.translated_programs,
+            variants: r.translated_variants,
+            wall_ms: ms(r.translate.wall),
+            busy_ms: ms(r.translate.busy),
+        },
+        compile: JsonCompile {
+            pipelines: r.created,
+            cache_hits: r.cache_hits,
+            wall_ms: ms(r.compile.wall),
+            busy_ms: ms(r.compile.busy),
+        },
+        total_ms: ms(r.translate.wall + r.compile.wall),
+        peak_rss_bytes: peak,
+        failures,
+        interrupted: r.interrupted,
+        remaining: r.remaining(),
+    }
 }
 
 /// What the peak memory figure is on this platform.

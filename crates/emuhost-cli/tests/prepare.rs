@@ -43,6 +43,7 @@ fn prepares_the_default_corpus_and_reports() {
     }
     let out = emuhost(&["prepare", "--workers", "2", "--json"]);
     let v = json_of(&out, 0);
+    assert_eq!(v["schema"], 1, "{v}");
     assert_eq!(v["programs"], 12);
     assert_eq!(v["variants"], 36);
     assert_eq!(v["compile"]["pipelines"], 36);

@@ -15,7 +15,9 @@ fn bench_json(args: &[&str]) -> serde_json::Value {
         .expect("running emuhost");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    serde_json::from_str(&stdout).unwrap()
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
+    v
 }
 
 #[test]

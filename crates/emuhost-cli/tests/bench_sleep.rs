@@ -14,6 +14,7 @@ fn bench_sleep_measures_the_learned_hybrid_beside_spin_sleep_in_one_run() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
     // Under Wine the figures are said to be Wine's; on Linux they are this machine's.
     let wine = emuhost::probe::wine_version();
     assert_eq!(v["wine"].as_str(), wine.as_deref(), "{v}");

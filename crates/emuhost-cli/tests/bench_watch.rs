@@ -31,6 +31,7 @@ fn emuhost_watch_names_the_only_backend_measured_and_the_others_are_left_out_wit
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
     assert_eq!(v["backends"], serde_json::json!(["uffd"]), "{v}");
     assert!(v.get("mprotect").is_none(), "{v}");
     let left = v["left_out"].as_array().unwrap();
@@ -100,6 +101,7 @@ fn without_userfaultfd_uffd_is_left_out_with_its_reason_and_mprotect_is_measured
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["schema"], 1, "{v}");
     assert_eq!(v["backends"], serde_json::json!(["mprotect"]), "{v}");
     let left = v["left_out"].as_array().unwrap();
     let uffd = left.iter().find(|l| l["backend"] == "uffd").expect("uffd left out");

@@ -16,7 +16,12 @@ fn emuhost() -> PathBuf {
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    // The report (not an arm's round, which its parent reads).
+    if v["bench"] == "workers" {
+        assert_eq!(v["schema"], 1, "{v}");
+    }
+    v
 }
 
 fn workers_of(results: &serde_json::Value) -> Vec<u64> {

@@ -66,6 +66,19 @@ pub struct Args {
     json: bool,
 }
 
+/// `bench import --json`: each part's figures (`null` where it was left out).
+#[derive(serde::Serialize)]
+struct ImportJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    /// The import backend and device.
+    backend: &'a str,
+    sizes: Vec<serde_json::Value>,
+    session: serde_json::Value,
+    chain: serde_json::Value,
+    beside: serde_json::Value,
+}
+
 pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
     if cfg!(debug_assertions) {
         eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
@@ -136,8 +149,8 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     };
     drop(bar);
     if a.json {
-        let all = json!({ "bench": "import", "backend": what, "sizes": sizes, "session": session, "chain": chain, "beside": beside });
-        outln!("{all}");
+        let all = ImportJson { schema: super::SCHEMA, bench: "import", backend: &what, sizes, session, chain, beside };
+        outln!("{}", serde_json::to_string(&all)?);
     }
     Ok(Outcome::Ok)
 }

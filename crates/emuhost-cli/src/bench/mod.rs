@@ -13,7 +13,6 @@ mod workers;
 
 use clap::Subcommand;
 pub use emuhost_lab::bench::{Arm, Comparison, median};
-use serde_json::json;
 
 use crate::Outcome;
 
@@ -66,6 +65,33 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
     }
 }
 
+/// The version of every `bench ... --json` object's keys (raised when one changes name or meaning
+/// or goes away).
+pub const SCHEMA: u32 = 1;
+
+/// One arm of a comparison's JSON.
+#[derive(serde::Serialize)]
+struct ArmJson<'a> {
+    arm: &'a str,
+    median_ms: f64,
+    median_calls: Option<f64>,
+}
+
+/// A comparison's JSON: both arms' medians, the ratios (old over new) and the targets.
+#[derive(serde::Serialize)]
+struct ComparisonJson<'a> {
+    name: &'a str,
+    rounds: usize,
+    old: ArmJson<'a>,
+    new: ArmJson<'a>,
+    time_ratio: f64,
+    calls_ratio: Option<f64>,
+    target_time_ratio: Option<f64>,
+    target_calls_ratio: Option<f64>,
+    time_target_met: Option<bool>,
+    calls_target_met: Option<bool>,
+}
+
 /// A comparison printed as text or JSON.
 pub trait Report {
     fn json(&self) -> serde_json::Value;
@@ -74,22 +100,21 @@ pub trait Report {
 
 impl Report for Comparison {
     fn json(&self) -> serde_json::Value {
-        let met = |target: Option<f64>, got: Option<f64>| match (target, got) {
-            (Some(t), Some(g)) => json!(g >= t),
-            _ => serde_json::Value::Null,
+        let met = |target: Option<f64>, got: Option<f64>| Some(got? >= target?);
+        let arm = |arm, a: &Arm| ArmJson { arm, median_ms: a.median_ms(), median_calls: a.median_calls() };
+        let c = ComparisonJson {
+            name: &self.name,
+            rounds: self.old.times.len(),
+            old: arm(self.old_name, &self.old),
+            new: arm(self.new_name, &self.new),
+            time_ratio: self.time_ratio(),
+            calls_ratio: self.calls_ratio(),
+            target_time_ratio: self.target_time,
+            target_calls_ratio: self.target_calls,
+            time_target_met: met(self.target_time, Some(self.time_ratio())),
+            calls_target_met: met(self.target_calls, self.calls_ratio()),
         };
-        json!({
-            "name": self.name,
-            "rounds": self.old.times.len(),
-            "old": { "arm": self.old_name, "median_ms": self.old.median_ms(), "median_calls": self.old.median_calls() },
-            "new": { "arm": self.new_name, "median_ms": self.new.median_ms(), "median_calls": self.new.median_calls() },
-            "time_ratio": self.time_ratio(),
-            "calls_ratio": self.calls_ratio(),
-            "target_time_ratio": self.target_time,
-            "target_calls_ratio": self.target_calls,
-            "time_target_met": met(self.target_time, Some(self.time_ratio())),
-            "calls_target_met": met(self.target_calls, self.calls_ratio()),
-        })
+        serde_json::to_value(c).unwrap_or_default()
     }
 
     fn print(&self) {

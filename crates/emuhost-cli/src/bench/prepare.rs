@@ -103,6 +103,25 @@ fn prepare_run(v: &Value) -> PrepareRun {
 }
 
 /// A cell's medians as JSON, its speed-up against `base_ms`.
+/// `bench prepare --json`.
+#[derive(serde::Serialize)]
+struct PrepareJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    allocator: &'a str,
+    usable_cpus: u64,
+    rounds: u32,
+    /// The device, as its runs' `prepare --json` named it.
+    device: Value,
+    /// The corpus: a folder, or the generated one's sizes.
+    corpus: Value,
+    driver_disk_cache: bool,
+    prepare_workers: usize,
+    prepare_workers_why: &'a str,
+    /// Per worker count: cold and warm runs' medians.
+    results: Vec<Value>,
+}
+
 fn cell_json(c: &Cell, base_ms: f64) -> Value {
     json!({
         "total_ms": c.total.median_ms(),
@@ -137,12 +156,20 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         None => json!({ "programs": a.programs, "variants": a.variants, "statements": a.statements }),
     };
     if a.json {
-        outln!(
-            "{}",
-            json!({ "bench": "prepare", "allocator": allocator_name, "usable_cpus": usable, "rounds": a.rounds,
-                    "device": device, "corpus": corpus, "driver_disk_cache": a.keep_driver_cache,
-                    "prepare_workers": rule.count, "prepare_workers_why": rule.why, "results": rows })
-        );
+        let json = PrepareJson {
+            schema: super::SCHEMA,
+            bench: "prepare",
+            allocator: allocator_name,
+            usable_cpus: usable,
+            rounds: a.rounds,
+            device,
+            corpus,
+            driver_disk_cache: a.keep_driver_cache,
+            prepare_workers: rule.count,
+            prepare_workers_why: &rule.why,
+            results: rows,
+        };
+        outln!("{}", serde_json::to_string(&json)?);
         return Ok(Outcome::Ok);
     }
     print_table(&a, allocator_name, usable, &device, cold[0].pipelines, &rows, &rule.why);

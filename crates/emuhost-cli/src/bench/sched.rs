@@ -130,6 +130,23 @@ fn wine_note(r: &SleepReport) -> Option<String> {
     })
 }
 
+/// `bench sleep --json`.
+#[derive(serde::Serialize)]
+struct SleepJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    /// Wine's version where the run was under Wine, and what the figures are then.
+    wine: Option<&'a str>,
+    figures: Option<String>,
+    rounds: u32,
+    hybrid_margin_us: u64,
+    learned_margin_us: f64,
+    learned_spin_us: f64,
+    sleeps: Vec<serde_json::Value>,
+    frame: [serde_json::Value; 2],
+    targets: serde_json::Value,
+}
+
 fn print_sleep_json(a: &Args, r: &SleepReport, rows: Vec<serde_json::Value>, h: &Headline) {
     let targets = json!({
         "guest_20us_timer_cpu_le_0_25": h.timer20_cpu <= 0.25,
@@ -138,21 +155,23 @@ fn print_sleep_json(a: &Args, r: &SleepReport, rows: Vec<serde_json::Value>, h: 
         "host_1ms_hybrid_beats_spin_sleep": h.h_p99 <= h.s_p99 && h.h_cpu <= h.s_cpu,
         "frame_within_3pct_of_no_sleepers": r.none_vs_rule.old.median_ms() / r.none_vs_rule.new.median_ms() >= 0.97,
     });
-    outln!(
-        "{}",
-        json!({
-            "bench": "sleep",
-            "wine": r.wine,
-            "figures": wine_note(r),
-            "rounds": a.rounds,
-            "hybrid_margin_us": a.margin_us,
-            "learned_margin_us": r.learned_margin.as_secs_f64() * 1e6,
-            "learned_spin_us": r.learned_spin.as_secs_f64() * 1e6,
-            "sleeps": rows,
-            "frame": [r.none_vs_rule.json(), r.yield_vs_rule.json()],
-            "targets": targets,
-        })
-    );
+    let json = SleepJson {
+        schema: super::SCHEMA,
+        bench: "sleep",
+        wine: r.wine.as_deref(),
+        figures: wine_note(r),
+        rounds: a.rounds,
+        hybrid_margin_us: a.margin_us,
+        learned_margin_us: r.learned_margin.as_secs_f64() * 1e6,
+        learned_spin_us: r.learned_spin.as_secs_f64() * 1e6,
+        sleeps: rows,
+        frame: [r.none_vs_rule.json(), r.yield_vs_rule.json()],
+        targets,
+    };
+    match serde_json::to_string(&json) {
+        Ok(text) => outln!("{text}"),
+        Err(e) => tracing::error!("bench sleep: writing the report as JSON: {e}"),
+    }
 }
 
 /// The frame experiment's text.

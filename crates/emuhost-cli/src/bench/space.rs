@@ -2,7 +2,6 @@
 
 use emuhost_lab::bench::Comparison;
 use emuhost_lab::bench::space::SpaceBench;
-use serde_json::json;
 
 use super::Report;
 use crate::Outcome;
@@ -26,6 +25,24 @@ pub struct Args {
     json: bool,
 }
 
+/// `bench space --json`.
+#[derive(serde::Serialize)]
+struct SpaceJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    region_queries: &'static str,
+    /// Each comparison's figures (see `Report for Comparison`).
+    results: Vec<serde_json::Value>,
+    left_out: Vec<LeftOut<'a>>,
+}
+
+/// A comparison left out, and why.
+#[derive(serde::Serialize)]
+struct LeftOut<'a> {
+    name: &'a str,
+    why: &'a str,
+}
+
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if cfg!(debug_assertions) {
         eprintln!("emuhost: warning: a debug build; measure with `cargo build --release`");
@@ -37,11 +54,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if a.json {
         let results: Vec<_> =
             [&r.commit].into_iter().chain(&r.shared).chain(&r.queries).map(Comparison::json).collect();
-        let left: Vec<_> = r.left_out.iter().map(|(what, why)| json!({ "name": what, "why": why })).collect();
-        outln!(
-            "{}",
-            json!({ "bench": "space", "region_queries": r.region_queries, "results": results, "left_out": left })
-        );
+        let left_out = r.left_out.iter().map(|(name, why)| LeftOut { name, why }).collect();
+        let json =
+            SpaceJson { schema: super::SCHEMA, bench: "space", region_queries: r.region_queries, results, left_out };
+        outln!("{}", serde_json::to_string(&json)?);
     } else {
         r.commit.print();
         if let Some(s) = &r.shared {

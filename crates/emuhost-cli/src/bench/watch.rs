@@ -71,11 +71,37 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     let r = emuhost_lab::bench::watch::run(&WatchBench::new(a.rounds, a.size_mib, a.stress_writes, kinds.clone()))?;
     let report = Report { a: &a, kinds: &kinds, left_out: &left_out, r: &r };
     if a.json {
-        outln!("{}", report.json());
+        outln!("{}", serde_json::to_string(&report.json())?);
     } else {
         report.print();
     }
     Ok(if r.lost() == 0 { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+/// `bench watch --json`.
+#[derive(serde::Serialize)]
+struct WatchJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    rounds: u32,
+    size_mib: u64,
+    backends: Vec<&'static str>,
+    left_out: Vec<LeftOutJson<'a>>,
+    /// Each backend's medians and stress figures, under the backend's name.
+    #[serde(flatten)]
+    per_backend: std::collections::BTreeMap<&'static str, serde_json::Value>,
+    uffd_over_bare: serde_json::Map<String, serde_json::Value>,
+    stress_left_out: Option<&'a str>,
+    lost_writes: u64,
+    first_write_ratio_mprotect_over_uffd: Option<f64>,
+    targets: serde_json::Value,
+}
+
+/// A backend left out, and why.
+#[derive(serde::Serialize)]
+struct LeftOutJson<'a> {
+    backend: &'static str,
+    why: &'a str,
 }
 
 /// What a run measured, to print.
@@ -87,7 +113,7 @@ struct Report<'a> {
 }
 
 impl Report<'_> {
-    fn json(&self) -> serde_json::Value {
+    fn json(&self) -> WatchJson<'_> {
         let t = self.r.targets();
         let lost = self.r.lost();
         let targets = json!({
@@ -97,17 +123,7 @@ impl Report<'_> {
             "first_write_ratio_min": 5.0, "first_write_met": t.first_ratio.map(|r| r >= 5.0),
             "lost_writes_max": 0, "lost_writes_met": lost == 0,
         });
-        let mut o = serde_json::Map::new();
-        o.insert("bench".into(), json!("watch"));
-        o.insert("rounds".into(), json!(self.a.rounds));
-        o.insert("size_mib".into(), json!(self.a.size_mib));
-        o.insert("backends".into(), json!(self.kinds.iter().map(|k| k.name()).collect::<Vec<_>>()));
-        let left: Vec<_> = self.left_out.iter().map(|(k, why)| json!({"backend": k.name(), "why": why})).collect();
-        o.insert("left_out".into(), json!(left));
-        for &kind in self.kinds {
-            o.insert(kind.name().into(), self.per_backend(kind));
-        }
-        let over: serde_json::Map<_, _> = self
+        let over = self
             .r
             .over_bare()
             .into_iter()
@@ -115,12 +131,20 @@ impl Report<'_> {
                 (key.to_string(), json!({"ratio": r, "target_max": target, "met": r.map(|r| r <= target)}))
             })
             .collect();
-        o.insert("uffd_over_bare".into(), serde_json::Value::Object(over));
-        o.insert("stress_left_out".into(), json!(self.r.stress_left_out));
-        o.insert("lost_writes".into(), json!(lost));
-        o.insert("first_write_ratio_mprotect_over_uffd".into(), json!(t.first_ratio));
-        o.insert("targets".into(), targets);
-        serde_json::Value::Object(o)
+        WatchJson {
+            schema: super::SCHEMA,
+            bench: "watch",
+            rounds: self.a.rounds,
+            size_mib: self.a.size_mib,
+            backends: self.kinds.iter().map(|k| k.name()).collect(),
+            left_out: self.left_out.iter().map(|(k, why)| LeftOutJson { backend: k.name(), why }).collect(),
+            per_backend: self.kinds.iter().map(|&k| (k.name(), self.per_backend(k))).collect(),
+            uffd_over_bare: over,
+            stress_left_out: self.r.stress_left_out.as_deref(),
+            lost_writes: lost,
+            first_write_ratio_mprotect_over_uffd: t.first_ratio,
+            targets,
+        }
     }
 
     fn per_backend(&self, kind: BackendKind) -> serde_json::Value {

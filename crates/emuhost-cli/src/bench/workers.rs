@@ -58,6 +58,29 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     one_arm(&a)
 }
 
+/// `bench workers --json`.
+#[derive(serde::Serialize)]
+struct WorkersJson<'a> {
+    schema: u32,
+    bench: &'static str,
+    allocator: &'a str,
+    usable_cpus: u64,
+    jobs: u64,
+    rounds: u32,
+    results: Vec<serde_json::Value>,
+    prepare_workers: PrepareWorkers,
+    /// Windows, both heaps: the arms and their ratios.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    heaps: Option<serde_json::Value>,
+}
+
+/// The preparation's worker counts for an allocator that scales and one that does not.
+#[derive(serde::Serialize)]
+struct PrepareWorkers {
+    scales: usize,
+    locked: usize,
+}
+
 /// This process alone (Linux; Windows with mimalloc).
 fn one_arm(a: &Args) -> anyhow::Result<Outcome> {
     let bench = emuhost_lab::bench::workers::WorkersBench::new(a.rounds, a.jobs, a.max_workers);
@@ -66,11 +89,18 @@ fn one_arm(a: &Args) -> anyhow::Result<Outcome> {
     let allocator = allocator();
     let rows = rows_json(&r.rows);
     if a.json {
-        outln!(
-            "{}",
-            json!({ "bench": "workers", "allocator": allocator, "usable_cpus": usable, "jobs": a.jobs, "rounds": a.rounds,
-                    "results": rows, "prepare_workers": { "scales": scales, "locked": locked } })
-        );
+        let json = WorkersJson {
+            schema: super::SCHEMA,
+            bench: "workers",
+            allocator,
+            usable_cpus: usable,
+            jobs: a.jobs,
+            rounds: a.rounds,
+            results: rows,
+            prepare_workers: PrepareWorkers { scales, locked },
+            heaps: None,
+        };
+        outln!("{}", serde_json::to_string(&json)?);
         return Ok(Outcome::Ok);
     }
     outln!(
@@ -249,18 +279,25 @@ mod heaps {
             .collect();
         let wine = wine_version();
         if a.json {
-            outln!(
-                "{}",
-                json!({ "bench": "workers", "allocator": super::allocator(), "usable_cpus": report.usable_cpus,
-                        "jobs": a.jobs, "rounds": a.rounds, "results": this_rows,
-                        "prepare_workers": { "scales": report.prepare_scales, "locked": report.prepare_locked },
+            let heaps = json!({
                         "wine": wine, "figures": if wine.is_some() { "Wine's" } else { "Windows'" },
                         "arms": [
                             { "arm": "manifest", "exe_asks_segment_heap": asks, "heap": this_heap, "results": this_rows },
                             { "arm": "no manifest", "exe_asks_segment_heap": false, "heap": other_heap, "results": other_rows },
                         ],
-                        "time_ratios": ratios })
-            );
+                        "time_ratios": ratios });
+            let json = super::WorkersJson {
+                schema: crate::bench::SCHEMA,
+                bench: "workers",
+                allocator: super::allocator(),
+                usable_cpus: report.usable_cpus,
+                jobs: a.jobs,
+                rounds: a.rounds,
+                results: this_rows,
+                prepare_workers: super::PrepareWorkers { scales: report.prepare_scales, locked: report.prepare_locked },
+                heaps: Some(heaps),
+            };
+            outln!("{}", serde_json::to_string(&json)?);
             return Ok(Outcome::Ok);
         }
         let p = Printed { this_heap: &this_heap, other_heap: &other_heap, asks, wine: wine.as_deref() };

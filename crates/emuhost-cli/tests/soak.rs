@@ -131,7 +131,10 @@ fn a_soak_trims_after_each_loop_unless_told_not_to() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["trim"], true);
     let loops = v["loops"].as_array().unwrap();
-    assert!(loops.iter().all(|l| given_back(l) >= 0.0), "{v}");
+    // The two reads of RSS are apart in time and the process's other threads (the log's, the
+    // allocator's) may touch a page between them: a trim gives back, or nothing, give or take
+    // that (a mimalloc build once read 0.06 MiB more after the trim than before it).
+    assert!(loops.iter().all(|l| given_back(l) >= -1.0), "{v}");
     let trimmed = loops.iter().filter(|l| given_back(l) > 0.0).count();
     assert!(
         cfg!(feature = "mimalloc") || trimmed * 2 >= loops.len(),

@@ -19,8 +19,13 @@ pub const NO_PROCMAP_QUERY_SWITCH: &str = "EMUHOST_FAULT_NO_PROCMAP_QUERY";
 /// `1`: populates touch the pages as on a kernel without `MADV_POPULATE_WRITE`.
 pub const NO_POPULATE_WRITE_SWITCH: &str = "EMUHOST_FAULT_NO_POPULATE_WRITE";
 
+/// `FIXED,PER_MIB` µs: a model of a driver that serializes imports (NVIDIA's host-pointer imports):
+/// every backend import holds one process-wide lock and sleeps `FIXED + PER_MIB × MiB` before its
+/// driver call.
+pub const IMPORT_COST_SWITCH: &str = "EMUHOST_FAULT_IMPORT_COST_US";
+
 /// Every fault switch.
-pub const SWITCHES: [&str; 7] = [
+pub const SWITCHES: [&str; 8] = [
     IMPORT_SWITCH,
     IMPORT_ABOVE_SWITCH,
     COMMIT_SWITCH,
@@ -28,6 +33,7 @@ pub const SWITCHES: [&str; 7] = [
     FOREIGN_SEGV_SWITCH,
     NO_PROCMAP_QUERY_SWITCH,
     NO_POPULATE_WRITE_SWITCH,
+    IMPORT_COST_SWITCH,
 ];
 
 /// A fault switch that cannot be honoured.

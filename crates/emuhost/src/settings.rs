@@ -202,8 +202,8 @@ pub fn switch_on(value: &str) -> bool {
 #[cfg(feature = "faults")]
 fn fault(s: &mut Settings, name: &'static str, value: &str) -> Result<(), String> {
     use crate::faults::{
-        COMMIT_SWITCH, FOREIGN_SEGV_SWITCH, FaultError, IMPORT_ABOVE_SWITCH, IMPORT_SWITCH, NO_POPULATE_WRITE_SWITCH,
-        NO_PROCMAP_QUERY_SWITCH, UFFD_SWITCH, UffdFault,
+        COMMIT_SWITCH, FOREIGN_SEGV_SWITCH, FaultError, IMPORT_ABOVE_SWITCH, IMPORT_COST_SWITCH, IMPORT_SWITCH,
+        NO_POPULATE_WRITE_SWITCH, NO_PROCMAP_QUERY_SWITCH, UFFD_SWITCH, UffdFault,
     };
     let bad = |why: String| FaultError::BadSwitch { name, value: value.to_string(), why }.to_string();
     let v = value.trim();
@@ -217,6 +217,8 @@ fn fault(s: &mut Settings, name: &'static str, value: &str) -> Result<(), String
             plan.import_above = Some(mb.checked_mul(1 << 20).ok_or_else(|| bad("too large".into()))?);
         }
         COMMIT_SWITCH => plan.commit_enomem = v.parse().map_err(bad)?,
+        IMPORT_COST_SWITCH if v.is_empty() => plan.import_cost = None,
+        IMPORT_COST_SWITCH => plan.import_cost = Some(v.parse().map_err(bad)?),
         UFFD_SWITCH => {
             plan.uffd = match v.to_ascii_lowercase().as_str() {
                 "" => None,
@@ -410,6 +412,12 @@ pub const SETTINGS: &[Switch] = &[
         default: "unset",
         doc: "faults: on/off: populates touch each page",
         apply: |s, v| fault(s, crate::faults::NO_POPULATE_WRITE_SWITCH, v),
+    },
+    Switch {
+        name: crate::faults::IMPORT_COST_SWITCH,
+        default: "unset",
+        doc: "faults: `FIXED,PER_MIB` µs: every import holds one process-wide lock and sleeps that long (a driver that serializes imports)",
+        apply: |s, v| fault(s, crate::faults::IMPORT_COST_SWITCH, v),
     },
 ];
 
@@ -763,9 +771,14 @@ mod tests {
             (COMMIT_SWITCH, "1-2"),
             (UFFD_SWITCH, "ENOSYS"),
             (FOREIGN_SEGV_SWITCH, "1"),
+            (IMPORT_COST_SWITCH, "500,170"),
         ])
         .unwrap();
         let plan = f.plan;
+        let us = std::time::Duration::from_micros;
+        assert_eq!(plan.import_cost, Some(ImportCostModel { fixed: us(500), per_mib: us(170) }));
+        let e = set(&[(IMPORT_COST_SWITCH, "500")]).unwrap_err();
+        assert!(e.to_string().contains("EMUHOST_FAULT_IMPORT_COST_US=\"500\""), "{e}");
         assert!(f.foreign);
         assert_eq!(plan.import, Schedule::nth(3));
         assert_eq!(plan.import_above, Some(16 << 20));

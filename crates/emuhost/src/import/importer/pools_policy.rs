@@ -92,9 +92,19 @@ impl<B: Backend + 'static> Importer<B> {
         } else {
             &[(whole, true), (fallback, false)]
         };
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
+        let before = (st.stats.reimports, if debug { describe_over(&st, whole) } else { String::new() });
         let bound = core.bind_importing(&mut st, addr, tries, now);
         if let Ok(b) = &bound {
             core.learn(cfg, &mut st, b.range.len(), part.resident_in(b.range));
+            if st.stats.reimports > before.0 {
+                tracing::debug!(
+                    "re-import by binding {addr:#x}+{size:#x}: {} of pools {whole} (part {}); live over the pools: {}",
+                    b.range,
+                    part.r,
+                    before.1
+                );
+            }
         }
         let epoch = st.epoch;
         if split && bound.is_ok() {
@@ -238,6 +248,19 @@ impl<B: Backend> Core<B> {
         }
         (st, None)
     }
+}
+
+/// The live imports and imports in flight over `r`, in words (the debug log of a re-import).
+fn describe_over<I>(st: &State<I>, r: Planned) -> String {
+    let mut out: Vec<String> = st
+        .overlapping(r.lo, r.hi)
+        .map(|(k, v)| {
+            let used = if v.ahead.is_some() { "unused" } else { "used" };
+            format!("{:#x}..{:#x} {:?} {used}", k.0, v.hi, v.made)
+        })
+        .collect();
+    out.extend(st.in_flight.iter().filter(|f| f.r.lo < r.hi && r.lo < f.r.hi).map(|f| format!("{} in flight", f.r)));
+    out.join(", ")
 }
 
 /// The live imports released with `pool` (its id `id`) under the pools policy: every one it

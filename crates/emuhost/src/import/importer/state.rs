@@ -153,6 +153,8 @@ pub(super) struct Live<I> {
     /// A merge's import covers it: no binding is served by it any more, and it is released once
     /// no binding needs it (at once where none was given its handle).
     pub(super) replaced: bool,
+    /// What made it (debug log of re-imports).
+    pub(super) made: Made,
 }
 
 /// An import being made off the lock by the background thread.
@@ -359,7 +361,7 @@ impl<B: Backend> Core<B> {
         };
         // A binding's own import is given to it at once.
         let handed = matches!(made, Made::Binding { .. });
-        let live = Live { hi: r.hi, import, ahead, made_for: ahead, handed, replaced: false };
+        let live = Live { hi: r.hi, import, ahead, made_for: ahead, handed, replaced: false, made };
         st.imports.insert((r.lo, seq), live);
         st.longest = st.longest.max(r.len());
         let s = &mut st.stats;
@@ -441,7 +443,7 @@ mod tests {
         let (p, q) = (Some(PoolId(1)), Some(PoolId(2)));
         let mut live = |lo: u64, hi: u64, made_for| {
             st.seq += 1;
-            let v = Live { hi, import: (), ahead: None, made_for, handed: true, replaced: false };
+            let v = Live { hi, import: (), ahead: None, made_for, handed: true, replaced: false, made: Made::Widen };
             st.imports.insert((lo, st.seq), v);
             st.longest = st.longest.max(hi - lo);
         };

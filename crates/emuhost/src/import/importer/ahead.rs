@@ -63,8 +63,10 @@ pub(super) struct AheadQueue {
 }
 
 impl AheadQueue {
-    /// The next job at `now`: widenings first (a binding's pool, certain to be used), the
-    /// smallest first, then pools ahead, then merges, then populates, each in the order asked. Smallest first:
+    /// The next job at `now`: widenings first (a binding's pool, certain to be used), the one
+    /// asked for most (the pool where the most bindings imported parts: bindings stream through
+    /// it, and each across a part's border imports pages again) and then the smallest first,
+    /// each pool once, then pools ahead, then merges, then populates, each in the order asked. Smallest first:
     /// in the load burst widenings queue for tens of milliseconds, and every binding across a
     /// part's border before its pool's widening lands imports pages again; the small ones land
     /// soonest, so the most pools are whole soonest (a binding is as likely in a small pool as in
@@ -72,12 +74,20 @@ impl AheadQueue {
     /// small ones cannot hold a large one back for good.
     pub(super) fn pop(&mut self, now: Instant) -> Option<AheadJob> {
         let overdue = self.widen.front().is_some_and(|w| now.saturating_duration_since(w.2) >= WIDEN_OLDEST);
+        let asked = |r: Planned| self.widen.iter().filter(|w| w.0 == r).count();
         let next = if overdue {
             Some(0)
         } else {
-            self.widen.iter().enumerate().min_by_key(|(_, w)| w.0.len()).map(|(i, _)| i)
+            let key = |w: &(Planned, u64, Instant)| (std::cmp::Reverse(asked(w.0)), w.0.len());
+            self.widen.iter().enumerate().min_by_key(|(_, w)| key(w)).map(|(i, _)| i)
         };
-        (next.and_then(|i| self.widen.remove(i)).map(|(r, e, _)| AheadJob::Widen(r, e)))
+        // A pool asked again (a binding's part each time) is taken once, in the latest epoch.
+        let taken = next.and_then(|i| self.widen.remove(i)).map(|(r, e, _)| {
+            let latest = self.widen.iter().filter(|w| w.0 == r).map(|w| w.1).fold(e, u64::max);
+            self.widen.retain(|w| w.0 != r);
+            (r, latest)
+        });
+        (taken.map(|(r, e)| AheadJob::Widen(r, e)))
             .or_else(|| self.pools.pop_front().map(|(id, e)| AheadJob::Pool(id, e)))
             .or_else(|| self.merges.pop_front().map(|(r, id, e)| AheadJob::Merge(r, id, e)))
             .or_else(|| self.populate.pop_front().map(|(lo, hi, commit)| AheadJob::Populate { lo, hi, commit }))
@@ -460,6 +470,24 @@ mod tests {
         // Equal sizes keep the order asked.
         let want = ["widen 64K/2", "widen 64K/4", "widen 1024K/3", "widen 8192K/1", "pool 7/1", "populate 4096"];
         assert_eq!(order, want);
+        assert!(q.is_empty());
+    }
+
+    /// A pool whose widening was asked for by several bindings' parts goes before smaller ones
+    /// asked once, and is given once (in the latest epoch asked).
+    #[test]
+    fn the_queue_gives_the_widening_asked_most_first_and_once() {
+        let t = Instant::now();
+        let mut q = AheadQueue::default();
+        let (big, small) = (sized(0x100000, 8 << 20), sized(0x900000, 64 << 10));
+        q.widen.push_back((big, 1, t));
+        q.widen.push_back((small, 1, t));
+        q.widen.push_back((big, 2, t));
+        let mut order = Vec::new();
+        while let Some(AheadJob::Widen(w, e)) = q.pop(t) {
+            order.push((w.len() >> 10, e));
+        }
+        assert_eq!(order, [(8 << 10, 2), (64, 1)]);
         assert!(q.is_empty());
     }
 

@@ -256,6 +256,9 @@ impl<B: Backend> Core<B> {
         }
         // The slot is taken under the state's lock, where the room was checked.
         self.slots.fetch_add(1, Ordering::AcqRel);
+        // Background threads enter the driver only while no binding is at its import: one
+        // there now is the one this import meets.
+        st.met_in_driver = self.in_driver.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         let (import, took) = self.make(span, r, false).inspect_err(|_| {
             self.slots.fetch_sub(1, Ordering::AcqRel);
         })?;

@@ -70,15 +70,18 @@ impl<B: Backend + 'static> Importer<B> {
         let fallback = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
         let t = Instant::now();
-        let part = if overlaps_ok {
+        let mut part = if overlaps_ok {
             // The background threads start nothing that takes the memory-map lock while the
             // part's pages are read: a populate or a commit queued there would hold the read.
             let _at_work = AtWork::new(&core.binding_imports);
-            core.size_part(cfg, &st, whole, addr, size)
+            core.size_part(&st, whole, addr, size, core.wait_beside_driver(cfg, &st))
         } else {
             Part::untouched(&st.cost, fallback)
         };
         flight.sized = t.elapsed();
+        // A part over pages a binding's import holds takes that import in (a re-import all the
+        // same, but the next binding across their border finds one import).
+        let taken = if overlaps_ok { take_in(&st, cfg.wait, whole, &mut part) } else { 0 };
         let own = if overlaps_ok { part.r } else { whole };
         flight.part = Some((part.r, part.est, part.resident_in(part.r)));
         let (g, served) = core.wait_in_flight(st, (addr, size), part.est, own, flight);
@@ -96,7 +99,14 @@ impl<B: Backend + 'static> Importer<B> {
         let before = (st.stats.reimports, if debug { describe_over(&st, whole) } else { String::new() });
         let bound = core.bind_importing(&mut st, addr, tries, now);
         if let Ok(b) = &bound {
-            core.learn(cfg, &mut st, b.range.len(), part.resident_in(b.range));
+            // A part grown over imports it took in is not learned from (their pages' cost is
+            // neither untouched nor a populate's), nor one that met a background import in the
+            // driver: drivers serialize imports, so its time holds the wait for that one, a
+            // fixed cost no smaller part avoids, which per MiB of a small part would shrink the
+            // granule tenfold (more parts, more borders for bindings to cross, more imports).
+            if taken == 0 && !st.met_in_driver {
+                core.learn(cfg, &mut st, b.range.len(), part.resident_in(b.range));
+            }
             if st.stats.reimports > before.0 {
                 tracing::debug!(
                     "re-import by binding {addr:#x}+{size:#x}: {} of pools {whole} (part {}); live over the pools: {}",
@@ -144,7 +154,18 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// The pools policy's part of `whole` that a binding at `addr, size` imports itself:
+    /// What is left of the wait target for a binding's own import: the target less what is
+    /// left of the background import in the driver now, if any (its pin at the populated cost,
+    /// less its time there so far). Drivers serialize imports, so the binding's import waits for
+    /// that one first, whatever its own size.
+    pub(super) fn wait_beside_driver(&self, cfg: &PoolsConfig, st: &State<B::Import>) -> Duration {
+        let in_driver = *self.in_driver.lock().unwrap_or_else(|p| p.into_inner());
+        let left = in_driver.map_or(Duration::ZERO, |(since, r)| st.cost.pin(r.len()).saturating_sub(since.elapsed()));
+        cfg.wait.saturating_sub(left)
+    }
+
+    /// The pools policy's part of `whole` that a binding at `addr, size` imports itself
+    /// (within `wait`, the wait target less the background import in the driver, if any):
     /// `whole` where its import is estimated to fit the wait target, given which of its pages
     /// are resident, else the piece around the binding at the largest power-of-two granule that
     /// fits, else the piece at the backend's alignment; a range larger than that only where it
@@ -154,13 +175,13 @@ impl<B: Backend> Core<B> {
     /// most); where none could, or the read fails, every page is taken as untouched.
     pub(super) fn size_part(
         &self,
-        cfg: &PoolsConfig,
         st: &State<B::Import>,
         whole: Planned,
         addr: u64,
         size: u64,
+        wait: Duration,
     ) -> Part {
-        let (cost, wait) = (st.cost, cfg.wait);
+        let cost = st.cost;
         let least = piece(whole, addr, size, self.align);
         if cost.pin(least.len()) > wait {
             return Part::untouched(&cost, least);
@@ -250,6 +271,44 @@ impl<B: Backend> Core<B> {
     }
 }
 
+/// Grows `part` (inside `whole`, the binding's pools) over every live import a binding
+/// made or used that it overlaps and that lies inside `whole`, again until nothing more
+/// joins: a binding across the border of earlier parts imports pages again in any case, and
+/// the union is one import that serves the next binding across that border (which would
+/// import them again once more). Taken where the union's estimate (the pages taken in at
+/// the populated cost: an import pinned them) fits the wait target, or costs no more than
+/// the part and one import's fixed part (what the next binding across the border would pay
+/// at least). The imports taken in stay live (bindings hold
+/// their handles) until their pools are released, and serve no later binding
+/// ([`State::covering`] takes the largest). The bytes taken in (0: none).
+pub(super) fn take_in<I>(st: &State<I>, wait: Duration, whole: Planned, part: &mut Part) -> u64 {
+    let inside = |k: &(u64, u64), hi: u64| whole.lo <= k.0 && hi <= whole.hi;
+    let mut r = part.r;
+    loop {
+        let grown = st
+            .overlapping(r.lo, r.hi)
+            .filter(|(k, v)| v.ahead.is_none() && inside(k, v.hi))
+            .fold(r, |u, (k, v)| Planned { lo: u.lo.min(k.0), hi: u.hi.max(v.hi) });
+        if grown == r {
+            break;
+        }
+        r = grown;
+    }
+    let extra = r.len() - part.r.len();
+    if extra == 0 {
+        return 0;
+    }
+    let cost = &st.cost;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let est = part.est.saturating_add(cost.populated_per_mib.mul_f64(mib(extra)));
+    if est > wait.max(part.est.saturating_add(cost.fixed)) {
+        return 0;
+    }
+    tracing::debug!("part {} grown to {r}, taking in the imports of {} KiB it overlaps", part.r, extra >> 10);
+    (part.r, part.est) = (r, est);
+    extra
+}
+
 /// The live imports and imports in flight over `r`, in words (the debug log of a re-import).
 fn describe_over<I>(st: &State<I>, r: Planned) -> String {
     let mut out: Vec<String> = st
@@ -277,10 +336,112 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use super::super::state::Flight;
+    use super::super::state::{Flight, Live, Made};
     use super::super::{ImportConfig, ImportPolicy};
     use super::*;
     use crate::space::{Prot, Space};
+
+    fn planned(lo: u64, hi: u64) -> Planned {
+        Planned { lo, hi }
+    }
+
+    /// A live import `lo..hi` in `st`: used by a binding, or made ahead for a pool and unused.
+    fn live(st: &mut State<()>, lo: u64, hi: u64, unused: bool) {
+        st.seq += 1;
+        let ahead = unused.then_some(PoolId(9));
+        let made = if unused { Made::Ahead(PoolId(9)) } else { Made::Binding { reimport: false } };
+        st.imports.insert((lo, st.seq), Live { hi, import: (), ahead, made_for: ahead, made });
+        st.longest = st.longest.max(hi - lo);
+    }
+
+    /// A binding's part across the border of two parts bindings imported takes both in: one
+    /// import of their union (the next binding across either border finds it), within the
+    /// binding's pools, and not over an unused import ahead (that one is released instead).
+    #[test]
+    fn a_part_across_two_live_parts_takes_them_in() {
+        let us = Duration::from_micros;
+        let cost = ImportCost { fixed: us(100), untouched_per_mib: us(10_000), populated_per_mib: us(100) };
+        let mut st: State<()> = State::new(cost, 4096);
+        let whole = planned(0x10_0000, 0x20_0000);
+        live(&mut st, 0x10_0000, 0x11_0000, false);
+        live(&mut st, 0x11_8000, 0x12_8000, false);
+        // Unused ahead, and a binding's import reaching past the pools: neither is taken in.
+        live(&mut st, 0x12_8000, 0x13_0000, true);
+        live(&mut st, 0xf_0000, 0x10_1000, false);
+        let mut part = Part::untouched(&cost, planned(0x10_f000, 0x11_9000));
+        let est = part.est;
+        assert_eq!(take_in(&st, us(400), whole, &mut part), 0x2_8000 - 0xa000);
+        assert_eq!(part.r, planned(0x10_0000, 0x12_8000));
+        assert!(part.est > est && part.est <= est + cost.fixed);
+        // Where taking them in would cost more than the wait target and one import's fixed
+        // part, the part stays as it was.
+        let mut part = Part::untouched(&cost, planned(0x10_f000, 0x11_9000));
+        let mut dear = st;
+        dear.cost.populated_per_mib = us(10_000);
+        assert_eq!(take_in(&dear, us(400), whole, &mut part), 0);
+        assert_eq!(part.r, planned(0x10_f000, 0x11_9000));
+    }
+
+    /// A binding inside several live imports is served by the largest: the import that took
+    /// the others in.
+    #[test]
+    fn a_binding_is_served_by_the_largest_import_that_covers_it() {
+        let mut st: State<()> = State::new(ImportCost::default(), 4096);
+        live(&mut st, 0x10_0000, 0x11_0000, false);
+        live(&mut st, 0x10_0000, 0x12_8000, false);
+        live(&mut st, 0x10_8000, 0x11_0000, false);
+        assert_eq!(st.covering(0x10_8000, 0x10_9000), Some((0x10_0000, 2)));
+    }
+
+    /// A binding's part is sized within what is left of the wait target once the background
+    /// import in the driver now has landed (drivers serialize imports): here one with a second
+    /// of its pin left, so the binding imports its own pages, not its pool whole (which alone
+    /// would fit the target).
+    #[test]
+    fn a_part_beside_a_background_import_in_the_driver_is_the_least_one() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        space.commit(space.range(0, 64 << 20).unwrap(), Prot::READ_WRITE).unwrap();
+        let us = Duration::from_micros;
+        let cost = ImportCost { fixed: us(50), untouched_per_mib: us(1000), populated_per_mib: us(1000) };
+        let pools = PoolsConfig::default().ahead(0).cost(Some(cost)).ahead_threads(1);
+        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
+        let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
+        imp.add_pool(4 << 20, 64 << 10).unwrap();
+        imp.add_pool(8 << 20, 64 << 10).unwrap();
+        // Alone, the pool whole (64 KiB: 0.11 ms) fits the 400 us target.
+        assert_eq!(imp.bind((4 << 20) + 0x10, 0x10).unwrap().range, planned(4 << 20, (4 << 20) + (64 << 10)));
+        *imp.core.in_driver.lock().unwrap() = Some((Instant::now(), planned(32 << 20, (32 << 20) + (1 << 30))));
+        let bound = imp.bind((8 << 20) + 0x10, 0x10);
+        *imp.core.in_driver.lock().unwrap() = None;
+        assert_eq!(bound.unwrap().range, planned(8 << 20, (8 << 20) + 4096));
+    }
+
+    /// A binding's import that met a background import in the driver is not learned from (its
+    /// time holds the wait for that one); one that met none is. Under the fault plan's import
+    /// cost every import sleeps 200 ms, far past what the start-up measure saw.
+    #[cfg(feature = "faults")]
+    #[test]
+    fn a_binding_import_that_met_one_in_the_driver_teaches_the_cost_nothing() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        space.commit(space.range(0, 64 << 20).unwrap(), Prot::READ_WRITE).unwrap();
+        // A wait target the pools fit whole whatever the start-up measure saw under load.
+        let pools = PoolsConfig::default().ahead(0).ahead_threads(1).wait(Duration::from_millis(100));
+        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
+        let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
+        let start = imp.cost();
+        let model = crate::faults::ImportCostModel { fixed: Duration::from_millis(200), per_mib: Duration::ZERO };
+        let _plan = crate::faults::scoped(crate::faults::Plan { import_cost: Some(model), ..Default::default() });
+        imp.add_pool(4 << 20, 64 << 10).unwrap();
+        imp.add_pool(8 << 20, 64 << 10).unwrap();
+        // A background import of one page, just in the driver: nothing left of it to wait for.
+        *imp.core.in_driver.lock().unwrap() = Some((Instant::now(), planned(32 << 20, (32 << 20) + 4096)));
+        let met = imp.bind((4 << 20) + 0x10, 0x10);
+        *imp.core.in_driver.lock().unwrap() = None;
+        assert!(met.unwrap().made);
+        assert_eq!(imp.cost(), start, "learned from an import that met one in the driver");
+        assert!(imp.bind((8 << 20) + 0x10, 0x10).unwrap().made);
+        assert!(imp.cost().untouched_per_mib > start.untouched_per_mib, "{} against {start}", imp.cost());
+    }
 
     /// What bindings' imports teach the cost (measured at start, so learned): the 90th
     /// percentile of their recent times per MiB, not the average (the wait target bounds the

@@ -190,6 +190,9 @@ pub(super) struct State<I> {
     pub(super) epoch: u64,
     /// The largest binding so far: pieces of a background import overlap by as much.
     pub(super) largest_binding: u64,
+    /// Whether the last binding's import met a background import in the driver (its time then
+    /// holds the wait for that one: not learned from).
+    pub(super) met_in_driver: bool,
 }
 
 impl<I> State<I> {
@@ -209,6 +212,7 @@ impl<I> State<I> {
             learned: Learned::default(),
             epoch: 0,
             largest_binding: 0,
+            met_in_driver: false,
         }
     }
 
@@ -219,12 +223,14 @@ impl<I> State<I> {
         self.imports.range((from, 0)..(hi, 0)).filter(move |(_, v)| v.hi > lo)
     }
 
-    /// The key of a live import covering `lo..hi`, other than one a merge replaced (the merge's
-    /// covers whatever that covers).
+    /// The key of the largest live import covering `lo..hi`, other than one a merge replaced (a
+    /// binding's import that took others in serves the bindings they would have; the merge's
+    /// covers whatever a replaced one covers).
     pub(super) fn covering(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
         let from = lo.saturating_sub(self.longest);
-        let mut found = self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| k.0 <= lo && hi <= v.hi);
-        found.find(|(_, v)| !v.replaced).map(|(k, _)| *k)
+        let covers =
+            self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| k.0 <= lo && hi <= v.hi && !v.replaced);
+        covers.max_by_key(|(k, v)| (v.hi - k.0, k.1)).map(|(k, _)| *k)
     }
 
     /// Whether every page of `lo..hi` is in a live import (one or several).

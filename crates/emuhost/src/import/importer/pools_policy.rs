@@ -70,10 +70,13 @@ impl<B: Backend + 'static> Importer<B> {
         let fallback = piece(whole, addr, size, st.granule);
         let overlaps_ok = core.backend.overlapping_imports();
         let t = Instant::now();
+        // The background threads start nothing that takes the memory-map lock while the part's
+        // pages are read (a populate or a commit queued there would hold the read), nor enter
+        // the driver from the sizing to the import, unless the binding waits for one of theirs
+        // in flight: one let into the driver between them would hold up the import sized
+        // without it.
+        let mut at_work = overlaps_ok.then(|| AtWork::new(&core.binding_imports));
         let mut part = if overlaps_ok {
-            // The background threads start nothing that takes the memory-map lock while the
-            // part's pages are read: a populate or a commit queued there would hold the read.
-            let _at_work = AtWork::new(&core.binding_imports);
             core.size_part(&st, whole, addr, size, core.wait_beside_driver(cfg, &st))
         } else {
             Part::untouched(&st.cost, fallback)
@@ -84,7 +87,7 @@ impl<B: Backend + 'static> Importer<B> {
         let taken = if overlaps_ok { take_in(&st, cfg.wait, whole, &mut part) } else { 0 };
         let own = if overlaps_ok { part.r } else { whole };
         flight.part = Some((part.r, part.est, part.resident_in(part.r)));
-        let (g, served) = core.wait_in_flight(st, (addr, size), part.est, own, flight);
+        let (g, served) = core.wait_in_flight(st, (addr, size), part.est, own, flight, &mut at_work);
         st = g;
         if let Some(bound) = served {
             return Ok((st, Ok(bound)));
@@ -98,6 +101,7 @@ impl<B: Backend + 'static> Importer<B> {
         let debug = tracing::enabled!(tracing::Level::DEBUG);
         let before = (st.stats.reimports, if debug { describe_over(&st, whole) } else { String::new() });
         let bound = core.bind_importing(&mut st, addr, tries, now);
+        drop(at_work);
         if let Ok(b) = &bound {
             // A part grown over imports it took in is not learned from (their pages' cost is
             // neither untouched nor a populate's), nor one that met a background import in the
@@ -218,6 +222,7 @@ impl<B: Backend> Core<B> {
         part_cost: Duration,
         own: Planned,
         flight: &mut FlightWait,
+        at_work: &mut Option<AtWork<'_>>,
     ) -> (MutexGuard<'a, State<B::Import>>, Option<Bound>) {
         // The caller checked that the binding does not wrap.
         let end = addr.saturating_add(size);
@@ -249,6 +254,8 @@ impl<B: Backend> Core<B> {
                 let bound = left.unwrap_or_default().saturating_add(part_cost).min(Duration::from_secs(3600));
                 (now, now + bound)
             });
+            // The import waited for must get into the driver.
+            *at_work = None;
             let mut timed_out = false;
             st = if must {
                 self.landed.wait(st).unwrap_or_else(|p| p.into_inner())
@@ -414,6 +421,46 @@ mod tests {
         let bound = imp.bind((8 << 20) + 0x10, 0x10);
         *imp.core.in_driver.lock().unwrap() = None;
         assert_eq!(bound.unwrap().range, planned(8 << 20, (8 << 20) + 4096));
+    }
+
+    /// A binding holds the background threads out of the driver from its sizing to its import,
+    /// but not while it waits for an import in flight: that one must get in. Here the flight is
+    /// put in by hand (expected in 10 s, sooner than the binding's own part), and the test sees
+    /// the binding waiting (its count of in-flight waits, taken under the importer's lock that
+    /// the wait gives up) with no binding at work, then lands the flight.
+    #[test]
+    fn a_binding_waiting_for_an_import_in_flight_lets_the_background_threads_in() {
+        let space = Arc::new(Space::with_window(64 << 20).unwrap());
+        space.commit(space.range(0, 64 << 20).unwrap(), Prot::READ_WRITE).unwrap();
+        let slow = ImportCost {
+            fixed: Duration::ZERO,
+            untouched_per_mib: Duration::from_secs(3600),
+            populated_per_mib: Duration::ZERO,
+        };
+        let pools = PoolsConfig::default().ahead(0).cost(Some(slow)).ahead_threads(1);
+        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
+        let imp = Importer::new(space, crate::import::Pin::new(), cfg).unwrap();
+        imp.add_pool(4 << 20, 64 << 10).unwrap();
+        let r = planned(4 << 20, (4 << 20) + (64 << 10));
+        imp.core.state().in_flight.push(Flight { r, since: Instant::now(), est: Duration::from_secs(10) });
+        let at_work_while_waiting = std::thread::scope(|sc| {
+            let seen = sc.spawn(|| {
+                loop {
+                    let mut st = imp.core.state();
+                    if st.stats.in_flight_waits == 1 {
+                        let at_work = imp.core.binding_imports.load(std::sync::atomic::Ordering::Acquire);
+                        st.in_flight.clear();
+                        imp.core.landed.notify_all();
+                        return at_work;
+                    }
+                    drop(st);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            assert!(imp.bind((4 << 20) + 0x10, 0x10).unwrap().made);
+            seen.join().unwrap()
+        });
+        assert_eq!(at_work_while_waiting, 0);
     }
 
     /// A binding's import that met a background import in the driver is not learned from (its

@@ -112,12 +112,7 @@ impl<B: Backend + 'static> Importer<B> {
                 core.learn(cfg, &mut st, b.range.len(), part.resident_in(b.range));
             }
             if st.stats.reimports > before.0 {
-                tracing::debug!(
-                    "re-import by binding {addr:#x}+{size:#x}: {} of pools {whole} (part {}); live over the pools: {}",
-                    b.range,
-                    part.r,
-                    before.1
-                );
+                log_reimport((addr, size), b.range, whole, part.r, &before.1);
             }
         }
         let epoch = st.epoch;
@@ -314,6 +309,14 @@ pub(super) fn take_in<I>(st: &State<I>, wait: Duration, whole: Planned, part: &m
     tracing::debug!("part {} grown to {r}, taking in the imports of {} KiB it overlaps", part.r, extra >> 10);
     (part.r, part.est) = (r, est);
     extra
+}
+
+/// The debug line of a binding `addr, size` whose import of `range` (its part `part` of its
+/// pools `whole`) was a re-import: what was over its pools before it (`over`).
+fn log_reimport((addr, size): (u64, u64), range: Planned, whole: Planned, part: Planned, over: &str) {
+    tracing::debug!(
+        "re-import by binding {addr:#x}+{size:#x}: {range} of pools {whole} (part {part}); live over the pools: {over}"
+    );
 }
 
 /// The live imports and imports in flight over `r`, in words (the debug log of a re-import).

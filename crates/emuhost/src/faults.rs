@@ -193,7 +193,9 @@ impl UffdFault {
 /// and the importer sizes its parts by what it measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ImportCostModel {
+    /// What every import costs, whatever its size.
     pub fixed: Duration,
+    /// What each MiB of an import adds.
     pub per_mib: Duration,
 }
 

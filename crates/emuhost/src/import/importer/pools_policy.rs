@@ -360,7 +360,10 @@ mod tests {
         st.seq += 1;
         let ahead = unused.then_some(PoolId(9));
         let made = if unused { Made::Ahead(PoolId(9)) } else { Made::Binding { reimport: false } };
-        st.imports.insert((lo, st.seq), Live { hi, import: (), ahead, made_for: ahead, made });
+        st.imports.insert(
+            (lo, st.seq),
+            Live { hi, import: (), ahead, made_for: ahead, made, handed: !unused, replaced: false },
+        );
         st.longest = st.longest.max(hi - lo);
     }
 

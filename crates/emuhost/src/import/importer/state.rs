@@ -228,8 +228,7 @@ impl<I> State<I> {
     /// covers whatever a replaced one covers).
     pub(super) fn covering(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
         let from = lo.saturating_sub(self.longest);
-        let covers =
-            self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| k.0 <= lo && hi <= v.hi && !v.replaced);
+        let covers = self.imports.range((from, 0)..(hi, 0)).filter(|(k, v)| k.0 <= lo && hi <= v.hi && !v.replaced);
         covers.max_by_key(|(k, v)| (v.hi - k.0, k.1)).map(|(k, _)| *k)
     }
 

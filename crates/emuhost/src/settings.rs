@@ -79,6 +79,8 @@ pub fn parse_watch(value: &str) -> Result<Option<BackendKind>, String> {
 /// checks and applies it.
 pub const LOG_SWITCH: &str = "EMUHOST_LOG";
 
+/// The switch that sets [`Settings::watch_published_layout`].
+pub const PUBLISHED_LAYOUT_SWITCH: &str = "EMUHOST_WATCH_PUBLISHED_LAYOUT";
 /// The short-sleep switch (see [`crate::sched`]).
 pub const SHORT_SLEEP_TIMER_SWITCH: &str = crate::sched::SHORT_SLEEP_TIMER_VAR;
 
@@ -107,6 +109,9 @@ pub struct Settings {
     pub watch: Option<BackendKind>,
     /// `EMUHOST_VERIFY_COLLECT`: check every collect against a region query.
     pub verify_collect: bool,
+    /// `EMUHOST_WATCH_PUBLISHED_LAYOUT`: collects read the layout the space publishes instead of
+    /// waiting for its lock ([`TrackerConfig::published_layout`]).
+    pub watch_published_layout: bool,
     /// `EMUHOST_SHORT_SLEEP_TIMER`: `None` (unset): the rule by processor count; `Some(true)`:
     /// every short sleep on the timer; `Some(false)`: every short sleep yields.
     pub short_sleep_timer: Option<bool>,
@@ -127,6 +132,7 @@ impl Default for Settings {
             log: "info".to_string(),
             watch: None,
             verify_collect: false,
+            watch_published_layout: true,
             short_sleep_timer: None,
             import_backend: BackendChoice::Auto,
             import: ImportSettings::default(),
@@ -276,6 +282,19 @@ pub const SETTINGS: &[Switch] = &[
         apply: |s, v| {
             s.verify_collect = on_off(v)
                 .ok_or_else(|| format!("{VERIFY_SWITCH}={v:?} is not one of 1, true, on, yes, 0, false, off, no"))?;
+            Ok(())
+        },
+    },
+    Switch {
+        name: PUBLISHED_LAYOUT_SWITCH,
+        default: "`1` (on)",
+        doc: "on/off: collects read the layout the space publishes, never waiting for its lock",
+        apply: |s, v| {
+            // Empty is as unset (on), not off.
+            s.watch_published_layout = v.trim().is_empty()
+                || on_off(v).ok_or_else(|| {
+                    format!("{PUBLISHED_LAYOUT_SWITCH}={v:?} is not one of 1, true, on, yes, 0, false, off, no")
+                })?;
             Ok(())
         },
     },
@@ -465,9 +484,12 @@ fn unknown_hint(name: &str) -> String {
 
 impl Settings {
     /// The write tracker's config these settings make (`EMUHOST_WATCH`,
-    /// `EMUHOST_VERIFY_COLLECT`), with emuhost's own `SIGSEGV` handler.
+    /// `EMUHOST_VERIFY_COLLECT`, `EMUHOST_WATCH_PUBLISHED_LAYOUT`), with emuhost's own `SIGSEGV` handler.
     pub fn tracker_config(&self) -> TrackerConfig {
-        TrackerConfig::default().backend(self.watch).verify(self.verify_collect)
+        TrackerConfig::default()
+            .backend(self.watch)
+            .verify(self.verify_collect)
+            .published_layout(self.watch_published_layout)
     }
 
     /// The short-sleep builder these settings make (`EMUHOST_SHORT_SLEEP_TIMER`).
@@ -823,6 +845,7 @@ mod tests {
         let mut bad = vec![
             ("EMUHOST_WATCH", PROTECTION.name(), "fast", "EMUHOST_WATCH=\"fast\" is not one of"),
             ("EMUHOST_VERIFY_COLLECT", "1", "maybe", "EMUHOST_VERIFY_COLLECT=\"maybe\" is not one of"),
+            ("EMUHOST_WATCH_PUBLISHED_LAYOUT", "0", "2", "EMUHOST_WATCH_PUBLISHED_LAYOUT=\"2\" is not one of"),
             ("EMUHOST_IMPORT_BACKEND", "pin", "gpu", "EMUHOST_IMPORT_BACKEND=\"gpu\""),
             ("EMUHOST_IMPORT_CHUNK_MB", "32", "3", "EMUHOST_IMPORT_CHUNK_MB=\"3\": a power of two"),
             ("EMUHOST_IMPORT_SPAN_MB", "0", "-1", "EMUHOST_IMPORT_SPAN_MB=\"-1\": an unsigned integer"),
@@ -899,6 +922,7 @@ mod tests {
                     "EMUHOST_LOG" => "debug",
                     "EMUHOST_WATCH" => return Some(format!(" {} ", PROTECTION.name().to_uppercase())),
                     "EMUHOST_VERIFY_COLLECT" => "yes",
+                    "EMUHOST_WATCH_PUBLISHED_LAYOUT" => "off",
                     "EMUHOST_SHORT_SLEEP_TIMER" => "timer",
                     "EMUHOST_IMPORT_BACKEND" => "pin",
                     "EMUHOST_IMPORT_CHUNK_MB" => "32",
@@ -918,6 +942,7 @@ mod tests {
         assert_eq!(s.log, "debug");
         assert_eq!(s.watch, Some(PROTECTION));
         assert!(s.verify_collect);
+        assert!(!s.watch_published_layout && !s.tracker_config().published_layout);
         assert_eq!(s.short_sleep_timer, Some(true));
         assert_eq!(s.import_backend, BackendChoice::Only(crate::import::BackendKind::Pin));
         assert_eq!((s.import.plan.chunk, s.import.plan.span_cap), (32 << 20, 0));

@@ -67,6 +67,7 @@ impl Space {
     /// [`Space::commit`] with the lock held.
     fn commit_locked(&self, st: &mut State, range: GuestRange, prot: Prot) -> Result<CommitPath, SpaceError> {
         let (off, len) = self.check(range)?;
+        let _in_flight = self.begin(st, range, Some(false));
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "commit", range)?;
         let holes = !covers(&regions, self.res.base() + off, self.res.base() + off + len);
@@ -243,6 +244,7 @@ impl Space {
         let _changing = self.changing();
         let mut st = self.state();
         st.refuse_held("decommit", range)?;
+        let _in_flight = self.begin(&mut st, range, None);
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "decommit", range)?;
         let (a, b) = (self.res.base() + off, self.res.base() + off + len);
@@ -288,6 +290,7 @@ impl Space {
         let (off, len) = self.check(range)?;
         let _changing = self.changing();
         let mut st = self.state();
+        let _in_flight = self.begin(&mut st, range, Some(false));
         let mut rec = self.record_mut();
         let err = |e| SpaceError::os("protect", range.start().0, range.len(), e);
         let regions = self.own_regions(&rec, "protect", range)?;

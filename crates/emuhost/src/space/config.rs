@@ -210,6 +210,8 @@ impl Space {
             reads_done: (Mutex::new(()), Condvar::new()),
             long_read_waits: AtomicU64::new(0),
             lock_waiters: AtomicU32::new(0),
+            published: Mutex::default(),
+            publishing: Default::default(),
             pid: std::process::id(),
         }
     }

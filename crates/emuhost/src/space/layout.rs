@@ -40,6 +40,11 @@ pub enum Change {
     Released { range: GuestRange, in_place: bool },
     /// A shared view was mapped over `range` with `prot` (a new mapping).
     Mapped { range: GuestRange, prot: Prot },
+    /// `range` is about to be committed, protected or (`remaps`) mapped anew: told before the
+    /// system call, once the change is marked in flight in the published layout. A tracker whose
+    /// collects read the published layout waits here for a collect in progress where the change
+    /// would race with it (see docs/watch.md, "The published layout").
+    Changing { range: GuestRange, remaps: bool },
 }
 
 /// Told of every change of the space's mappings, after the system call (a release before it too)
@@ -113,14 +118,14 @@ impl Space {
     }
 }
 
-fn allocation(s: u64, e: u64, generation: u64) -> Allocation {
+pub(super) fn allocation(s: u64, e: u64, generation: u64) -> Allocation {
     Allocation { range: GuestRange::from_bounds(s, e).expect("extents are page-aligned"), generation }
 }
 
 /// Fills `layout.aliases`: the parts outside `a..b` of every view that shows section bytes a view
 /// of `layout.views` shows inside `a..b`. One pass over every view, made only where the range
 /// holds views.
-fn aliases(views: &RangeMap<ViewEntry>, a: u64, b: u64, layout: &mut Layout) {
+pub(super) fn aliases(views: &RangeMap<ViewEntry>, a: u64, b: u64, layout: &mut Layout) {
     // The section bytes shown inside the range: (section, first offset, end offset).
     let mut inside: Vec<(SectionId, u64, u64)> = layout
         .views

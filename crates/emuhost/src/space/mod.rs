@@ -34,13 +34,14 @@ mod drop;
 mod error;
 mod layout;
 mod lock_wait;
+mod published;
 pub mod ranges;
 mod record;
 mod sections;
 mod types;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 pub use changing::{Changing, LongRead, OwnedChanging, OwnedLongRead};
@@ -86,7 +87,12 @@ impl State {
         self.generation
     }
 
+    /// Tells the observers of `change`. A change that made the layout what it is now publishes it
+    /// first ([`Space::publish`]), so a collect that sees an observer's work sees the layout too.
     fn tell(&mut self, space: &Space, change: Change) {
+        if let Change::Committed { .. } | Change::Released { .. } | Change::Mapped { .. } = change {
+            space.publish(self);
+        }
         self.observers.retain(|o| match o.upgrade() {
             Some(o) => {
                 o.changed(space, change);
@@ -173,6 +179,10 @@ pub struct Space {
     long_read_waits: AtomicU64,
     /// Threads waiting for `state` now ([`Space::lock_waiters`]).
     lock_waiters: AtomicU32,
+    /// The layout published for collects, and the changes in flight ([`published`]); a leaf lock.
+    published: Mutex<published::Published>,
+    /// Whether the layout is published ([`Space::publish_layout`]).
+    publishing: AtomicBool,
     /// The process that made the space: its region queries read that process's memory map.
     pid: u32,
 }

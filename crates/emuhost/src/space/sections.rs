@@ -61,6 +61,7 @@ impl Space {
             return Err(SpaceError::PastSection { section: section.0, offset, len: range.len(), size: sec.size });
         }
         let mem = sec.mem.clone();
+        let _in_flight = self.begin(&mut st, range, Some(true));
         let mut rec = self.record_mut();
         let regions = self.own_regions(&rec, "map section", range)?;
         let kept = st.cut_views(range.start().0, range.end().0);

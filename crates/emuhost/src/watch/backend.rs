@@ -43,6 +43,11 @@ pub(super) trait Backend: Send + Sync {
     fn unstale(&self, _start: usize, _end: usize) {}
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
+    /// Whether a read changes the pages' protection (it re-protects written pages): then a read
+    /// must not run beside the space's own change of protection over the same pages.
+    fn reprotects(&self) -> bool {
+        false
+    }
     /// Whether [`Backend::prepare_host_write`] does anything (the kernel's writes would fail
     /// without it).
     fn needs_host_write_prepare(&self) -> bool {

@@ -116,7 +116,7 @@ pub fn self_test_with(kind: BackendKind, config: &TrackerConfig) -> Result<(), W
     let space = Arc::new(Space::with_window(16 * p)?);
     let range = space.range(0, 16 * p)?;
     space.commit(range, Prot::READ_WRITE)?;
-    let t = Tracker::make(&space, kind, config.verify, !config.embedder_handles_faults)?;
+    let t = Tracker::make(&space, kind, config)?;
     t.arm(range)?;
     let at = GuestAddr(5 * p + 8);
     if config.embedder_handles_faults && kind.protects() && !t.handle_fault(space.host_addr(at)?, true) {
@@ -136,8 +136,9 @@ pub fn self_test_with(kind: BackendKind, config: &TrackerConfig) -> Result<(), W
 }
 
 /// How a tracker is made ([`Tracker::new`]). [`Default`]: the backend chosen by
-/// self-test, verify mode off, emuhost's own `SIGSEGV` handler.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// self-test, verify mode off, emuhost's own `SIGSEGV` handler, collects that read the published
+/// layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TrackerConfig {
     /// The backend (it must pass its self-test, unless [`TrackerConfig::skip_self_test`]);
@@ -154,6 +155,23 @@ pub struct TrackerConfig {
     /// an armed page that reaches no such call faults as it would without a tracker (with the
     /// mprotect backend; the uffd backend's writes never fault).
     pub embedder_handles_faults: bool,
+    /// Collects and queries read the layout the space publishes after each change, and never
+    /// wait for the space's lock (`EMUHOST_WATCH_PUBLISHED_LAYOUT`, on by default); off, they
+    /// read the layout under the space's lock, so they wait for any change in progress (the old
+    /// way, kept for A/B measurements). See docs/watch.md, "The published layout".
+    pub published_layout: bool,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        TrackerConfig {
+            backend: None,
+            skip_self_test: false,
+            verify: false,
+            embedder_handles_faults: false,
+            published_layout: true,
+        }
+    }
 }
 
 impl TrackerConfig {
@@ -172,6 +190,12 @@ impl TrackerConfig {
     /// Sets [`TrackerConfig::verify`].
     pub fn verify(mut self, on: bool) -> Self {
         self.verify = on;
+        self
+    }
+
+    /// Sets [`TrackerConfig::published_layout`].
+    pub fn published_layout(mut self, on: bool) -> Self {
+        self.published_layout = on;
         self
     }
 

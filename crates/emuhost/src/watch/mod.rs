@@ -158,26 +158,30 @@ impl Tracker {
     /// ([`WatchError::SecondTracker`]). `TrackerConfig::default()`: the best backend that passes
     /// its self-test, emuhost's own `SIGSEGV` handler.
     pub fn new(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
-        let handler = !config.embedder_handles_faults;
         if let (Some(kind), true) = (config.backend, config.skip_self_test) {
-            return Self::make(space, kind, config.verify, handler);
+            return Self::make(space, kind, config);
         }
         let choice = config::for_space(choose(config)?, space);
         tracing::info!(backend = choice.kind.name(), "write tracking: {} ({})", choice.kind.name(), choice.why);
-        Self::make(space, choice.kind, config.verify, handler)
+        Self::make(space, choice.kind, config)
     }
 
-    fn make(space: &Arc<Space>, kind: BackendKind, verify: bool, handler: bool) -> Result<Arc<Tracker>, WatchError> {
+    /// A tracker of `kind` as `config` says (its `backend` and `skip_self_test` are not used).
+    fn make(space: &Arc<Space>, kind: BackendKind, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
         let claim = Claim::take(space.host_base())?;
-        let backend = backend::make(kind, space, handler)
+        let backend = backend::make(kind, space, !config.embedder_handles_faults)
             .map_err(|source| WatchError::Unavailable { backend: kind.name(), source })?;
-        let core = Arc::new(Core { backend, inner: Mutex::new(Inner::default()) });
+        let published = config.published_layout;
+        let core = Arc::new(Core { backend, inner: Mutex::new(Inner::default()), published });
         let weak: std::sync::Weak<dyn Observer> = Arc::downgrade(&(core.clone() as Arc<dyn Observer>));
         space.observe(weak);
+        if published {
+            space.publish_layout();
+        }
         Ok(Arc::new(Tracker {
             space: space.clone(),
             core,
-            verify,
+            verify: config.verify,
             started: AtomicU64::new(0),
             _claim: claim,
             layout: Mutex::default(),

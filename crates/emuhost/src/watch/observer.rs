@@ -12,6 +12,9 @@ use crate::space::{Change, CommitPath, GuestRange, Observer, Prot, Space};
 pub(super) struct Core {
     pub(super) backend: Box<dyn Backend>,
     pub(super) inner: Mutex<Inner>,
+    /// Whether collects read the space's published layout instead of taking its lock
+    /// ([`crate::watch::TrackerConfig::published_layout`]).
+    pub(super) published: bool,
 }
 
 impl Core {
@@ -55,6 +58,18 @@ impl Observer for Core {
     }
 
     fn changed(&self, space: &Space, change: Change) {
+        if let Change::Changing { remaps, .. } = change {
+            // A change is about to make its system call, marked in flight. Where that call could
+            // race with a collect that read the published layout before the mark (a mapping
+            // replaced under its read; a protection the backend's own re-protect would undo),
+            // wait for such a collect to end: collects hold the inner lock, and those that begin
+            // after this one read the mark and leave the range alone (docs/watch.md, "The
+            // published layout"). Under the space's lock, collects never run beside a change.
+            if self.published && (remaps || self.backend.reprotects()) {
+                drop(self.inner());
+            }
+            return;
+        }
         let mut inner = self.inner();
         let (range, prot) = match change {
             Change::Releasing { range } => return self.releasing(&mut inner, space, range),
@@ -62,6 +77,7 @@ impl Observer for Core {
             | Change::Protected { range, prot }
             | Change::Mapped { range, prot } => (range, prot),
             Change::Released { range, .. } => (range, Prot::NONE),
+            Change::Changing { .. } => return,
         };
         let (a, b) = (range.start().0, range.end().0);
         // With mprotect, armed write-only pages look inaccessible (`---`): the guest's doing too.

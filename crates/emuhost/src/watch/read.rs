@@ -68,6 +68,9 @@ pub(super) struct Scratch {
     pub(super) runs: Pairs,
     /// The result: spans not tracked any more.
     pub(super) untracked: Vec<GuestRange>,
+    /// Guest `(start, end)` of the range that changes of the mappings in flight cover (read from
+    /// the published layout; none under the space's lock): reported written, not read.
+    pub(super) changing: Pairs,
 }
 
 /// How a read of a range treats the pages: a collect takes them and arms them again, a query
@@ -120,19 +123,38 @@ impl Tracker {
             crate::faults::at_collect().map_err(|e| self.os("collect (after a foreign SIGSEGV)", range, e))?;
         }
         let mut layout = self.layout.lock().unwrap_or_else(|p| p.into_inner());
-        self.space.with_layout_in(range, &mut layout, |layout| {
-            let mut inner = self.inner();
-            let seq = match how {
-                Read::Collect => self.started.fetch_add(1, SeqCst) + 1,
-                Read::Query => self.started.load(SeqCst),
-            };
-            let mut sc = std::mem::take(&mut inner.scratch);
-            let result = self
-                .read_locked(&mut inner, layout, range, (how, who), &mut sc, bits.as_deref_mut())
-                .map(|()| out(&sc, seq, &mut inner, bits));
-            inner.scratch = sc;
-            result
-        })
+        // Numbered with the inner lock held, so in the order they run.
+        let seq = |_: &Inner| match how {
+            Read::Collect => self.started.fetch_add(1, SeqCst) + 1,
+            Read::Query => self.started.load(SeqCst),
+        };
+        if !self.core.published {
+            // The old way: the layout read under the space's lock, held for the whole read.
+            return self.space.with_layout_in(range, &mut layout, |layout| {
+                let mut inner = self.inner();
+                let seq = seq(&inner);
+                let mut sc = std::mem::take(&mut inner.scratch);
+                sc.changing.clear();
+                let result = self
+                    .read_locked(&mut inner, layout, range, (how, who), &mut sc, bits.as_deref_mut())
+                    .map(|()| out(&sc, seq, &mut inner, bits));
+                inner.scratch = sc;
+                result
+            });
+        }
+        // The published layout, read after the inner lock is taken and the collect is numbered:
+        // every change whose observers were told before is in it, and every change in it whose
+        // observers were not told yet is marked in flight (docs/watch.md, "The published
+        // layout").
+        let mut inner = self.inner();
+        let seq = seq(&inner);
+        let mut sc = std::mem::take(&mut inner.scratch);
+        self.space.published_layout_in(range, &mut layout, &mut sc.changing);
+        let result = self
+            .read_locked(&mut inner, &layout, range, (how, who), &mut sc, bits.as_deref_mut())
+            .map(|()| out(&sc, seq, &mut inner, bits));
+        inner.scratch = sc;
+        result
     }
 
     /// The spans of `range` to read into `sc.spans`: allocations and views, clipped to the range
@@ -160,10 +182,16 @@ impl Tracker {
         }
         // Spans do not overlap: an unstable sort gives the order and allocates nothing.
         sc.spans.sort_unstable_by_key(|s| s.0);
-        if !inner.hosting.is_empty() {
+        // Pages a change in flight covers are reported whole and not read: the change's system
+        // call may run beside the read, and its observers are told after it (a write there that
+        // ended before this collect began is reported by it, and a span mapped anew under the
+        // read is not taken for memory released behind the space's back).
+        if !inner.hosting.is_empty() || !sc.changing.is_empty() {
+            let mut skip = inner.hosting.clone();
+            skip.extend_from_slice(&sc.changing);
             let mut rest = Vec::new();
             for &(s, e, alloc) in &sc.spans {
-                let (outside, inside) = split(s, e, &inner.hosting);
+                let (outside, inside) = split(s, e, &skip);
                 sc.runs.extend(inside);
                 rest.extend(outside.into_iter().map(|(x, y)| (x, y, alloc)));
             }
@@ -205,6 +233,8 @@ impl Tracker {
         if !direct {
             bits = None;
         }
+        // Set where a span is reported whole out of order with the backend's joined runs.
+        let mut patched = false;
         for i in 0..sc.spans.len() {
             let (s, e, alloc) = sc.spans[i];
             let span = GuestRange::from_bounds(s, e)?;
@@ -215,6 +245,7 @@ impl Tracker {
                 continue;
             }
             let mark = bits.as_ref().map(|b| b.bytes);
+            let len = sc.runs.len();
             let mut runs = Runs::new(&mut sc.runs, base, from, bits.as_deref_mut());
             let got = match how {
                 Read::Collect => {
@@ -225,6 +256,25 @@ impl Tracker {
                 }
                 Read::Query => self.core.backend.peek(self.host(s), self.host(e), &mut runs),
             };
+            if got.is_err() && self.core.published && self.space.changing_over(s, e) {
+                // A change of the span began after the layout was read, and its system call came
+                // before the read failed: the span is reported written whole (the change's
+                // observers, told once this read ends, keep its tracking), neither untracked nor
+                // an error. A change that failed the read is still marked: its observers, which
+                // end it, wait for the inner lock this read holds.
+                match (bits.as_deref_mut(), mark) {
+                    (Some(b), Some(m)) => {
+                        b.bytes = m;
+                        b.set(s, e);
+                    }
+                    _ => {
+                        sc.runs.truncate(len);
+                        sc.runs.push((s, e));
+                        patched = true;
+                    }
+                }
+                continue;
+            }
             if let Err(err) = got {
                 if self.unexpected(inner, span)?.is_none() {
                     return Err(self.os(if how == Read::Collect { "collect" } else { "query" }, span, err));
@@ -243,7 +293,7 @@ impl Tracker {
         if aliased {
             self.read_aliases(inner, layout, (a, b), how, sc);
         }
-        if from > 0 || pending || aliased {
+        if from > 0 || pending || aliased || patched {
             sc.runs.extend(inner.pending.overlapping(a, b).filter_map(|(s, e, _)| clip(a, b, s, e)));
             merge(&mut sc.runs, a, b);
         }
@@ -367,6 +417,9 @@ impl Tracker {
 
     fn verify_span(&self, inner: &Inner, span: GuestRange) -> Result<(), WatchError> {
         match self.unexpected(inner, span)? {
+            // A change of the span in flight (begun after the published layout was read) may
+            // have changed its mapping; its observers, told after this read, keep the tracking.
+            Some(_) if self.core.published && self.space.changing_over(span.start().0, span.end().0) => Ok(()),
             Some(found) => Err(WatchError::VerifyMismatch { span, found }),
             None => Ok(()),
         }

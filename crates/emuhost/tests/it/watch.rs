@@ -16,12 +16,19 @@ fn p() -> u64 {
 }
 
 fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>)> {
+    setup_with(kind, true)
+}
+
+/// [`setup`] with collects that read the published layout (`published`) or read it under the
+/// space's lock.
+fn setup_with(kind: BackendKind, published: bool) -> Option<(Arc<Space>, Arc<Tracker>)> {
     if !usable(kind) {
         return None;
     }
     let s = Arc::new(Space::with_window(1 << 30).unwrap());
-    let t =
-        Tracker::new(&s, &emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
+    let config =
+        emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true).published_layout(published);
+    let t = Tracker::new(&s, &config).unwrap();
     Some((s, t))
 }
 
@@ -109,6 +116,9 @@ watch_conformance!(
     a_release_of_armed_pages_and_their_next_arm_register_nothing,
     an_arm_waits_for_long_reads_only_where_it_arms_pages,
     a_collect_counts_its_wait_for_the_space_lock,
+    a_collect_never_waits_for_the_space_lock,
+    a_collect_beside_a_commit_in_flight_reports_its_pages,
+    collects_beside_changes_of_their_range_lose_no_write,
     many_allocations,
     #[cfg(target_os = "linux")]
     an_arm_advises_against_huge_pages_only_where_they_could_back_the_pages,
@@ -361,11 +371,12 @@ fn an_arm_waits_for_long_reads_only_where_it_arms_pages(kind: BackendKind) {
 
 /// A collect that finds the space's lock held (as behind a commit waiting in the kernel; here a
 /// layout read held open on another thread) counts its wait in its own thread's lock waits, from
-/// asking for the lock until getting it; one that finds the lock free counts nothing.
+/// asking for the lock until getting it; one that finds the lock free counts nothing. (Collects
+/// that read the layout under the space's lock: `EMUHOST_WATCH_PUBLISHED_LAYOUT=0`.)
 fn a_collect_counts_its_wait_for_the_space_lock(kind: BackendKind) {
     use emuhost::space::{LockWaits, lock_waits, take_lock_waits};
     use std::time::{Duration, Instant};
-    let Some((s, t)) = setup(kind) else { return };
+    let Some((s, t)) = setup_with(kind, false) else { return };
     let r = pages(&s, 0, 4);
     s.commit(r, Prot::READ_WRITE).unwrap();
     t.arm(r).unwrap();
@@ -400,6 +411,213 @@ fn a_collect_counts_its_wait_for_the_space_lock(kind: BackendKind) {
     assert_eq!(s.lock_waiters(), 0);
     assert_eq!(take_lock_waits(), w);
     assert_eq!(lock_waits(), LockWaits::default(), "taken");
+}
+
+/// Holds the space's lock on another thread (a layout read held open, as a change waiting in the
+/// kernel holds it) until `run` returns or a thread waits for the lock; `run`'s result, and
+/// whether it returned with no thread waiting for the lock. No clock: the holder lets go as soon
+/// as either happens.
+fn with_the_space_lock_held<R: Send>(s: &Space, r: GuestRange, run: impl FnOnce() -> R) -> (R, bool) {
+    std::thread::scope(|sc| {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = sc.spawn(move || {
+            s.with_layout(r, |_| {
+                held_tx.send(()).unwrap();
+                loop {
+                    if done_rx.try_recv().is_ok() {
+                        return true;
+                    }
+                    if s.lock_waiters() > 0 {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+            })
+        });
+        held_rx.recv().unwrap();
+        let got = run();
+        let _ = done_tx.send(());
+        (got, holder.join().unwrap())
+    })
+}
+
+/// Issue 37: a collect (and a query) reads the layout the space publishes, so it completes while
+/// another thread holds the space's lock, reporting what was written, and counts no wait.
+fn a_collect_never_waits_for_the_space_lock(kind: BackendKind) {
+    use emuhost::space::{LockWaits, take_lock_waits};
+    let Some((s, t)) = setup(kind) else { return };
+    assert!(s.publishes_layout());
+    let r = pages(&s, 0, 8);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 3);
+    let _ = take_lock_waits();
+    let mut words = [0u64; 1];
+    let (got, free) = with_the_space_lock_held(&s, r, || {
+        t.query_into(r, p(), &mut words).unwrap();
+        t.collect(r).unwrap()
+    });
+    assert!(free, "the collect waited for the space's lock");
+    assert_eq!((words[0], written(&got)), (1 << 3, vec![3]));
+    assert!(got.untracked.is_empty(), "{got:?}");
+    assert_eq!(take_lock_waits(), LockWaits::default());
+    // The old way (the switch off) waits: the check above would see it.
+    drop(t);
+    let config = emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true);
+    let t = Tracker::new(&s, &config.published_layout(false)).unwrap();
+    t.arm(r).unwrap();
+    let (_, free) = with_the_space_lock_held(&s, r, || t.collect(r).unwrap());
+    assert!(!free, "a collect under the space's lock did not wait for it");
+}
+
+/// An observer that holds a change of the space's mappings in its tell (with the space's lock
+/// held, the change marked in flight) until let go, or until a thread waits for the space's lock.
+struct Stall {
+    /// Stalls the next `Committed` tell while set.
+    armed: std::sync::atomic::AtomicBool,
+    stalled: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Whether the stall ended because a thread waited for the space's lock.
+    waited: std::sync::atomic::AtomicBool,
+}
+
+impl emuhost::space::Observer for Stall {
+    fn changed(&self, space: &Space, change: emuhost::space::Change) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !matches!(change, emuhost::space::Change::Committed { .. }) || !self.armed.swap(false, SeqCst) {
+            return;
+        }
+        if let Some(tx) = self.stalled.lock().unwrap().take() {
+            tx.send(()).unwrap();
+        }
+        let go = self.go.lock().unwrap().take().unwrap();
+        loop {
+            if go.try_recv().is_ok() {
+                return;
+            }
+            if space.lock_waiters() > 0 {
+                self.waited.store(true, SeqCst);
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Issue 37: a collect beside a commit over its armed pages that is still in progress (its
+/// system call made, its observers not all told, the space's lock held) completes without the
+/// lock, reports the commit's armed pages written (a write before the collect there is not
+/// lost), reports nothing untracked, and the next collect after the commit reports the writes
+/// made meanwhile.
+fn a_collect_beside_a_commit_in_flight_reports_its_pages(kind: BackendKind) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 2);
+    poke(&s, 12);
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let stall = Arc::new(Stall {
+        armed: true.into(),
+        stalled: Some(stalled_tx).into(),
+        go: Some(go_rx).into(),
+        waited: false.into(),
+    });
+    s.observe(Arc::downgrade(&(stall.clone() as Arc<dyn emuhost::space::Observer>)));
+    let recommit = pages(&s, 4, 4);
+    std::thread::scope(|sc| {
+        let committer = sc.spawn(|| s.commit(recommit, Prot::READ_WRITE).unwrap());
+        stalled_rx.recv().unwrap();
+        let got = t.collect(r).unwrap();
+        let _ = go_tx.send(());
+        committer.join().unwrap();
+        assert!(!stall.waited.load(SeqCst), "the collect waited for the space's lock");
+        assert!(got.untracked.is_empty(), "{got:?}");
+        assert_eq!(written(&got), vec![2, 4, 5, 6, 7, 12], "the commit's armed pages, and the writes");
+    });
+    poke(&s, 5);
+    // The mprotect backend reports pages a commit made writable once more (its protection).
+    let next = written(&t.collect(r).unwrap());
+    assert!(next.contains(&5) && next.iter().all(|pg| (4..8).contains(pg)), "{next:?}");
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+}
+
+/// Issue 37: collects that read the published layout, run beside commits, protections, arms and
+/// decommits of their own range on other threads, lose no write: every write to a page is
+/// reported by a collect numbered from the last one started before it up to the first one
+/// started after it, whichever way the changes' system calls fall against the collects' reads,
+/// and no collect fails or calls pages untracked.
+fn collects_beside_changes_of_their_range_lose_no_write(kind: BackendKind) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some((s, t)) = setup(kind) else { return };
+    // Pages 0..32 are written (and stay writable: committed and protected read-write again);
+    // 32..48 are released and committed again; the collect covers all 64.
+    let r = pages(&s, 0, 64);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let done = AtomicBool::new(false);
+    let rounds: u64 = if cfg!(debug_assertions) { 300 } else { 3_000 };
+    let mut reported: Vec<Vec<u64>> = vec![Vec::new(); 32];
+    let writes = std::thread::scope(|sc| {
+        let (s, t, done) = (&s, &t, &done);
+        let changer = sc.spawn(move || {
+            for i in 0..rounds {
+                s.commit(pages(s, 0, 32), Prot::READ_WRITE).unwrap();
+                s.protect(pages(s, 8 + i % 16, 8), Prot::READ_WRITE).unwrap();
+                t.arm(pages(s, 0, 64)).unwrap();
+                s.decommit(pages(s, 32 + i % 8, 8)).unwrap();
+                s.commit(pages(s, 32, 16), Prot::READ_WRITE).unwrap();
+                t.arm(pages(s, 32, 16)).unwrap();
+            }
+            done.store(true, SeqCst);
+        });
+        let writer = sc.spawn(move || {
+            let mut writes = Vec::new();
+            let mut i = 0u64;
+            // Bounded, so a slow changer (a loaded machine) cannot grow the record without end.
+            while !done.load(SeqCst) && writes.len() < 1 << 20 {
+                let pg = (i * 7) % 32;
+                let e1 = t.collects_started();
+                poke(s, pg);
+                let e2 = t.collects_started();
+                writes.push((pg, e1, e2));
+                i += 1;
+            }
+            writes
+        });
+        while !done.load(SeqCst) {
+            let got = t.collect(r).unwrap();
+            assert!(got.untracked.is_empty(), "collect {}: untracked {:?}", got.seq, got.untracked);
+            for pg in written(&got).into_iter().filter(|pg| *pg < 32) {
+                reported[pg as usize].push(got.seq);
+            }
+        }
+        changer.join().unwrap();
+        writer.join().unwrap()
+    });
+    let last = t.collect(r).unwrap();
+    for pg in written(&last).into_iter().filter(|pg| *pg < 32) {
+        reported[pg as usize].push(last.seq);
+    }
+    assert!(last.untracked.is_empty(), "{last:?}");
+    let lost: Vec<_> =
+        writes.iter().filter(|&&(pg, e1, e2)| !reported[pg as usize].iter().any(|&n| n >= e1 && n <= e2 + 1)).collect();
+    let first = lost.first().map(|&&(pg, e1, _)| {
+        (pg, reported[pg as usize].iter().filter(|&&n| n + 8 > e1 && n < e1 + 8).collect::<Vec<_>>())
+    });
+    assert!(
+        lost.is_empty(),
+        "{}: {} of {} writes lost (page, e1, e2): {:?}; the last collect {}; the first's page reported by {first:?}",
+        kind.name(),
+        lost.len(),
+        writes.len(),
+        &lost[..lost.len().min(8)],
+        last.seq
+    );
+    assert!(last.seq > 1, "the collects ran beside the changes");
 }
 
 /// `MADV_NOHUGEPAGE` takes the memory-map lock for writing: a uffd arm makes it only where the

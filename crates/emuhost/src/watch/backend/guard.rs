@@ -259,6 +259,10 @@ impl Backend for GuardBackend {
         }
     }
 
+    fn reprotects(&self) -> bool {
+        true
+    }
+
     fn needs_host_write_prepare(&self) -> bool {
         true
     }

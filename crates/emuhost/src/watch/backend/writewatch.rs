@@ -179,6 +179,11 @@ impl Backend for WriteWatchBackend {
         self.written(start, end, true, out)
     }
 
+    // The guard (views) re-protects what it reads; write watch itself does not.
+    fn reprotects(&self) -> bool {
+        self.guard.get().is_some()
+    }
+
     fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         self.written(start, end, false, out)
     }

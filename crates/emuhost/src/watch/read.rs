@@ -256,12 +256,14 @@ impl Tracker {
                 }
                 Read::Query => self.core.backend.peek(self.host(s), self.host(e), &mut runs),
             };
-            if got.is_err() && self.core.published && self.space.changing_over(s, e) {
+            if got.is_err() && self.read_may_race(s, e) {
                 // A change of the span began after the layout was read, and its system call came
                 // before the read failed: the span is reported written whole (the change's
                 // observers, told once this read ends, keep its tracking), neither untracked nor
                 // an error. A change that failed the read is still marked: its observers, which
-                // end it, wait for the inner lock this read holds.
+                // end it, wait for the inner lock this read holds. (A backend that re-protects
+                // what it reads never gets here: such changes wait for the read, see
+                // `read_may_race`.)
                 match (bits.as_deref_mut(), mark) {
                     (Some(b), Some(m)) => {
                         b.bytes = m;
@@ -415,11 +417,21 @@ impl Tracker {
         Ok(None)
     }
 
+    /// Whether a change of guest `s..e` marked in flight now may have made its system call beside
+    /// this read: the read uses the published layout, and the backend does not re-protect what it
+    /// reads (where it does, every change of the mappings waits for a read in progress first:
+    /// the observer's `Changing`, and a release's `Releasing`). A failed read of such a backend
+    /// may have taken marks it could not protect again, so it must take the old way (untracked
+    /// and re-armed by the next arm, or an error).
+    fn read_may_race(&self, s: u64, e: u64) -> bool {
+        self.core.published && !self.core.backend.reprotects() && self.space.changing_over(s, e)
+    }
+
     fn verify_span(&self, inner: &Inner, span: GuestRange) -> Result<(), WatchError> {
         match self.unexpected(inner, span)? {
             // A change of the span in flight (begun after the published layout was read) may
             // have changed its mapping; its observers, told after this read, keep the tracking.
-            Some(_) if self.core.published && self.space.changing_over(span.start().0, span.end().0) => Ok(()),
+            Some(_) if self.read_may_race(span.start().0, span.end().0) => Ok(()),
             Some(found) => Err(WatchError::VerifyMismatch { span, found }),
             None => Ok(()),
         }

@@ -137,7 +137,8 @@ impl Space {
         self.published().changing.iter().any(|&(_, s, e)| s < b && a < e)
     }
 
-    /// Whether the space publishes its layout ([`Space::publish_layout`]).
+    /// Whether the space publishes its layout (a write tracker asked for it: see
+    /// [`crate::watch::TrackerConfig::published_layout`]).
     pub fn publishes_layout(&self) -> bool {
         self.publishing()
     }

@@ -19,6 +19,13 @@
 //! remembered per allocation until the allocation's commit state (its generation) changes.
 //! `EMUHOST_VERIFY_COLLECT=1` checks every read against a region query.
 //!
+//! A collect takes no lock of the space: it reads the layout the space publishes (a snapshot
+//! swapped before every change is told, and the ranges of the changes in flight, whose armed pages
+//! it reports written whole), after taking the tracker's inner lock, so it never waits behind a
+//! change held up in the kernel; docs/watch.md, "The published layout", has why no write is lost.
+//! `EMUHOST_WATCH_PUBLISHED_LAYOUT=0` ([`TrackerConfig::published_layout`]) reads it under the
+//! space's lock instead.
+//!
 //! The tracker observes the space: a commit or protection over armed pages, a release, or a view
 //! split keeps the tracking of every other page, and pages mapped anew inside an armed range are
 //! armed again and reported written once (their content changed). A write before a decommit is

@@ -189,7 +189,7 @@ impl UffdFault {
 /// populated MiB.
 ///
 /// Unlike the failures, the model also holds for the start-up measurement of the import cost
-/// and the backends' start-up checks (under [`unfaulted`]): a driver costs what it costs there too,
+/// and the backends' start-up checks (under `unfaulted`): a driver costs what it costs there too,
 /// and the importer sizes its parts by what it measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ImportCostModel {
@@ -540,7 +540,7 @@ mod tests {
     }
 
     /// An import under the model waits for the modelled driver another import holds, then
-    /// sleeps its cost (at least; a test under load may take longer), even under [`unfaulted`].
+    /// sleeps its cost (at least; a test under load may take longer), even under `unfaulted`.
     #[test]
     fn imports_under_the_cost_model_wait_for_the_driver_and_pay_their_cost() {
         let model = ImportCostModel { fixed: Duration::from_millis(30), per_mib: Duration::from_millis(10) };

@@ -10,7 +10,12 @@ pub enum CommitPath {
     /// One `mprotect` over the whole range.
     OneCall,
     /// Region by region: `regions` kernel regions committed, `holes` unmapped gaps refilled.
-    RegionWalk { regions: u64, holes: u64 },
+    RegionWalk {
+        /// Kernel regions committed (one system call each).
+        regions: u64,
+        /// Unmapped gaps refilled with fresh pages.
+        holes: u64,
+    },
 }
 
 impl Space {

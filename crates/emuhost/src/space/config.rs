@@ -56,6 +56,8 @@ impl Default for SpaceConfig {
 }
 
 impl SpaceConfig {
+    /// Bytes of guest address space to reserve: a non-zero multiple of [`page_size`]
+    /// ([`DEFAULT_WINDOW`] unless set).
     pub fn window(mut self, bytes: u64) -> Self {
         self.window = bytes;
         self
@@ -67,6 +69,8 @@ impl SpaceConfig {
         self
     }
 
+    /// Bytes of guard pages below and above the window (a multiple of [`page_size`]; 0, the
+    /// default, for none): see [`SpaceConfig::guard`](SpaceConfig#structfield.guard).
     pub fn guard(mut self, bytes: u64) -> Self {
         self.guard = bytes;
         self
@@ -89,6 +93,10 @@ impl SpaceConfig {
         self
     }
 
+    /// Reserves the space ([`Space::new`]).
+    ///
+    /// # Errors
+    /// As [`Space::new`].
     pub fn build(self) -> Result<Space, SpaceError> {
         Space::new(self)
     }
@@ -117,7 +125,17 @@ impl SpaceConfig {
 }
 
 impl Space {
-    /// Reserves the window (and its guard pages) where the configuration places it.
+    /// Reserves the window (and its guard pages) where the configuration places it. Nothing is
+    /// committed: every page is reserved, inaccessible, without memory or commit charge (Linux:
+    /// one `PROT_NONE`, `MAP_NORESERVE` mapping; Windows: reserved address space, see
+    /// docs/windows.md).
+    ///
+    /// # Errors
+    /// [`SpaceError::BadWindow`] for a window size that is zero, unaligned or too large;
+    /// [`SpaceError::BadPlacement`] for an unaligned guard or base, or a range past the address
+    /// space; [`SpaceError::Reserve`] where the OS refuses the reservation;
+    /// [`SpaceError::Exists`] where [`Placement::At`] meets a mapping, [`SpaceError::ReserveAt`]
+    /// where it fails otherwise; [`SpaceError::Os`] where the region queries cannot be opened.
     pub fn new(config: SpaceConfig) -> Result<Self, SpaceError> {
         let page = page_size();
         if config.window == 0 || !config.window.is_multiple_of(page) || usize::try_from(config.window).is_err() {
@@ -216,7 +234,11 @@ impl Space {
         }
     }
 
-    /// A space with the default configuration (512 GiB, one-call commit).
+    /// A space with the default configuration (one-call commit, no guard) and a window of
+    /// `window` bytes.
+    ///
+    /// # Errors
+    /// As [`Space::new`].
     pub fn with_window(window: u64) -> Result<Self, SpaceError> {
         SpaceConfig::default().window(window).build()
     }

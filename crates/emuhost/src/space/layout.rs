@@ -10,6 +10,7 @@ use super::{CommitPath, GuestRange, Prot, Space};
 /// A private allocation: the extent of one commit, as later split by releases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {
+    /// The guest pages it covers.
     pub range: GuestRange,
     /// Changes whenever the allocation's commit state changes (made, trimmed, split).
     pub generation: u64,
@@ -18,8 +19,11 @@ pub struct Allocation {
 /// One shared view: `range` shows the section's bytes from `offset` on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct View {
+    /// The guest pages the view covers.
     pub range: GuestRange,
+    /// The section it shows.
     pub section: SectionId,
+    /// Byte offset into the section of the view's first page.
     pub offset: u64,
 }
 
@@ -28,23 +32,53 @@ pub struct View {
 pub enum Change {
     /// `range` was committed with `prot`. With `CommitPath::RegionWalk` some of its mappings may be
     /// new (holes refilled).
-    Committed { range: GuestRange, prot: Prot, path: CommitPath },
+    Committed {
+        /// The pages committed.
+        range: GuestRange,
+        /// Their protection now.
+        prot: Prot,
+        /// How the commit went (one call, or region by region).
+        path: CommitPath,
+    },
     /// `range` was given `prot`.
-    Protected { range: GuestRange, prot: Prot },
+    Protected {
+        /// The pages protected.
+        range: GuestRange,
+        /// Their protection now.
+        prot: Prot,
+    },
     /// `range` is about to be released (told before the system call, while its pages are still
     /// there: a tracker keeps the writes to them).
-    Releasing { range: GuestRange },
+    Releasing {
+        /// The pages about to be released.
+        range: GuestRange,
+    },
     /// `range` was released: new reserved mappings replace it or, `in_place`, its private
     /// mappings stay, inaccessible and with their pages dropped (see
     /// [`Observer::keeps_mappings`]).
-    Released { range: GuestRange, in_place: bool },
+    Released {
+        /// The pages released.
+        range: GuestRange,
+        /// Whether the private mappings were kept (inaccessible, pages dropped).
+        in_place: bool,
+    },
     /// A shared view was mapped over `range` with `prot` (a new mapping).
-    Mapped { range: GuestRange, prot: Prot },
+    Mapped {
+        /// The pages the view covers.
+        range: GuestRange,
+        /// Their protection.
+        prot: Prot,
+    },
     /// `range` is about to be committed, protected or (`remaps`) mapped anew: told before the
     /// system call, once the change is marked in flight in the published layout. A tracker whose
     /// collects read the published layout waits here for a collect in progress where the change
     /// would race with it (see docs/watch.md, "The published layout").
-    Changing { range: GuestRange, remaps: bool },
+    Changing {
+        /// The pages about to change.
+        range: GuestRange,
+        /// Whether they are about to be mapped anew (a view, a release), not only re-protected.
+        remaps: bool,
+    },
 }
 
 /// Told of every change of the space's mappings, after the system call (a release before it too)
@@ -52,6 +86,7 @@ pub enum Change {
 /// sees them all. `watch` uses it to keep armed tracking across commits, protections and view
 /// splits. An observer must not call back into the space.
 pub trait Observer: Send + Sync {
+    /// Called once per change, in order, with the space's lock held.
     fn changed(&self, space: &Space, change: Change);
 
     /// Whether a release had better keep the space's private mappings (made inaccessible, their
@@ -67,7 +102,9 @@ pub trait Observer: Send + Sync {
 /// The private allocations and shared views over a range, read under the space's lock.
 #[derive(Debug, Default)]
 pub struct Layout {
+    /// The private allocations overlapping the range, unclipped, in address order.
     pub allocations: Vec<Allocation>,
+    /// The shared views overlapping the range, unclipped, in address order.
     pub views: Vec<View>,
     /// The views outside the range that show section pages a view of the range shows too
     /// (aliases), each the part of a view outside the range, in address order.

@@ -25,6 +25,13 @@
 //! Guest memory is never lent out as Rust references: use [`Space::host_addr`] for raw access
 //! (as a JIT or recompiled code does) or [`Space::write`]/[`Space::read`], which copy through the
 //! page tables and fail (`EFAULT`) instead of faulting on a page the protection forbids.
+//!
+//! The calls named above are Linux's. On Windows the window is one placeholder
+//! (`VirtualAlloc2`, `MEM_RESERVE_PLACEHOLDER`) where the system has them, else a
+//! `MEM_WRITE_WATCH` reservation; commits are private allocations carved out of it, sections are
+//! pagefile-backed file mappings and views `MapViewOfFile3` views: docs/windows.md lists every
+//! call and what differs (a view over part of a committed allocation holding data is refused).
+#![deny(missing_docs)]
 
 mod access;
 mod changing;
@@ -160,7 +167,38 @@ impl State {
     }
 }
 
-/// The guest address space.
+/// The guest address space: one reservation for the whole guest window, and the pages committed,
+/// protected and shared inside it (see the [module docs](self)).
+///
+/// Guest memory is reached through [`Space::write`], [`Space::read`] and [`Space::store`], which
+/// fail instead of faulting, or raw through [`Space::host_addr`]. A `Space` is `Send + Sync`;
+/// write trackers and GPU imports keep it in an `Arc`.
+///
+/// ```
+/// use emuhost::space::{GuestAddr, Prot, Space, SpaceError, page_size};
+///
+/// // Reserve a 16 MiB window: address space only, nothing committed.
+/// let space = Space::with_window(16 << 20)?;
+/// let page = page_size();
+/// let range = space.range(4 * page, 2 * page)?;
+/// assert_eq!(space.uncommitted(range), Some(range));
+///
+/// // Commit two pages read-write, then copy bytes in and out.
+/// space.commit(range, Prot::READ_WRITE)?;
+/// space.write(GuestAddr(4 * page + 10), b"guest")?;
+/// let mut buf = [0u8; 5];
+/// space.read(GuestAddr(4 * page + 10), &mut buf)?;
+/// assert_eq!(&buf, b"guest");
+///
+/// // A page the space did not commit is an error naming it, never a fault.
+/// let err = space.write(GuestAddr(6 * page), b"x").unwrap_err();
+/// assert!(matches!(err, SpaceError::NotCommitted { .. }), "{err}");
+///
+/// // A decommit drops the bytes; the pages are reserved again.
+/// space.decommit(range)?;
+/// assert_eq!(space.uncommitted(range), Some(range));
+/// # Ok::<(), SpaceError>(())
+/// ```
 #[derive(Debug)]
 pub struct Space {
     res: Reservation,

@@ -11,11 +11,16 @@ pub fn page_size() -> u64 {
     sys_page_size() as u64
 }
 
-/// A guest address: an offset into the guest window.
+/// A guest address: a byte offset into the guest window (guest address 0 is the window's first
+/// byte, at [`Space::host_base`](super::Space::host_base)).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct GuestAddr(pub u64);
+pub struct GuestAddr(
+    /// The offset in bytes.
+    pub u64,
+);
 
 impl GuestAddr {
+    /// `self + by` bytes, or `None` where that overflows `u64`.
     pub fn offset(self, by: u64) -> Option<GuestAddr> {
         self.0.checked_add(by).map(GuestAddr)
     }
@@ -34,6 +39,24 @@ impl fmt::Display for GuestAddr {
 }
 
 /// A non-empty, page-aligned guest range `start..start + len` that does not wrap.
+///
+/// Made by [`GuestRange::new`] or [`GuestRange::from_bounds`] (alignment checked) or by
+/// [`Space::range`](super::Space::range) (inside that space's window too). It prints as
+/// `start..end` in hex.
+///
+/// ```
+/// use emuhost::space::{GuestAddr, GuestRange, SpaceError, page_size};
+///
+/// let page = page_size();
+/// let r = GuestRange::new(GuestAddr(2 * page), 3 * page)?;
+/// assert_eq!((r.start(), r.end(), r.pages()), (GuestAddr(2 * page), GuestAddr(5 * page), 3));
+/// assert!(r.contains(GuestAddr(4 * page)) && !r.contains(r.end()));
+/// assert_eq!(r, GuestRange::from_bounds(2 * page, 5 * page)?);
+/// // Unaligned or empty ranges are errors that name them.
+/// assert!(matches!(GuestRange::new(GuestAddr(1), page), Err(SpaceError::Unaligned { .. })));
+/// assert!(matches!(GuestRange::new(GuestAddr(page), 0), Err(SpaceError::ZeroLength { .. })));
+/// # Ok::<(), SpaceError>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GuestRange {
     start: u64,
@@ -43,6 +66,11 @@ pub struct GuestRange {
 impl GuestRange {
     /// Checks alignment (both ends on the host page), a non-zero length and no wrap-around.
     /// Whether it lies in a window is checked by the `Space` it is used with.
+    ///
+    /// # Errors
+    /// [`SpaceError::ZeroLength`] for `len` 0, [`SpaceError::Unaligned`] where `addr` or `len`
+    /// is not a multiple of [`page_size`], [`SpaceError::OutOfWindow`] (`window` = `u64::MAX`)
+    /// where the range wraps past `u64::MAX`.
     pub fn new(addr: GuestAddr, len: u64) -> Result<Self, SpaceError> {
         let page = page_size();
         if len == 0 {
@@ -58,18 +86,24 @@ impl GuestRange {
     }
 
     /// The range `start..end` (page-aligned, `start < end`).
+    ///
+    /// # Errors
+    /// As [`GuestRange::new`]; `end <= start` is [`SpaceError::ZeroLength`].
     pub fn from_bounds(start: u64, end: u64) -> Result<Self, SpaceError> {
         Self::new(GuestAddr(start), end.saturating_sub(start))
     }
 
+    /// The first guest address.
     pub fn start(self) -> GuestAddr {
         GuestAddr(self.start)
     }
 
+    /// The guest address just past the range.
     pub fn end(self) -> GuestAddr {
         GuestAddr(self.start + self.len)
     }
 
+    /// The length in bytes (a non-zero multiple of the page size).
     pub fn len(self) -> u64 {
         self.len
     }
@@ -79,10 +113,12 @@ impl GuestRange {
         false
     }
 
+    /// The number of host pages.
     pub fn pages(self) -> u64 {
         self.len / page_size()
     }
 
+    /// Whether `addr` lies in `start..end`.
     pub fn contains(self, addr: GuestAddr) -> bool {
         addr.0 >= self.start && addr.0 - self.start < self.len
     }
@@ -100,19 +136,29 @@ impl fmt::Display for GuestRange {
     }
 }
 
-/// Page protection.
+/// Page protection: which accesses the pages allow (prints as `rwx`, `r--`, ...). Windows has no
+/// write-only or execute-only page: there `write` or `exec` without `read` reads too (as x86
+/// Linux's `PROT_WRITE` or `PROT_EXEC` alone does).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Prot {
+    /// Loads allowed.
     pub read: bool,
+    /// Stores allowed.
     pub write: bool,
+    /// Instruction fetches allowed.
     pub exec: bool,
 }
 
 impl Prot {
+    /// No access (`---`).
     pub const NONE: Prot = Prot { read: false, write: false, exec: false };
+    /// Read-only (`r--`).
     pub const READ: Prot = Prot { read: true, write: false, exec: false };
+    /// Read and write (`rw-`).
     pub const READ_WRITE: Prot = Prot { read: true, write: true, exec: false };
+    /// Read and execute (`r-x`).
     pub const READ_EXEC: Prot = Prot { read: true, write: false, exec: true };
+    /// Read, write and execute (`rwx`).
     pub const ALL: Prot = Prot { read: true, write: true, exec: true };
 
     pub(crate) fn raw(self) -> RawProt {

@@ -72,6 +72,7 @@ impl<const GRAIN: u64> PageBitmap<GRAIN> {
         self.bits
     }
 
+    /// Whether it has no bits.
     pub fn is_empty(&self) -> bool {
         self.bits == 0
     }

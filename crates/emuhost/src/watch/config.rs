@@ -57,13 +57,19 @@ impl BackendKind {
 /// Why the backend in use was chosen, for `emuhost probe`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Choice {
+    /// The backend chosen.
     pub kind: BackendKind,
+    /// Why: forced, or the self-tests' results.
     pub why: String,
 }
 
 /// Chooses a backend as `config` says: the one [`TrackerConfig::backend`] forces (it must pass
 /// its self-test), else the first of [`BackendKind::AUTO`] that passes. The self-tests run as
 /// `config` makes trackers (with the embedder's fault handling, none of them installs a handler).
+///
+/// # Errors
+/// [`WatchError::SelfTest`] (or [`WatchError::Unavailable`]) where the forced backend fails,
+/// [`WatchError::NoBackend`] where none of [`BackendKind::AUTO`] passes.
 pub fn choose(config: &TrackerConfig) -> Result<Choice, WatchError> {
     if let Some(kind) = config.backend {
         self_test_with(kind, config)?;

@@ -8,6 +8,11 @@
 //! 2. `mprotect`: armed pages are made read-only and a `SIGSEGV` handler records the first write
 //!    (`sys/linux/segv.rs`).
 //!
+//! On Windows (`EMUHOST_WATCH=writewatch|guard`): `writewatch` reads each `MEM_WRITE_WATCH`
+//! private allocation with one `GetWriteWatch` (and resets it); `guard` makes armed pages
+//! read-only and claims the first write in a vectored exception handler, and is the one for views
+//! and adopted memory, which write watch cannot see ([`BackendKind`]).
+//!
 //! There is no soft-dirty backend: its bits are read (`/proc/self/pagemap`) and cleared
 //! (`/proc/self/clear_refs`, the whole process) in two steps, so a write landing between the two
 //! is lost whatever the order of the reads; under qemu on Debian's 6.1 kernel, about half of the
@@ -43,6 +48,7 @@
 //! each cache its own dirty state on the one tracker. An embedder that owns `SIGSEGV` makes its
 //! tracker with [`TrackerConfig::embedder_handles_faults`] and calls [`Tracker::handle_fault`]
 //! (or a [`FaultHandle`], or [`handle_fault`]) from its own handler.
+#![deny(missing_docs)]
 
 mod backend;
 #[cfg(target_os = "linux")]
@@ -137,6 +143,44 @@ impl Drop for Claim {
 
 /// A write tracker over one space (one at a time: a second is refused, see the README's table of
 /// tracking semantics). Dropping it gives armed pages back the protection the space gave them.
+///
+/// Arm guest ranges, let the guest (or the host) write, and collect: each collect reports the
+/// pages written since the last one and arms them again in the same step.
+///
+/// ```
+/// use std::sync::Arc;
+/// use emuhost::space::{GuestAddr, Prot, Space, page_size};
+/// use emuhost::watch::{Tracker, TrackerConfig};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let space = Arc::new(Space::with_window(16 << 20)?);
+/// let page = page_size();
+/// let range = space.range(0, 8 * page)?;
+/// space.commit(range, Prot::READ_WRITE)?;
+///
+/// // The best backend this machine offers (its self-test runs first).
+/// let tracker = Tracker::new(&space, &TrackerConfig::default())?;
+/// tracker.arm(range)?;
+///
+/// // Stores to pages 1 and 2, and two to page 6: three pages, in two runs.
+/// space.store(GuestAddr(page + 100), &[1; 8])?;
+/// space.store(GuestAddr(2 * page), &[2; 8])?;
+/// space.store(GuestAddr(6 * page), &[3; 8])?;
+/// space.store(GuestAddr(6 * page + 8), &[4; 8])?;
+/// let written = tracker.collect(range)?;
+/// assert_eq!(written.page_addrs(), [GuestAddr(page), GuestAddr(2 * page), GuestAddr(6 * page)]);
+/// assert_eq!((written.runs.len(), written.runs[0].pages), (2, 2));
+///
+/// // The collect armed them again: nothing new until the next store.
+/// assert_eq!(tracker.collect(range)?.pages(), 0);
+/// space.store(GuestAddr(2 * page), &[5; 8])?;
+/// assert_eq!(tracker.collect(range)?.page_addrs(), [GuestAddr(2 * page)]);
+///
+/// // One tracker per space.
+/// assert!(Tracker::new(&space, &TrackerConfig::default()).is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Tracker {
     // Dropped in this order: the backend (its page-state table), the claim, then the space (so a
     // new space cannot take the address while the claim is held).
@@ -163,7 +207,13 @@ impl Tracker {
     /// must pass its self-test, run as `config` makes trackers, unless the config skips it),
     /// verify mode, and who handles faults. A second tracker on a space that has one is refused
     /// ([`WatchError::SecondTracker`]). `TrackerConfig::default()`: the best backend that passes
-    /// its self-test, emuhost's own `SIGSEGV` handler.
+    /// its self-test, emuhost's own `SIGSEGV` handler (Windows: its vectored exception handler).
+    ///
+    /// # Errors
+    /// [`WatchError::SecondTracker`] where the space has a live tracker;
+    /// [`WatchError::SelfTest`] where a forced backend fails its self-test,
+    /// [`WatchError::NoBackend`] where no backend passes; [`WatchError::Unavailable`] where the
+    /// backend cannot be made for this space.
     pub fn new(space: &Arc<Space>, config: &TrackerConfig) -> Result<Arc<Tracker>, WatchError> {
         if let (Some(kind), true) = (config.backend, config.skip_self_test) {
             return Self::make(space, kind, config);
@@ -196,10 +246,13 @@ impl Tracker {
         }))
     }
 
+    /// The backend in use.
     pub fn kind(&self) -> BackendKind {
         self.core.backend.kind()
     }
 
+    /// Whether each collect is checked against a region query
+    /// ([`TrackerConfig::verify`](TrackerConfig#structfield.verify), `EMUHOST_VERIFY_COLLECT=1`).
     pub fn verifying(&self) -> bool {
         self.verify
     }
@@ -234,6 +287,11 @@ impl Tracker {
     /// Arms `range`: from now on, writes to its pages are reported by the next collect. Pages
     /// armed already keep their tracking: a write to them before this arm is still reported (an
     /// emulator arms after every commit, and a commit over armed pages must not forget writes).
+    ///
+    /// # Errors
+    /// [`WatchError::Space`] for a range outside the window or a call from another process than
+    /// the space's maker, [`WatchError::OtherProcess`] from another process than the tracker's,
+    /// [`WatchError::Os`] where the backend's call fails.
     pub fn arm(&self, range: GuestRange) -> Result<(), WatchError> {
         self.same_process()?;
         let range = self.space.range(range.start().0, range.len())?;

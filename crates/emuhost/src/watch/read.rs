@@ -11,11 +11,14 @@ use std::sync::atomic::Ordering::SeqCst;
 /// A run of written pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageRun {
+    /// The first page's guest address.
     pub start: GuestAddr,
+    /// The number of pages (at least 1).
     pub pages: u64,
 }
 
 impl PageRun {
+    /// The guest address just past the run.
     pub fn end(&self) -> GuestAddr {
         GuestAddr(self.start.0 + self.pages * page_size())
     }
@@ -95,6 +98,10 @@ pub(super) type Span = (u64, u64, Option<(u64, u64, u64)>);
 
 impl Tracker {
     /// Collects the pages of `range` written since the last collect and arms them again.
+    ///
+    /// # Errors
+    /// As [`Tracker::arm`]; also [`WatchError::VerifyMismatch`] in verify mode. Memory released
+    /// behind the space's back is no error: it is reported in [`Collected::untracked`].
     pub fn collect(&self, range: GuestRange) -> Result<Collected, WatchError> {
         let p = page_size();
         self.read(range, Read::Collect, Reader::Own, None, |sc, seq, _, _| Collected {

@@ -20,12 +20,16 @@ use crate::space::{GuestAddr, Hold, Prot, Space, page_size};
 /// Which backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackendKind {
+    /// `VK_EXT_external_memory_host` on a Vulkan device (feature `vulkan`).
     Vulkan,
+    /// `cuMemHostRegister` in a CUDA context (feature `cuda`).
     Cuda,
+    /// No GPU: the pages are locked in memory (`mlock`; `VirtualLock` on Windows).
     Pin,
 }
 
 impl BackendKind {
+    /// Its name (the one `EMUHOST_IMPORT_BACKEND` takes).
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Vulkan => "vulkan",
@@ -48,6 +52,10 @@ pub struct HostSpan {
 impl HostSpan {
     /// The host bytes of the guest range `lo..lo + len` of `space` (checked to lie in its
     /// window), held until the span is dropped.
+    ///
+    /// # Errors
+    /// [`ImportError::Space`]: the range is unaligned, empty or outside the window
+    /// ([`SpaceError::OutOfWindow`](crate::space::SpaceError::OutOfWindow), ...).
     pub fn of(space: &Arc<Space>, lo: u64, len: u64) -> Result<HostSpan, ImportError> {
         let r = space.range(lo, len)?;
         let hold = space.hold(r)?;
@@ -59,14 +67,17 @@ impl HostSpan {
         self.hold.range()
     }
 
+    /// The host address of the first byte.
     pub fn addr(&self) -> usize {
         self.addr
     }
 
+    /// The length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it holds no bytes (never, for a span made by [`HostSpan::of`]).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -88,7 +99,9 @@ pub struct Budget {
     pub max_bytes: u64,
     /// One import's bytes at most (Vulkan: `maxMemoryAllocationSize`).
     pub max_single: u64,
+    /// Live imports now.
     pub count: u64,
+    /// Live imported bytes now.
     pub bytes: u64,
 }
 
@@ -100,6 +113,10 @@ impl Default for Budget {
 
 impl Budget {
     /// Takes one import of `len` bytes, or says which limit it would pass.
+    ///
+    /// # Errors
+    /// [`ImportError::Budget`] naming the limit (one import's size, live imports, live imported
+    /// bytes); nothing is taken then.
     pub fn take(&mut self, len: u64) -> Result<(), ImportError> {
         if len > self.max_single {
             return Err(ImportError::Budget { what: "one import's size", need: len, used: 0, limit: self.max_single });
@@ -120,6 +137,7 @@ impl Budget {
         Ok(())
     }
 
+    /// Gives back one import of `len` bytes taken before.
     pub fn give(&mut self, len: u64) {
         self.count -= 1;
         self.bytes -= len;
@@ -131,18 +149,25 @@ impl Budget {
 pub struct BudgetCell(Mutex<Budget>);
 
 impl BudgetCell {
+    /// A cell holding `b`.
     pub fn new(b: Budget) -> Self {
         Self(Mutex::new(b))
     }
 
+    /// The budget now (a copy).
     pub fn get(&self) -> Budget {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// [`Budget::take`] under the lock.
+    ///
+    /// # Errors
+    /// As [`Budget::take`].
     pub fn take(&self, len: u64) -> Result<(), ImportError> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take(len)
     }
 
+    /// [`Budget::give`] under the lock.
     pub fn give(&self, len: u64) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).give(len)
     }
@@ -165,10 +190,18 @@ pub enum GpuHandle {
     None,
     /// The import's `VkDeviceMemory` and the `VkBuffer` made over all of it (bound at offset 0),
     /// raw (`ash::vk::Handle::from_raw` gives them back).
-    Vulkan { memory: u64, buffer: u64 },
+    Vulkan {
+        /// The `VkDeviceMemory`.
+        memory: u64,
+        /// The `VkBuffer` over all of it.
+        buffer: u64,
+    },
     /// The import's start as a device pointer (`cuMemHostGetDevicePointer`) in the backend's
     /// context.
-    Cuda { device_ptr: u64 },
+    Cuda {
+        /// The device pointer of the import's first byte.
+        device_ptr: u64,
+    },
 }
 
 /// What every backend does.
@@ -176,6 +209,7 @@ pub trait Backend: Send + Sync {
     /// One live import.
     type Import: Send + Sync + std::fmt::Debug;
 
+    /// Which backend this is.
     fn kind(&self) -> BackendKind;
 
     /// The device or method, in words.
@@ -231,6 +265,10 @@ pub trait Backend: Send + Sync {
 
 /// The start-up check: import a test range, write it through the CPU, copy it through the GPU
 /// into a second import where the backend allows, read the copy back through the CPU, release.
+///
+/// # Errors
+/// [`ImportError::Verify`] saying what did not hold, or the backend's error from an import or
+/// copy.
 pub fn verify<B: Backend>(b: &B) -> Result<(), ImportError> {
     let name = b.kind().name();
     let fail = |what: String| ImportError::Verify { backend: name, what };
@@ -281,28 +319,36 @@ pub fn verify<B: Backend>(b: &B) -> Result<(), ImportError> {
 pub enum BackendChoice {
     /// Vulkan, then CUDA, then pin: the first that opens and passes its start-up check.
     Auto,
+    /// This backend only: an error where it does not open or fails its check.
     Only(BackendKind),
 }
 
 /// Any of the backends, chosen at run time.
 #[derive(Debug)]
 pub enum AnyBackend {
+    /// Vulkan.
     Vulkan(Box<Vulkan>),
+    /// CUDA.
     Cuda(Cuda),
+    /// Pin (no GPU).
     Pin(Pin),
 }
 
 /// An import of [`AnyBackend`].
 #[derive(Debug)]
 pub enum AnyImport {
+    /// A Vulkan import.
     Vulkan(<Vulkan as Backend>::Import),
+    /// A CUDA import.
     Cuda(<Cuda as Backend>::Import),
+    /// A pinned range.
     Pin(<Pin as Backend>::Import),
 }
 
 /// The backend picked, and why the ones before it were passed over.
 #[derive(Debug)]
 pub struct Picked {
+    /// The backend opened.
     pub backend: AnyBackend,
     /// Each backend tried before and not taken, with the reason.
     pub passed_over: Vec<(BackendKind, String)>,
@@ -310,6 +356,11 @@ pub struct Picked {
 
 impl AnyBackend {
     /// Opens one backend and runs its start-up check.
+    ///
+    /// # Errors
+    /// [`ImportError::Unavailable`] where the backend cannot open here (no driver, no device,
+    /// built without its feature), a driver's error ([`ImportError::Vulkan`],
+    /// [`ImportError::Cuda`]) from opening, or the start-up check's ([`verify`]).
     pub fn open(kind: BackendKind) -> Result<AnyBackend, ImportError> {
         let b = match kind {
             BackendKind::Vulkan => AnyBackend::Vulkan(Box::new(Vulkan::open()?)),
@@ -323,6 +374,10 @@ impl AnyBackend {
     }
 
     /// Opens what `choice` says: one backend, or for `Auto` Vulkan, then CUDA, then pin.
+    ///
+    /// # Errors
+    /// As [`AnyBackend::open`] for [`BackendChoice::Only`]; with `Auto` only where even pin
+    /// fails (the others are [`Picked::passed_over`]).
     pub fn pick(choice: BackendChoice) -> Result<Picked, ImportError> {
         match choice {
             BackendChoice::Only(kind) => Ok(Picked { backend: AnyBackend::open(kind)?, passed_over: Vec::new() }),

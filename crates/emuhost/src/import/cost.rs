@@ -17,8 +17,11 @@ use crate::space::{Prot, Space, page_size};
 /// An import's cost: a fixed part, and a part per MiB of untouched or already populated pages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ImportCost {
+    /// What every import costs, whatever its size.
     pub fixed: Duration,
+    /// Per MiB of pages never touched (the kernel faults them in during the import).
     pub untouched_per_mib: Duration,
+    /// Per MiB of pages already populated.
     pub populated_per_mib: Duration,
 }
 

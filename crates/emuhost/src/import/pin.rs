@@ -45,6 +45,7 @@ impl Drop for Pinned {
 }
 
 impl Pin {
+    /// A pin backend with no limits of its own (the OS's apply).
     pub fn new() -> Self {
         Self::with_budget(Budget::default())
     }

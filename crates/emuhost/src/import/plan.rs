@@ -44,6 +44,9 @@ impl PlanConfig {
     }
 
     /// Checks the chunk (a power of two, at least `align`).
+    ///
+    /// # Errors
+    /// [`ImportError::BadChunk`] otherwise.
     pub fn check(&self, align: u64) -> Result<(), ImportError> {
         if !self.chunk.is_power_of_two() || self.chunk < align {
             return Err(ImportError::BadChunk { chunk: self.chunk, align });
@@ -52,22 +55,54 @@ impl PlanConfig {
     }
 }
 
-/// A planned import: guest bytes `lo..hi`, chunk-aligned.
+/// A planned import: guest bytes `lo..hi`, chunk-aligned (prints as `lo..hi` in hex).
+///
+/// [`plan`] makes one for a binding: the chunks it lies in, grown over the pools that run across
+/// their ends while the whole stays within the span cap.
+///
+/// ```
+/// use emuhost::import::{ImportError, PlanConfig, Planned, Pools, plan};
+///
+/// const MIB: u64 = 1 << 20;
+/// // 16 MiB chunks, spans up to 64 MiB.
+/// let cfg = PlanConfig::new(16 * MIB, 64 * MIB);
+/// let mut pools = Pools::new();
+/// // A pool across the 32 MiB chunk boundary.
+/// pools.add(24 * MIB, 16 * MIB).expect("a non-empty pool");
+///
+/// // A binding across the 16 MiB boundary needs both chunks in one import...
+/// let cover = plan(&pools, cfg, 16 * MIB - 0x1000, 0x2000, false)?;
+/// assert_eq!(cover, Planned { lo: 0, hi: 32 * MIB });
+/// assert_eq!((cover.len(), cover.to_string()), (32 * MIB, "0x0..0x2000000".to_string()));
+/// // ...and with the span, the import grows over the pool across its end.
+/// let spanned = plan(&pools, cfg, 16 * MIB - 0x1000, 0x2000, true)?;
+/// assert_eq!(spanned, Planned { lo: 0, hi: 48 * MIB });
+/// assert!(spanned.covers(cover.lo, cover.hi));
+///
+/// // An empty binding is an error naming it.
+/// assert!(matches!(plan(&pools, cfg, 0x1000, 0, true), Err(ImportError::EmptyBinding { addr: 0x1000 })));
+/// # Ok::<(), ImportError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Planned {
+    /// Guest address of the first byte.
     pub lo: u64,
+    /// End (exclusive).
     pub hi: u64,
 }
 
 impl Planned {
+    /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.hi - self.lo
     }
 
+    /// Whether it holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.hi == self.lo
     }
 
+    /// Whether it covers all of `lo..hi`.
     pub fn covers(&self, lo: u64, hi: u64) -> bool {
         self.lo <= lo && hi <= self.hi
     }
@@ -89,6 +124,11 @@ pub(crate) fn cover(lo: u64, hi: u64, chunk: u64) -> Option<(u64, u64)> {
 }
 
 /// The chunk-aligned cover of the binding `addr..addr + size`. The chunk must be a power of two.
+///
+/// # Errors
+/// [`ImportError::BadChunk`] (`align` 1) for a chunk that is not a power of two,
+/// [`ImportError::EmptyBinding`] for `size` 0, [`ImportError::BindingWraps`] or
+/// [`ImportError::CoverWraps`] where the binding or its cover would end past `u64::MAX`.
 pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, ImportError> {
     if !chunk.is_power_of_two() {
         return Err(ImportError::BadChunk { chunk, align: 1 });
@@ -102,7 +142,10 @@ pub fn binding_cover(addr: u64, size: u64, chunk: u64) -> Result<Planned, Import
 }
 
 /// Plans the import for the binding `addr..addr + size`: its cover, grown by the span when `span`
-/// is set and the cap is not 0.
+/// is set and the cap is not 0 (see [`Planned`]'s example).
+///
+/// # Errors
+/// As [`binding_cover`], with `cfg.chunk`.
 pub fn plan(pools: &Pools, cfg: PlanConfig, addr: u64, size: u64, span: bool) -> Result<Planned, ImportError> {
     let start = binding_cover(addr, size, cfg.chunk)?;
     if !span || cfg.span_cap == 0 {
@@ -114,6 +157,9 @@ pub fn plan(pools: &Pools, cfg: PlanConfig, addr: u64, size: u64, span: bool) ->
 /// The range a binding imports under the pools policy ([`ImportPolicy::Pools`]): the pools the
 /// binding `addr..addr + size` overlaps, whole, with the binding, rounded out to `align` (the
 /// backend's alignment: a power of two). A binding outside every pool imports its own pages.
+///
+/// # Errors
+/// As [`binding_cover`], with `align` as the chunk.
 ///
 /// [`ImportPolicy::Pools`]: super::ImportPolicy::Pools
 pub fn pool_range(pools: &Pools, addr: u64, size: u64, align: u64) -> Result<Planned, ImportError> {

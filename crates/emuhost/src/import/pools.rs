@@ -12,13 +12,19 @@ use std::collections::HashMap;
 
 /// A pool's id, unique for the registry's lifetime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PoolId(pub u64);
+pub struct PoolId(
+    /// The number (ids count up from 0 in each registry).
+    pub u64,
+);
 
 /// One pool: guest bytes `lo..hi` (`lo < hi`; no alignment required).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool {
+    /// Its id.
     pub id: PoolId,
+    /// Guest address of the first byte.
     pub lo: u64,
+    /// End (exclusive).
     pub hi: u64,
 }
 
@@ -35,14 +41,17 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The number of pools.
     pub fn len(&self) -> usize {
         self.sorted.len()
     }
 
+    /// Whether it holds no pool.
     pub fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
@@ -94,6 +103,7 @@ impl Pools {
         Some(pool)
     }
 
+    /// The pool `id`, if it is registered.
     pub fn get(&self, id: PoolId) -> Option<Pool> {
         let lo = *self.los.get(&id)?;
         let at = self.sorted.partition_point(|p| (p.lo, p.id) < (lo, id));

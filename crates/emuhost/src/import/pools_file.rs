@@ -9,21 +9,35 @@ use std::fmt::Write as _;
 /// What is wrong with a line of a pools file. Values are in hex.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadLine {
+    /// The line does not hold exactly two fields: the line's text (at most 40 characters).
     #[error("expected `LO SIZE`, got {0:?}")]
     Fields(String),
+    /// A field is not a number: the field's text (at most 40 characters).
     #[error("{0:?} is not a number (hex with 0x, or decimal, below 2^64)")]
     Number(String),
+    /// The pool has zero size.
     #[error("the pool at {lo:#x} has zero size")]
-    ZeroSize { lo: u64 },
+    ZeroSize {
+        /// The pool's first byte.
+        lo: u64,
+    },
+    /// `LO + SIZE` passes `u64::MAX`.
     #[error("the pool {lo:#x}+{size:#x} runs past the end of the address space")]
-    Wraps { lo: u64, size: u64 },
+    Wraps {
+        /// The pool's first byte.
+        lo: u64,
+        /// Its size in bytes.
+        size: u64,
+    },
 }
 
 /// A pools file that does not parse: the first bad line (counted from 1) and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {what}")]
 pub struct PoolsFileError {
+    /// The line's number, from 1.
     pub line: usize,
+    /// What is wrong with it.
     pub what: BadLine,
 }
 
@@ -49,6 +63,9 @@ pub fn parse_num(s: &str) -> Result<u64, BadLine> {
 }
 
 /// Parses a pools file into `(lo, size)` pairs, in file order. The first bad line is the error.
+///
+/// # Errors
+/// [`PoolsFileError`] naming the first bad line and what is wrong with it ([`BadLine`]).
 pub fn parse(text: &str) -> Result<Vec<(u64, u64)>, PoolsFileError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {

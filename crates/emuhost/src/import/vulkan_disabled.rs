@@ -4,6 +4,7 @@
 super::absent::absent_backend!(Vulkan, VulkanImport, "vulkan", "Vulkan");
 
 impl Vulkan {
+    /// The device's name (never called: no value exists).
     pub fn device_name(&self) -> &str {
         match *self {}
     }

@@ -51,6 +51,12 @@ impl<B: Backend + 'static> Importer<B> {
     /// committed ([`ImportError::NotCommitted`]): either is refused before anything is tried,
     /// and holds nothing cooling. (The reserved pages of the rest of an import's range are
     /// committed for it: [`ImportConfig::commit`](super::ImportConfig::commit).)
+    ///
+    /// # Errors
+    /// [`ImportError::OutOfWindow`], [`ImportError::NotCommitted`], [`ImportError::EmptyBinding`]
+    /// or [`ImportError::BindingWraps`] for a bad binding; [`ImportError::Import`] where the
+    /// backend failed every range tried, [`ImportError::Cooling`] where they are all cooling
+    /// after a failure (both [`ImportError::is_refused`]: go on without the import).
     pub fn bind(&self, addr: u64, size: u64) -> Result<Bound, ImportError> {
         self.bind_at(addr, size, Instant::now())
     }

@@ -79,7 +79,42 @@ struct Core<B: Backend> {
 
 /// Guest memory imported into a backend: by pools ([`ImportPolicy::Pools`], imported ahead on a
 /// background thread where bindings are expected) or by chunks at the first binding inside each
-/// ([`ImportPolicy::Chunks`]).
+/// ([`ImportPolicy::Chunks`]). The default policy is pools on Linux, chunks on Windows
+/// ([`ImportPolicy`]'s default says why).
+///
+/// With the pin backend (no GPU: the pages are locked in memory) and the chunks policy:
+///
+/// ```
+/// use std::sync::Arc;
+/// use emuhost::import::{GpuHandle, ImportConfig, ImportError, ImportPolicy, Importer, Pin, Planned};
+/// use emuhost::space::{Prot, Space};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// const MIB: u64 = 1 << 20;
+/// let space = Arc::new(Space::with_window(16 * MIB)?);
+/// space.commit(space.range(0, 8 * MIB)?, Prot::READ_WRITE)?;
+///
+/// // 1 MiB chunks, imported at the first binding inside each.
+/// let cfg = ImportConfig::default().chunk(MIB).policy(ImportPolicy::chunks());
+/// let importer = Importer::new(space.clone(), Pin::new(), cfg)?;
+///
+/// // The first binding in a chunk imports it; the bytes lie at `offset` in the import.
+/// let bound = importer.bind(MIB + 0x1000, 0x100)?;
+/// assert_eq!((bound.range, bound.made), (Planned { lo: MIB, hi: 2 * MIB }, true));
+/// assert_eq!((bound.offset, bound.handle), (0x1000, GpuHandle::None));
+/// // A second binding in the same chunk reuses the import.
+/// assert!(!importer.bind(MIB + 0x8000, 0x10)?.made);
+/// assert_eq!((importer.stats().imports, importer.imports()), (1, vec![bound.range]));
+///
+/// // Pages not committed are refused before anything is tried.
+/// let err = importer.bind(12 * MIB, 0x10).unwrap_err();
+/// assert!(matches!(err, ImportError::NotCommitted { .. }), "{err}");
+///
+/// importer.release_all();
+/// assert!(importer.imports().is_empty());
+/// # Ok(())
+/// # }
+/// ```
 pub struct Importer<B: Backend + 'static> {
     core: Arc<Core<B>>,
     /// The background threads: imports ahead (pools policy) and populates ahead (either).
@@ -98,6 +133,12 @@ impl<B: Backend + 'static> Importer<B> {
     ///
     /// A chunk larger than the space's window, or under the chunks policy than the backend's
     /// largest import, is refused ([`ImportError::ChunkTooLarge`]): no binding could import.
+    ///
+    /// # Errors
+    /// [`ImportError::BadChunk`] for a chunk that is not a power of two of at least the
+    /// backend's alignment, [`ImportError::ChunkTooLarge`] as above, the backend's error from
+    /// measuring the import cost, or [`ImportError::Space`] (an OS error) where a background
+    /// thread cannot be started.
     pub fn new(space: Arc<Space>, backend: B, cfg: ImportConfig) -> Result<Self, ImportError> {
         let align = backend.alignment().max(page_size());
         check_chunk(&space, &backend, &cfg, align)?;
@@ -163,10 +204,12 @@ impl<B: Backend + 'static> Importer<B> {
         Ok(Self { core, ahead })
     }
 
+    /// The backend it imports with.
     pub fn backend(&self) -> &B {
         &self.core.backend
     }
 
+    /// The configuration it was made with.
     pub fn config(&self) -> ImportConfig {
         self.core.cfg
     }
@@ -193,6 +236,7 @@ impl<B: Backend + 'static> Importer<B> {
         self.state().granule
     }
 
+    /// The space whose guest memory it imports.
     pub fn space(&self) -> &Arc<Space> {
         &self.core.space
     }
@@ -205,7 +249,9 @@ impl<B: Backend + 'static> Importer<B> {
     /// faulted in on the background thread. Under the pools policy, a pool in a region where a
     /// binding was made is imported ahead on another.
     ///
-    /// A pool that runs past the window's end is refused ([`ImportError::OutOfWindow`]).
+    /// # Errors
+    /// [`ImportError::OutOfWindow`] for a pool that runs past the window's end,
+    /// [`ImportError::BadPool`] for an empty one.
     pub fn add_pool(&self, lo: u64, size: u64) -> Result<PoolId, ImportError> {
         let window = self.core.space.window();
         if size > 0 && lo.checked_add(size).is_some_and(|end| end > window) {
@@ -264,6 +310,10 @@ impl<B: Backend + 'static> Importer<B> {
 
     /// Plans the import a binding would make now, without making it (under the pools policy, its
     /// pools whole, even where it would import only its part of them first).
+    ///
+    /// # Errors
+    /// As [`plan`](super::plan) ([`ImportError::EmptyBinding`], [`ImportError::BindingWraps`],
+    /// ...).
     pub fn plan(&self, addr: u64, size: u64) -> Result<Planned, ImportError> {
         let st = self.state();
         let r = match self.core.cfg.policy {

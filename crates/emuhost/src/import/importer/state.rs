@@ -25,6 +25,7 @@ pub struct Stats {
     /// passed the wait target), and the background thread's imports of those pools whole, over
     /// the parts (their pages are then in two imports).
     pub pieces: u64,
+    /// Pools policy: the background thread's imports of a pool whole over a binding's part.
     pub widenings: u64,
     /// Bindings served by an import made before.
     pub reuses: u64,
@@ -37,45 +38,59 @@ pub struct Stats {
     pub cooled: u64,
     /// Time in imports, all together, and each import's time.
     pub time: Duration,
+    /// Each import's time.
     pub times: Vec<Duration>,
     /// Live imports and their bytes now, and the most of each live at once (`peak_live` is what a
     /// backend's cap on live allocations bears on: [`Importer::max_live`](super::Importer::max_live)).
     pub live: u64,
+    /// Live imported bytes now.
     pub live_bytes: u64,
+    /// The most live imports at once.
     pub peak_live: u64,
+    /// The most live imported bytes at once.
     pub peak_live_bytes: u64,
     /// At the cap on live imports: bindings refused (none: the cap never refuses a binding;
     /// kept for the figures' shape), imports released to make room, imports merged with a
     /// neighbour's range, bindings that waited for releases under way, and imports made over
     /// the cap because nothing could make room (module `cap`).
     pub capped: u64,
+    /// At the cap: imports released to make room.
     pub cap_releases: u64,
+    /// At the cap: imports merged with a neighbour's range.
     pub cap_merges: u64,
+    /// At the cap: bindings that waited for releases under way.
     pub cap_waits: u64,
+    /// At the cap: imports made over it because nothing could make room.
     pub over_cap: u64,
     /// Pools policy: imports of a pool whole (or of a [`MERGE_LIMIT`](super::MERGE_LIMIT) slice
     /// of a larger one) made once its pages were all in several live imports (background
     /// pieces, parts), and the imports those merges replaced: each is released once no binding
     /// needs it ([`Importer::handles_done`](super::Importer::handles_done), module `ahead`).
     pub merges: u64,
+    /// Imports the merges replaced.
     pub merged_away: u64,
     /// Merges asked for and not made: no slot free under the cap, or the import failed.
     pub merges_left: u64,
     /// Pools populated ahead, populates that failed, and their bytes.
     pub populated: u64,
+    /// Populates ahead that failed.
     pub populate_failures: u64,
+    /// Bytes populated ahead.
     pub populated_bytes: u64,
     /// Bindings that did not find their import ready (they imported, or waited for an import
     /// in flight, or both), and of those the ones that waited for an import made ahead.
     pub waits: u64,
+    /// Of `waits`, the bindings that waited for an import made ahead.
     pub in_flight_waits: u64,
     /// The binding thread's time waiting for imports, whoever made them: from the call to
     /// [`Importer::bind`](super::Importer::bind) to its return, for each binding counted in `waits`. All together and
     /// the longest.
     pub wait_time: Duration,
+    /// The binding thread's longest wait for an import.
     pub wait_worst: Duration,
     /// Imports made ahead (also in `imports`, `time` and `times`) and their time.
     pub ahead_imports: u64,
+    /// Time in imports made ahead.
     pub ahead_time: Duration,
     /// Imports ahead that failed (a spanned one is then tried without the span); they hold
     /// nothing cooling: a binding makes its own attempt.
@@ -90,6 +105,7 @@ pub struct Stats {
     pub ahead_released: u64,
     /// Bytes imported ahead (or in flight) and not used by a binding yet, now and at most.
     pub ahead_bytes: u64,
+    /// The most bytes imported ahead and not used at once.
     pub ahead_peak_bytes: u64,
 }
 
@@ -111,7 +127,9 @@ impl Stats {
 /// binding starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bound {
+    /// The guest range of the import that serves the binding.
     pub range: Planned,
+    /// Whether the import was made for this binding.
     pub made: bool,
     /// The range was the spanned one.
     pub spanned: bool,

@@ -92,8 +92,11 @@ impl std::fmt::Debug for Vulkan {
 pub struct CallerDevice<'a> {
     /// The caller's `vkGetInstanceProcAddr` (an embedder may load Vulkan its own way).
     pub get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
+    /// The caller's `VkInstance`.
     pub instance: vk::Instance,
+    /// The physical device `device` was made on.
     pub physical_device: vk::PhysicalDevice,
+    /// The caller's `VkDevice`, made with `VK_EXT_external_memory_host`.
     pub device: vk::Device,
     /// The extensions the device was created with: `VK_EXT_external_memory_host` must be one.
     pub enabled_extensions: &'a [&'a CStr],
@@ -116,6 +119,8 @@ impl std::fmt::Debug for CallerDevice<'_> {
 }
 
 impl<'a> CallerDevice<'a> {
+    /// The caller's objects, with the default buffer usage (transfer source and destination).
+    /// Nothing is checked or called here: [`Vulkan::from_caller`] does.
     pub fn new(
         get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
         instance: vk::Instance,

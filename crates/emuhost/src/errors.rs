@@ -1,5 +1,4 @@
 //! What the modules' errors share: how one is written on one line with its sources.
-#![deny(missing_docs)]
 
 /// An error and its sources, on one line (`outer: inner: the OS's error`): a backend's failure
 /// names the OS or driver error under it.

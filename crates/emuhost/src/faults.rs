@@ -42,7 +42,6 @@
 //! drop(scope);
 //! space.commit(range, Prot::READ_WRITE).unwrap();
 //! ```
-#![deny(missing_docs)]
 
 use std::cell::{Cell, RefCell};
 use std::io;

@@ -153,6 +153,8 @@
 //! Traces, replay, soak and the write-tracking stress are the `emuhost-lab` crate; shader
 //! preparation is `emuhost-prepare`.
 #![deny(unsafe_code)]
+// Every public item is documented (issue 38).
+#![deny(missing_docs)]
 // docs.rs marks the items of the `vulkan` and `cuda` features as such.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -190,7 +192,6 @@ pub mod probe;
 ///     assert!(after.since(&before).total() >= 1);
 /// }
 /// ```
-#[deny(missing_docs)]
 pub mod counters {
     pub use crate::sys::counters::{Call, Counts, snapshot};
 }

@@ -5,7 +5,6 @@
 //!
 //! Also the process's own memory figures ([`process_memory`], [`heap`], [`process_times`], ...),
 //! for a caller that watches a long run.
-#![deny(missing_docs)]
 
 use crate::sys::probe as sys;
 #[cfg(target_os = "linux")]

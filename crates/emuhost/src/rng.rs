@@ -1,7 +1,6 @@
 //! The one deterministic generator of the workspace: xoshiro256** seeded through splitmix64.
 //! Small, fast and the same on every platform, so a seed names one synthetic session, one shader
 //! corpus, one stress run or one benchmark layout everywhere. Not for anything secret.
-#![deny(missing_docs)]
 
 /// splitmix64: advances `x` and returns its next output (also how [`Rng::new`] seeds).
 pub fn splitmix(x: &mut u64) -> u64 {

@@ -21,7 +21,6 @@
 //! let s = Settings::from_lookup(|name| (name == "EMUHOST_VERIFY_COLLECT").then(|| "1".into())).unwrap();
 //! assert!(s.verify_collect);
 //! ```
-#![deny(missing_docs)]
 
 use crate::faults::FaultSettings;
 use std::time::Duration;

@@ -33,7 +33,6 @@
 //! The Vulkan and CUDA backends are behind the cargo features `vulkan` and `cuda` (both on by
 //! default); without one, its backend's `open` says so and the automatic choice passes it over.
 //! Pin is always there.
-#![deny(missing_docs)]
 
 #[cfg(not(all(feature = "cuda", feature = "vulkan")))]
 mod absent;

@@ -21,7 +21,6 @@
 //! **Workers.** [`prepare_workers`] sizes a compile job's pool from the usable CPUs (affinity mask
 //! limited by the cgroup v2 CPU quota; on Windows by the job object's hard CPU rate cap), the
 //! available memory (`MemAvailable`; `GlobalMemoryStatusEx`) and whether the allocator scales.
-#![deny(missing_docs)]
 
 mod error;
 mod seam;

@@ -48,7 +48,6 @@
 //! each cache its own dirty state on the one tracker. An embedder that owns `SIGSEGV` makes its
 //! tracker with [`TrackerConfig::embedder_handles_faults`] and calls [`Tracker::handle_fault`]
 //! (or a [`FaultHandle`], or [`handle_fault`]) from its own handler.
-#![deny(missing_docs)]
 
 mod backend;
 #[cfg(target_os = "linux")]

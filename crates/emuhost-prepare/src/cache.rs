@@ -66,6 +66,12 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// Checks a cache file's bytes against this device; returns the driver's data inside.
+///
+/// # Errors
+///
+/// The [`CacheRejected`] that says why the file is not used: not emuhost's envelope, another
+/// envelope version, truncated, corrupt, a Vulkan header this build does not read, or another
+/// device or driver.
 pub fn unwrap<'a>(file: &'a [u8], dev: &DeviceInfo) -> Result<&'a [u8], CacheRejected> {
     if file.len() < ENVELOPE {
         return Err(CacheRejected::Short { len: file.len(), want: ENVELOPE });

@@ -35,7 +35,10 @@ const MAGIC: &str = "emuhost-corpus 1";
 /// A shader language the translator reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Language {
+    /// WGSL (files `.wgsl`); overridable constants are `override` declarations.
     Wgsl,
+    /// GLSL compute shaders (files `.comp` or `.glsl`); overridable constants are
+    /// `layout(constant_id = N) const`.
     Glsl,
 }
 
@@ -48,6 +51,7 @@ impl Language {
         }
     }
 
+    /// The language's name as the logs and reports write it: `wgsl` or `glsl`.
     pub fn name(self) -> &'static str {
         match self {
             Language::Wgsl => "wgsl",
@@ -59,6 +63,8 @@ impl Language {
 /// One variant: values for the program's overridable constants (by name or numeric id).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Variant {
+    /// `(KEY, VALUE)` pairs in the manifest's order: KEY an override's name or its numeric id (as
+    /// text), VALUE its value. Empty: every constant keeps its default.
     pub constants: Vec<(String, f64)>,
 }
 
@@ -73,17 +79,46 @@ impl Variant {
 /// One program: its source and its variants (at least one).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Program {
+    /// The program's name in the manifest (unique in the corpus).
     pub name: String,
     /// The source's file name inside the corpus folder.
     pub file: String,
+    /// The source's language, from the file's extension.
     pub language: Language,
+    /// The source text.
     pub source: String,
+    /// The variants whose pipelines a preparation creates (at least one).
     pub variants: Vec<Variant>,
 }
 
 /// A corpus: programs in order.
+///
+/// # Examples
+///
+/// A generated corpus written to a folder and read back (no device needed):
+///
+/// ```
+/// use emuhost_prepare::{Corpus, GenConfig, Language, generate};
+///
+/// # fn main() -> Result<(), emuhost_prepare::PrepareError> {
+/// let mut cfg = GenConfig::default();
+/// cfg.programs = 4;
+/// cfg.variants = 2;
+/// cfg.glsl_every = 2; // programs 1 and 3 are GLSL
+/// let corpus = generate(&cfg);
+/// assert_eq!(corpus.variant_count(), 8);
+/// assert_eq!(corpus.programs[1].language, Language::Glsl);
+///
+/// let dir = std::env::temp_dir().join(format!("emuhost-doc-corpus-{}", std::process::id()));
+/// corpus.write(&dir, true)?;
+/// assert_eq!(Corpus::load(&dir)?, corpus);
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Corpus {
+    /// The programs, in the manifest's order.
     pub programs: Vec<Program>,
 }
 
@@ -94,6 +129,13 @@ impl Corpus {
     }
 
     /// Reads a corpus folder (its `corpus.txt` and the sources it names).
+    ///
+    /// # Errors
+    ///
+    /// [`PrepareError::Io`] for a file that cannot be read; [`PrepareError::Manifest`] (with the
+    /// line) for a manifest that does not parse, a program named twice, a file name that is not
+    /// inside the folder or has an unknown extension, or a variant that is not `KEY=VALUE` pairs
+    /// of finite numbers.
     pub fn load(dir: &Path) -> Result<Corpus, PrepareError> {
         let manifest = dir.join(MANIFEST);
         let text =
@@ -164,6 +206,11 @@ impl Corpus {
     /// Writes the corpus into `dir` (made if missing): the sources and `corpus.txt`. A file of
     /// those names that is there already is written over only where `force` is set; otherwise
     /// the first one found is an error ([`PrepareError::Exists`]) and nothing is written.
+    ///
+    /// # Errors
+    ///
+    /// [`PrepareError::Exists`] as said; [`PrepareError::Io`] for a folder or file that cannot be
+    /// made or written (files written before it stay).
     pub fn write(&self, dir: &Path, force: bool) -> Result<(), PrepareError> {
         let io = |path: PathBuf| move |source| PrepareError::Io { path, source };
         std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
@@ -207,8 +254,11 @@ impl Corpus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GenConfig {
+    /// Programs in the corpus.
     pub programs: usize,
+    /// Variants of each program.
     pub variants: usize,
+    /// The seed: the same seed (and the same other fields) gives the same corpus.
     pub seed: u64,
     /// Arithmetic statements in each of a program's helper functions (its size).
     pub statements: usize,

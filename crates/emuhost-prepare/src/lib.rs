@@ -19,6 +19,7 @@
 //! The Vulkan instance and the choice of device are the runtime's ([`emuhost::gpu::vulkan`]): one
 //! Vulkan setup per process. Only the driver FFI (`vk`) opts out of `deny(unsafe_code)`.
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 mod cache;
 mod corpus;
@@ -38,6 +39,12 @@ pub use vk::DeviceInfo;
 
 /// The device a preparation would use (`index` as in [`Options::device`]), opened and closed
 /// again: whether this machine can prepare at all, and on what.
+///
+/// # Errors
+///
+/// The device's errors, as [`prepare`] has them: [`PrepareError::Loader`],
+/// [`PrepareError::Instance`], [`PrepareError::NoComputeDevice`], [`PrepareError::NoSuchDevice`],
+/// [`PrepareError::Vulkan`].
 pub fn probe_device(index: Option<usize>) -> Result<DeviceInfo, PrepareError> {
     vk::Driver::open(index).map(|d| d.info.clone())
 }

@@ -36,6 +36,7 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// One worker, no cache file, the best device, a save every 64 pipelines, no stop.
     fn default() -> Options {
         Options {
             workers: 1,
@@ -58,6 +59,7 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The phase's name as the logs and reports write it: `translate` or `compile`.
     pub fn name(self) -> &'static str {
         match self {
             Phase::Translate => "translate",
@@ -74,7 +76,10 @@ pub enum CacheStart {
     /// No file yet: an empty cache.
     Cold,
     /// The file was checked and handed to the driver: this many bytes of its data.
-    Warm { bytes: usize },
+    Warm {
+        /// The driver's data handed to it from the file (the envelope not counted).
+        bytes: usize,
+    },
     /// The file was not used (and will be replaced): why.
     Rejected(CacheRejected),
 }
@@ -85,7 +90,10 @@ pub enum JournalStart {
     /// No journal: every variant is made.
     None,
     /// An interrupted run's journal: this many of the corpus's variants were done and are skipped.
-    Resumed { skipped: usize },
+    Resumed {
+        /// Variants skipped because the journal lists them.
+        skipped: usize,
+    },
     /// A journal was there and is not trusted: why. Every variant is made.
     Discarded(String),
 }
@@ -93,42 +101,57 @@ pub enum JournalStart {
 /// A shader that failed, by name, with the error.
 #[derive(Clone, Debug)]
 pub struct Failure {
+    /// The program's name.
     pub program: String,
     /// The variant's index and constants; `None` where the whole program failed to translate.
     pub variant: Option<(usize, String)>,
+    /// The phase that failed.
     pub phase: Phase,
+    /// The translator's or the driver's error, as text.
     pub error: String,
 }
 
 /// A phase's time: wall-clock, and the sum of its jobs' times over all workers.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PhaseTime {
+    /// From the phase's start until all its workers are done.
     pub wall: Duration,
+    /// The jobs' times added up over all workers (more than `wall` where workers overlap).
     pub busy: Duration,
 }
 
 /// What a preparation did.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// The device prepared on.
     pub device: DeviceInfo,
+    /// Threads of each phase ([`Options::workers`]).
     pub workers: usize,
+    /// Programs in the corpus.
     pub programs: usize,
+    /// Variants in the corpus (over all programs).
     pub variants: usize,
+    /// What the cache file gave the run.
     pub cache: CacheStart,
+    /// What the journal gave the run.
     pub journal: JournalStart,
-    /// Programs given to the translator (those with a variant left to make), and variants
-    /// written as SPIR-V.
+    /// Programs given to the translator (those with a variant left to make).
     pub translated_programs: usize,
+    /// Variants written as SPIR-V.
     pub translated_variants: usize,
     /// Pipelines created.
     pub created: usize,
     /// Of them, those the driver said came from the cache; `None` where the driver does not say.
     pub cache_hits: Option<usize>,
+    /// The shaders that failed, sorted by program and variant.
     pub failures: Vec<Failure>,
+    /// The translate phase's time.
     pub translate: PhaseTime,
+    /// The compile phase's time.
     pub compile: PhaseTime,
-    /// Saves of the cache file (and journal), and the driver's data size at the last one.
+    /// Saves of the cache file (and journal).
     pub saves: usize,
+    /// The driver's cache data at the last save, in bytes (0 without a save).
     pub cache_bytes: usize,
     /// Stopped before the end (`stop_after` or `cancel`); the journal says where.
     pub interrupted: bool,
@@ -242,8 +265,46 @@ fn read_cache(path: &Path, dev: &DeviceInfo) -> Result<(CacheStart, Vec<u8>), Pr
     }
 }
 
-/// Prepares `corpus`: see the module's docs. `progress(phase, done, total)` is called after
-/// each job, from the worker that did it.
+/// Prepares `corpus` (see the crate's docs): translates every program not yet done, creates every
+/// variant's pipeline on the device, saves the cache and journal as it goes.
+/// `progress(phase, done, total)` is called after each job, from the worker that did it.
+///
+/// A shader that fails is a [`Failure`] in the [`Report`], not an error; so is a cache file or
+/// journal that is rejected ([`CacheStart::Rejected`], [`JournalStart::Discarded`]).
+///
+/// # Errors
+///
+/// [`PrepareError::NoWorkers`] for `workers == 0`; [`PrepareError::NotOurs`] for a cache file
+/// (or its `.journal`/`.tmp`) that is not emuhost's, checked before the device is opened; the
+/// device's errors ([`PrepareError::Loader`], [`PrepareError::Instance`],
+/// [`PrepareError::NoComputeDevice`], [`PrepareError::NoSuchDevice`], [`PrepareError::Vulkan`]);
+/// [`PrepareError::Io`] for a cache file or journal that cannot be read or written.
+///
+/// # Examples
+///
+/// A small generated corpus prepared with no cache file. It needs a Vulkan device (lavapipe will
+/// do); without one the example stops early, unless `EMUHOST_REQUIRE_VULKAN=1`.
+///
+/// ```
+/// use emuhost_prepare::{GenConfig, Options, generate, prepare};
+///
+/// # fn main() -> Result<(), emuhost_prepare::PrepareError> {
+/// let mut cfg = GenConfig::default();
+/// cfg.programs = 2;
+/// cfg.variants = 2;
+/// let corpus = generate(&cfg);
+/// # if emuhost_prepare::probe_device(None).is_err()
+/// #     && std::env::var_os("EMUHOST_REQUIRE_VULKAN").is_none_or(|v| v != "1")
+/// # {
+/// #     return Ok(()); // No Vulkan device on this machine.
+/// # }
+/// let report = prepare(&corpus, &Options::default(), &|_phase, _done, _total| {})?;
+/// assert_eq!(report.created, 4);
+/// assert!(report.failures.is_empty());
+/// assert_eq!(report.remaining(), 0);
+/// # Ok(())
+/// # }
+/// ```
 pub fn prepare(
     corpus: &Corpus,
     opts: &Options,

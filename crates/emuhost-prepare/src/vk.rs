@@ -30,13 +30,21 @@ use super::translate::{BindingKind, Spirv};
 /// What the device says about itself, for the log and for checking a cache file's header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The device's name (`deviceName`).
     pub name: String,
+    /// The PCI vendor id (`vendorID`).
     pub vendor_id: u32,
+    /// The device id (`deviceID`).
     pub device_id: u32,
+    /// The driver's version, encoded as the vendor encodes it (`driverVersion`).
     pub driver_version: u32,
+    /// The driver's pipeline cache UUID: a cache made under another UUID is rejected.
     pub pipeline_cache_uuid: [u8; 16],
+    /// The Vulkan version the device supports (`apiVersion`, as `VK_MAKE_API_VERSION` encodes it).
     pub api_version: u32,
+    /// The most invocations in one workgroup (`maxComputeWorkGroupInvocations`).
     pub max_workgroup_invocations: u32,
+    /// The largest workgroup in x, y and z (`maxComputeWorkGroupSize`).
     pub max_workgroup_size: [u32; 3],
     /// Whether pipeline creation reports cache hits (Vulkan 1.3 or the extension).
     pub creation_feedback: bool,

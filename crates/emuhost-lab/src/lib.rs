@@ -13,6 +13,7 @@
 //! - [`rng`]: the workspace's one deterministic generator, the runtime's [`emuhost::rng`]
 //!   (re-exported here, where the sessions, the stress and the benches draw from it).
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod bench;
 pub mod replay;

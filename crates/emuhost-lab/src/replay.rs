@@ -31,29 +31,49 @@ use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceEr
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReplayError {
+    /// The trace could not be read or parsed (the error names the line).
     #[error(transparent)]
     Trace(#[from] TraceError),
+    /// A line the replay refuses: past one of its caps ([`MAX_WRITE`], [`MAX_SLEEP_NS`],
+    /// [`MAX_THREADS`] ...), a store outside memory committed writable before it, or a race
+    /// between threads within a frame; or a pool released that was never added.
     #[error("line {line}: {what}")]
-    Bad { line: u64, what: String },
+    Bad {
+        /// The trace line, from 1 (the header is line 1).
+        line: u64,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The runtime refused an event (a commit outside the window, a failed collect ...).
     #[error("line {line}: {event} failed")]
     Event {
+        /// The trace line, from 1.
         line: u64,
+        /// The event, as the trace writes it.
         event: String,
+        /// The runtime's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The OS refused a thread for a trace thread (the replay runs one each).
     #[error("line {line}: starting an OS thread for trace thread {thread} failed")]
     Spawn {
+        /// The trace line of the thread's first event.
         line: u64,
+        /// The trace thread (`r`, `g0`, ...).
         thread: String,
+        /// The OS's error.
         #[source]
         source: std::io::Error,
     },
+    /// The guest space could not be made (the header's window could not be reserved).
     #[error(transparent)]
     Space(#[from] SpaceError),
+    /// The write tracker could not be made.
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// No import backend could be picked, or the importer could not be made (an import chunk
+    /// larger than the window ...).
     #[error(transparent)]
     Import(#[from] ImportError),
 }
@@ -61,11 +81,14 @@ pub enum ReplayError {
 /// How a replay runs: the switches (the import backend and config, the write-tracking backend
 /// and verify mode, the short-sleep rule) and the pacing. The replay reads no environment
 /// variable: a caller that wants the `EMUHOST_*` switches passes [`Settings::from_env`].
+/// [`replay`] has an example.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct ReplayConfig {
     /// Keep the trace's frame times, with emuhost's host sleep as the frame limiter.
     pub paced: bool,
+    /// The runtime's switches: import backend and config, write-tracking backend and verify
+    /// mode, short-sleep rule. The default is every switch's default, not the environment's.
     pub settings: Settings,
     /// Counts the frames begun (every thread done with the frame before), for a progress display.
     pub frames_begun: Option<Arc<AtomicU64>>,
@@ -74,10 +97,13 @@ pub struct ReplayConfig {
 /// One frame's figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FrameFigures {
+    /// The frame's index, as the trace's `frame` line gives it.
     pub index: u64,
     /// Time the render thread spent in the runtime (bindings and collects) during the frame.
     pub runtime: Duration,
+    /// Of `runtime`, the time in bindings that made an import.
     pub imports: Duration,
+    /// Of `runtime`, the time in collects.
     pub collects: Duration,
     /// From this frame's present to the next one's.
     pub present_to_present: Duration,
@@ -88,30 +114,48 @@ pub struct FrameFigures {
 /// Short sleeps of one kind: how many, the time asked, and the CPU time and wall time spent in them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SleepFigures {
+    /// Sleeps made.
     pub count: u64,
+    /// Their asked durations, added up.
     pub asked: Duration,
+    /// CPU time the sleeping threads used in them (busy-waiting shows here).
     pub cpu: Duration,
+    /// Wall time spent in them (oversleep shows as `wall` over `asked`).
     pub wall: Duration,
 }
 
-/// A replay's report.
+/// A replay's report ([`replay`] has an example). Sizes are in bytes.
 #[derive(Clone, Debug, Default)]
 pub struct ReplayReport {
+    /// The import backend picked, described (kind and device).
     pub import_backend: String,
+    /// The write-tracking backend picked (`uffd`, `mprotect`, `writewatch` ...).
     pub watch_backend: String,
+    /// The short-sleep rule used, and why.
     pub sleep_rule: String,
+    /// [`ReplayConfig::paced`].
     pub paced: bool,
+    /// Trace records dispatched.
     pub events: u64,
+    /// Trace threads (each ran on an OS thread of its own).
     pub threads: usize,
+    /// From the first record dispatched until every thread was done.
     pub wall: Duration,
+    /// The frames (the trace's `frame` lines, the render thread's), by index.
     pub frames: Vec<FrameFigures>,
+    /// Imports made ([`emuhost::import::Stats::imports`]), ahead ones included.
     pub imports: u64,
+    /// Imports a binding made that took in pages already imported, e.g. a binding across two
+    /// chunks imported apart ([`emuhost::import::Stats::reimports`]).
     pub reimports: u64,
+    /// Time spent in imports, all together.
     pub import_time: Duration,
+    /// The longest import.
     pub worst_import: Duration,
     /// The binding thread's waits for imports, whoever made them (its own, or one made ahead
     /// and still in flight): all together and the longest ([`emuhost::import::Stats::wait_time`]).
     pub import_wait_total: Duration,
+    /// The longest of those waits.
     pub import_wait_worst: Duration,
     /// Imports made on the background thread (ahead of their bindings, or a pool whole behind a
     /// binding's part of it), in `imports` too.
@@ -119,6 +163,7 @@ pub struct ReplayReport {
     /// Pools policy: bindings that imported only their part of a pool, and the pools imported
     /// whole behind them ([`emuhost::import::Stats::pieces`], `widenings`).
     pub import_pieces: u64,
+    /// See `import_pieces`.
     pub import_widenings: u64,
     /// Pools policy: bindings that waited for an import in flight that covered them
     /// ([`emuhost::import::Stats::in_flight_waits`]).
@@ -132,8 +177,11 @@ pub struct ReplayReport {
     pub import_cost: Option<emuhost::import::ImportCost>,
     /// Whether the import cost was given rather than measured.
     pub import_cost_given: bool,
+    /// Imports the backend refused ([`emuhost::import::Stats::failures`]).
     pub import_failures: u64,
+    /// Bytes imported and live at the trace's end, before the teardown released them.
     pub live_import_bytes_end: u64,
+    /// The most bytes imported and live at once.
     pub live_import_bytes_peak: u64,
     /// The most live imports at once ([`emuhost::import::Stats::peak_live`]): what a backend's cap
     /// on live allocations (`maxMemoryAllocationCount`) bears on.
@@ -142,23 +190,35 @@ pub struct ReplayReport {
     /// made over the cap on live imports ([`emuhost::import::Stats::merges`],
     /// [`emuhost::import::Stats::merged_away`], [`emuhost::import::Stats::over_cap`]).
     pub import_merges: u64,
+    /// See `import_merges`.
     pub import_merged_away: u64,
+    /// See `import_merges`.
     pub imports_over_cap: u64,
     /// Imports and their bytes the import backend still counts live after the replay released
     /// every import (its own budget: taken at each import, given back at each release): 0 unless
     /// an import leaked.
     pub live_imports_after_teardown: u64,
+    /// See `live_imports_after_teardown`.
     pub live_import_bytes_after_teardown: u64,
     /// Whether each collect was checked against a region query.
     pub verify_collect: bool,
+    /// Collects made.
     pub collects: u64,
+    /// Time in collects, all together (the frames' `collects` added up).
     pub collect_time: Duration,
+    /// Pages the collects reported written, all together.
     pub pages_reported: u64,
+    /// Guest writes, counted in pages (a write over three pages counts three).
     pub writes: u64,
+    /// Written pages that no collect reported that should have (see the module's docs): 0
+    /// unless write tracking lost a write.
     pub lost_writes: u64,
     /// Writes no later collect covered (nothing to check them against).
     pub unchecked_writes: u64,
+    /// The trace's short sleeps on guest threads.
     pub guest_sleeps: SleepFigures,
+    /// The trace's short sleeps on host threads (a paced replay's waits for a frame's time are
+    /// not counted).
     pub host_sleeps: SleepFigures,
     /// Freed ranges zeroed in place because a live import covered them.
     pub zeroed_under_import: u64,
@@ -871,6 +931,54 @@ fn refuses_window(e: &ReplayError) -> bool {
 /// Replays `records` (with their trace line numbers) of a trace with `header`. Where the runtime
 /// refuses the header's window, the first bad line of the trace, if it has one, is the error
 /// (the rest of the trace is read to find it).
+///
+/// The runtime is made for the replay and dropped at its end: a space of the header's window, the
+/// importer on the backend `cfg.settings` picks, the write tracker. Every import is released
+/// before it returns.
+///
+/// # Errors
+///
+/// A [`ReplayError`] naming the trace line: the trace's own errors ([`ReplayError::Trace`]), a
+/// line the replay refuses ([`ReplayError::Bad`]), an event the runtime refuses
+/// ([`ReplayError::Event`]), a thread the OS refuses ([`ReplayError::Spawn`]); or the runtime
+/// could not be made ([`ReplayError::Space`], [`ReplayError::Watch`], [`ReplayError::Import`]).
+/// A binding the import backend refuses is not an error: it is counted in
+/// [`ReplayReport::bind_failures`].
+///
+/// # Examples
+///
+/// A small trace: memory committed, written by two game threads, collected on the render
+/// thread a frame later, with a binding; replayed on the `pin` import backend (no GPU needed).
+///
+/// ```
+/// use emuhost::import::{BackendChoice, BackendKind};
+/// use emuhost_lab::replay::{ReplayConfig, replay};
+/// use emuhost_lab::trace::read_str;
+///
+/// let trace = "emuhost-trace 1 window=0x100000000
+/// 0 g0 commit 0x10000000 0x400000 rw-
+/// 0 g0 pool 0x10000000 0x400000
+/// 1 r frame 0
+/// 2 g0 write 0x10000000 0x10
+/// 3 g1 write 0x10002000 0x2000
+/// 4 r bind 0x10000000 0x1000
+/// 10 r frame 1
+/// 11 r collect 0x10000000 0x400000
+/// 20 r frame 2
+/// end 9
+/// ";
+/// let (header, records) = read_str(trace)?;
+/// let mut cfg = ReplayConfig::default();
+/// cfg.settings.import_backend = BackendChoice::Only(BackendKind::Pin);
+/// // Each record with its line in the trace (the header is line 1).
+/// let lines = records.into_iter().enumerate().map(|(i, r)| Ok((i as u64 + 2, r)));
+/// let report = replay(&header, lines, &cfg)?;
+/// assert_eq!(report.threads, 3);
+/// assert_eq!(report.writes, 3, "one page, then two");
+/// assert_eq!(report.lost_writes, 0);
+/// assert_eq!(report.live_imports_after_teardown, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn replay(
     header: &Header,
     records: impl Iterator<Item = Result<(u64, Record), TraceError>>,
@@ -996,14 +1104,23 @@ fn check_writes(writes: &[(u64, u64, u64)], collects: &BTreeMap<u64, CollectReco
     (lost, unchecked)
 }
 
-/// Replays the built-in default session.
+/// Replays the built-in default session ([`crate::synth::default_session`]): some 23 s of
+/// a game's session, unpaced unless `cfg.paced`.
+///
+/// # Errors
+///
+/// As [`replay`].
 pub fn replay_default(cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
     let synth = crate::synth::default_session();
     let header = synth.header();
     replay(&header, synth.enumerate().map(|(i, r)| Ok((i as u64 + 2, r))), cfg)
 }
 
-/// Replays a trace file (plain or `.zst`).
+/// Replays a trace file (plain or `.zst`), streamed: the records are read as they are replayed.
+///
+/// # Errors
+///
+/// As [`replay`]; a file that cannot be opened or read is a [`ReplayError::Trace`].
 pub fn replay_file(path: &std::path::Path, cfg: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
     let mut reader = FileReader::open(path)?;
     let header = reader.header().clone();

@@ -57,11 +57,13 @@ pub fn trim_heap() -> bool {
 /// The field `key` of `/proc/<pid>/status` text (`VmRSS:   1234 kB`), in bytes.
 pub use emuhost::probe::status_bytes;
 
-/// One loop of a soak: what the replay did and what was left after its teardown.
+/// One loop of a soak: what the replay did and what was left after its teardown ([`judge`] has
+/// an example).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SoakLoop {
     /// 1, 2, ...
     pub index: u64,
+    /// The loop's wall time (the replay and its teardown).
     pub wall: Duration,
     /// CPU time the process used during the loop (all threads, user and system).
     pub cpu: Duration,
@@ -72,12 +74,16 @@ pub struct SoakLoop {
     pub rss_untrimmed: u64,
     /// Imports the import backend still counted live after the teardown, and their bytes.
     pub live_imports: u64,
+    /// See `live_imports`.
     pub live_bytes: u64,
+    /// The replay's guest writes, in pages ([`ReplayReport::writes`](crate::replay::ReplayReport::writes)).
     pub writes: u64,
+    /// The replay's lost writes ([`ReplayReport::lost_writes`](crate::replay::ReplayReport::lost_writes)).
     pub lost_writes: u64,
     /// The import and write-tracking backends the loop's replay picked (empty where it failed).
     /// Shared text: a soak keeps one copy while they stay the same (see [`SoakLoop::name_backends`]).
     pub import_backend: Arc<str>,
+    /// See `import_backend`.
     pub watch_backend: Arc<str>,
     /// The replay's error, if it failed.
     pub error: Option<String>,
@@ -102,7 +108,9 @@ impl SoakLoop {
 /// of the resident memory after the first loop.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowthLimit {
+    /// Growth allowed whatever the first loop's memory, in bytes.
     pub bytes: u64,
+    /// Growth allowed as a percentage of the first loop's memory (10.0: 10 %).
     pub percent: f64,
 }
 
@@ -124,35 +132,45 @@ impl GrowthLimit {
     }
 }
 
-/// What a soak's figures say.
+/// What a soak's figures say ([`judge`], with an example). Memory figures are in bytes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SoakVerdict {
+    /// Loops judged.
     pub loops: u64,
     /// Resident memory after the first loop.
     pub rss_first: u64,
     /// The most resident memory after any later loop (the first's where there is none), and
     /// the loop it was after.
     pub rss_max_after: u64,
+    /// See `rss_max_after`.
     pub rss_max_loop: u64,
     /// `rss_max_after - rss_first` (0 where it shrank), and that as a percentage of `rss_first`.
     pub growth: u64,
+    /// See `growth`.
     pub growth_percent: f64,
+    /// The growth the limit allowed over `rss_first` ([`GrowthLimit::allowed`]).
     pub allowed_growth: u64,
     /// The C allocator's memory in use after the first loop, the most after any later loop, and
     /// the growth between them: what grows here is leaked, whatever the allocator keeps free.
     pub heap_first: u64,
+    /// See `heap_first`.
     pub heap_max_after: u64,
+    /// See `heap_first`.
     pub heap_growth: u64,
     /// What the import backend counted live after the last loop's teardown.
     pub live_imports_end: u64,
+    /// See `live_imports_end`.
     pub live_bytes_end: u64,
+    /// Loops whose replay failed.
     pub errors: u64,
+    /// Lost writes over all loops.
     pub lost_writes: u64,
     /// Each check that failed, in words; empty when all passed.
     pub failures: Vec<String>,
 }
 
 impl SoakVerdict {
+    /// Whether every check passed (no failure).
     pub fn passed(&self) -> bool {
         self.failures.is_empty()
     }
@@ -169,7 +187,33 @@ fn most_after_first(loops: &[SoakLoop], figure: impl Fn(&SoakLoop) -> u64) -> (u
 /// Judges a soak's loops: it fails where resident memory or the C allocator's memory in use
 /// after a later loop grew past `limit` over the first loop's, where imports were left live after
 /// a loop's teardown, where a loop picked other backends than the first, where a loop failed, or
-/// where a write was lost.
+/// where a write was lost. No loop at all is a failure too.
+///
+/// # Examples
+///
+/// Loops as a soak records them (here made up: a real soak replays a trace in each, see
+/// [`crate::replay`], and reads [`memory`] after its teardown), judged:
+///
+/// ```
+/// use emuhost_lab::soak::{DEFAULT_GROWTH_LIMIT, Memory, SoakLoop, judge};
+///
+/// const MIB: u64 = 1 << 20;
+/// let after = |index: u64, rss_mib: u64| {
+///     let memory = Memory { rss: rss_mib * MIB, ..Default::default() };
+///     let mut l = SoakLoop { index, memory, ..Default::default() };
+///     l.name_backends("pin", "uffd", None);
+///     l
+/// };
+/// // Noise after the first loop, within 32 MiB: a pass.
+/// let flat: Vec<SoakLoop> = [100, 120, 96, 131].into_iter().zip(1..).map(|(m, i)| after(i, m)).collect();
+/// assert!(judge(&flat, DEFAULT_GROWTH_LIMIT).passed());
+///
+/// // 8 MiB more after each loop: a leak, found once past 32 MiB.
+/// let leak: Vec<SoakLoop> = (1..=6).map(|i| after(i, 100 + 8 * (i - 1))).collect();
+/// let verdict = judge(&leak, DEFAULT_GROWTH_LIMIT);
+/// assert!(!verdict.passed());
+/// assert_eq!((verdict.growth, verdict.rss_max_loop), (40 * MIB, 6));
+/// ```
 pub fn judge(loops: &[SoakLoop], limit: GrowthLimit) -> SoakVerdict {
     let mut v = SoakVerdict { loops: loops.len() as u64, ..Default::default() };
     let mut failures = Vec::new();

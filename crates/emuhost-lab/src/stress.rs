@@ -26,7 +26,6 @@
 //! let report = stress_with(BackendKind::AUTO[0], StressConfig::new(10_000)).unwrap();
 //! assert_eq!(report.lost, 0, "{report:?}");
 //! ```
-#![deny(missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};

@@ -37,7 +37,6 @@
 //!     w.write(&r).unwrap();
 //! }
 //! ```
-#![deny(missing_docs)]
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -26,10 +26,13 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BenchError {
+    /// A space call failed (reserve, commit, map ...).
     #[error(transparent)]
     Space(#[from] emuhost::space::SpaceError),
+    /// A write-tracking call failed (the tracker made, an arm, a collect).
     #[error(transparent)]
     Watch(#[from] emuhost::watch::WatchError),
+    /// An import call failed (no backend, an import refused).
     #[error(transparent)]
     Import(#[from] emuhost::import::ImportError),
     /// A system call the bench makes itself (the bare kernel's arm) failed.
@@ -38,7 +41,9 @@ pub enum BenchError {
     /// A runtime call failed while the bench was doing `what`.
     #[error("{what}")]
     Runtime {
+        /// What the bench was doing, in words.
         what: String,
+        /// The runtime's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -57,7 +62,6 @@ impl BenchError {
     }
 }
 
-/// `Err(BenchError::Check(..))` unless `cond`: the bench's `ensure!`.
 /// Whether a space can map shared views here: always on Linux; on Windows where placeholders
 /// work (Windows 10 1803+, Wine 10; not Wine 8). The reason where not, for a bench's "left out".
 pub fn views_here() -> Result<(), String> {
@@ -68,6 +72,7 @@ pub fn views_here() -> Result<(), String> {
     Ok(())
 }
 
+/// `Err(BenchError::Check(..))` unless `cond`: the bench's `ensure!`.
 macro_rules! check {
     ($cond:expr, $($t:tt)*) => {
         if !$cond {
@@ -78,9 +83,39 @@ macro_rules! check {
 pub(crate) use check;
 
 /// One arm's rounds: wall time and system calls of each.
+///
+/// # Examples
+///
+/// Two arms timed round by round, alternated, and compared by their medians:
+///
+/// ```
+/// use emuhost_lab::bench::{Arm, Comparison};
+///
+/// let (mut old, mut new) = (Arm::default(), Arm::default());
+/// for _ in 0..5 {
+///     old.round(|| Ok::<_, std::convert::Infallible>((0..20_000u64).map(|i| i * i).sum::<u64>()))?;
+///     new.round(|| Ok::<_, std::convert::Infallible>((0..20_000u64).sum::<u64>()))?;
+/// }
+/// assert_eq!(old.times.len(), 5);
+/// let c = Comparison {
+///     name: "sum".into(),
+///     old_name: "squares",
+///     new_name: "plain",
+///     old,
+///     new,
+///     target_time: None,
+///     target_calls: None,
+/// };
+/// // Reported, never a pass or fail: the machines are shared and noisy.
+/// println!("{}: {} {:.2}x faster than {}", c.name, c.new_name, c.time_ratio(), c.old_name);
+/// # Ok::<(), std::convert::Infallible>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Arm {
+    /// Each round's wall time.
     pub times: Vec<Duration>,
+    /// Each round's system calls; empty where the build does not count them (the runtime's
+    /// `counters` feature).
     pub calls: Vec<u64>,
 }
 
@@ -97,11 +132,13 @@ impl Arm {
         Ok(out)
     }
 
+    /// The rounds' median wall time, in milliseconds (0 without a round).
     pub fn median_ms(&self) -> f64 {
         let mut t: Vec<f64> = self.times.iter().map(|d| d.as_secs_f64() * 1e3).collect();
         median(&mut t)
     }
 
+    /// The rounds' median count of system calls; `None` where none were counted.
     pub fn median_calls(&self) -> Option<f64> {
         let mut c: Vec<f64> = self.calls.iter().map(|c| *c as f64).collect();
         (!c.is_empty()).then(|| median(&mut c))
@@ -118,13 +155,19 @@ pub use crate::quantile::{median, quantile};
 /// A comparison of two arms, `old` against `new`.
 #[derive(Clone, Debug)]
 pub struct Comparison {
+    /// What is compared, for the report.
     pub name: String,
+    /// The old arm's name.
     pub old_name: &'static str,
+    /// The new arm's name.
     pub new_name: &'static str,
+    /// The old arm's rounds.
     pub old: Arm,
+    /// The new arm's rounds.
     pub new: Arm,
-    /// What the issue asks for: `new` faster by this factor (time), and fewer calls by this one.
+    /// What the issue asks for: `new` faster by this factor (time). Reported, never checked.
     pub target_time: Option<f64>,
+    /// What the issue asks for: fewer system calls by this factor.
     pub target_calls: Option<f64>,
 }
 

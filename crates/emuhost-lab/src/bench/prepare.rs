@@ -12,22 +12,34 @@ use super::{Arm, median};
 /// What one preparation measured (NaN where it did not say).
 #[derive(Clone, Copy, Debug)]
 pub struct PrepareRun {
+    /// The whole preparation's wall time, in milliseconds.
     pub total_ms: f64,
+    /// The translate phase's wall time, in milliseconds.
     pub translate_ms: f64,
+    /// The compile phase's wall time, in milliseconds.
     pub compile_ms: f64,
+    /// The preparing process's peak resident memory, in bytes.
     pub peak_rss_bytes: f64,
+    /// Pipelines the driver said came from the cache (NaN where it does not say).
     pub cache_hits: f64,
+    /// Pipelines created.
     pub pipelines: u64,
 }
 
 /// One (worker count, cold or warm) cell over the rounds.
 #[derive(Clone, Debug, Default)]
 pub struct Cell {
+    /// Each round's whole preparation.
     pub total: Arm,
+    /// Each round's translate phase, in milliseconds.
     pub translate: Vec<f64>,
+    /// Each round's compile phase, in milliseconds.
     pub compile: Vec<f64>,
+    /// Each round's peak resident memory, in MiB.
     pub peak_mib: Vec<f64>,
+    /// Each round's cache hits (NaN where the driver does not say).
     pub hits: Vec<f64>,
+    /// The last round's pipelines created.
     pub pipelines: u64,
 }
 
@@ -64,7 +76,11 @@ pub fn worker_counts(explicit: &[u64], usable: u64, rule: u64) -> Vec<u64> {
 /// Each worker count's cold and warm runs, the counts alternated within each round:
 /// `prepare(workers, cold)` runs one preparation with this many workers and the cache file
 /// `cache` (before a cold run it is deleted, with its journal); `done(round, workers, cold, warm)`
-/// after each pair.
+/// after each pair. Returns the cold cells and the warm ones, in the order of `counts`.
+///
+/// # Errors
+///
+/// The first error `prepare` returned; the rounds stop there.
 pub fn measure<E>(
     rounds: u32,
     counts: &[u64],

@@ -40,6 +40,9 @@ pub struct SleepBench {
 }
 
 impl SleepBench {
+    /// `rounds` rounds of `short_sleeps` 20 µs sleeps and `long_sleeps` 1 ms sleeps per arm, the
+    /// fixed-margin hybrid at `margin_us`; the frame experiment on 2 CPUs, 4 sleepers, 300 ms of
+    /// work (change it with [`frame`](Self::frame)).
     pub fn new(rounds: u32, short_sleeps: u32, long_sleeps: u32, margin_us: u64) -> Self {
         SleepBench { rounds, short_sleeps, long_sleeps, margin_us, frame_cpus: 2, sleepers: 4, frame_ms: 300 }
     }
@@ -66,6 +69,7 @@ pub enum Method {
 }
 
 impl Method {
+    /// The method's name in the report (`yield`, `hybrid, learned`, `spin_sleep` ...).
     pub fn name(self) -> &'static str {
         match self {
             Method::Wait(w) => w.name(),
@@ -76,6 +80,7 @@ impl Method {
     }
 }
 
+/// Every method `sleep` measures, in the report's order.
 pub const METHODS: [Method; 6] = [
     Method::Wait(Wait::Yield),
     Method::Wait(Wait::Timer),
@@ -267,11 +272,17 @@ fn sleep_arms(
 /// One method's medians at one duration.
 #[derive(Clone, Debug)]
 pub struct SleepRow {
+    /// The sleep asked for, in µs (20 or 1,000).
     pub sleep_us: u64,
+    /// Sleeps per round.
     pub sleeps: u32,
+    /// The method.
     pub method: Method,
+    /// Lateness (woken after the time asked), median over the rounds of each round's median, in µs.
     pub late_p50_us: f64,
+    /// Lateness, median over the rounds of each round's 99th percentile, in µs.
     pub late_p99_us: f64,
+    /// The sleeping thread's CPU time per second of wall time while it slept (1.0: a CPU busy).
     pub cpu_per_s: f64,
 }
 
@@ -279,13 +290,15 @@ pub struct SleepRow {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SleepReport {
-    /// The learned hybrid's margin at the end, and what it spun after it.
+    /// The learned hybrid's margin at the end ([`LearnedMargin::get`]).
     pub learned_margin: Duration,
+    /// The learned hybrid's short stage's margin at the end ([`LearnedMargin::spin`]).
     pub learned_spin: Duration,
     /// Every method at 20 µs, then at 1 ms.
     pub sleeps: Vec<SleepRow>,
-    /// The frame experiment's processors and rule.
+    /// The frame experiment's processors.
     pub frame_cpus: usize,
+    /// The short-sleep rule the runtime picks for that many processors (the sleepers' "by the rule").
     pub rule: ShortSleepRule,
     /// The frame thread with no sleepers against sleepers by the rule.
     pub none_vs_rule: Comparison,
@@ -307,6 +320,13 @@ impl SleepReport {
     }
 }
 
+/// Runs the `sleep` bench (see the module's docs). It takes a while: the sleeps and
+/// `rounds` × 3 frames of `frame_ms` work.
+///
+/// # Errors
+///
+/// [`BenchError::Runtime`] where the frame thread's affinity mask could not be restricted or a
+/// sleeper could not be started; [`BenchError::Panicked`] where a thread of the bench panicked.
 pub fn sleep(a: &SleepBench) -> Result<SleepReport, BenchError> {
     let margin_ns = a.margin_us * 1000;
     let durations = [(Duration::from_micros(20), a.short_sleeps), (Duration::from_millis(1), a.long_sleeps)];

@@ -22,6 +22,7 @@ pub struct SpaceBench {
 }
 
 impl SpaceBench {
+    /// The bench with these fields (see each field).
     pub fn new(rounds: u32, window_gib: u64, stride_mib: u64, shared_pages: u64) -> Self {
         SpaceBench { rounds, window_gib, stride_mib, shared_pages }
     }
@@ -31,6 +32,7 @@ impl SpaceBench {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SpaceReport {
+    /// One-call commit of the fragmented window against the region-by-region walk.
     pub commit: Comparison,
     /// `None` where shared views cannot be mapped (Windows without placeholders).
     pub shared: Option<Comparison>,
@@ -48,6 +50,13 @@ pub const QUERIES: &str = "region queries: PROCMAP_QUERY against the /proc/self/
 /// The shared-pages comparison's name where it is left out.
 pub const SHARED: &str = "a run of shared pages as one view against one view per page";
 
+/// Runs the space bench (see the module's docs); what cannot be measured on this OS is in
+/// [`SpaceReport::left_out`].
+///
+/// # Errors
+///
+/// [`BenchError::Check`] for a stride not smaller than the window; the first runtime call that
+/// failed (the window reserved, a commit, a view mapped, a region query).
 pub fn run(a: &SpaceBench) -> Result<SpaceReport, BenchError> {
     let mut left_out = Vec::new();
     let commit = commit_arms(a)?;

@@ -30,6 +30,7 @@ pub struct WatchBench {
 }
 
 impl WatchBench {
+    /// The bench with these fields (see each field).
     pub fn new(rounds: u32, size_mib: u64, stress_writes: u64, kinds: Vec<BackendKind>) -> Self {
         WatchBench { rounds, size_mib, stress_writes, kinds }
     }
@@ -39,12 +40,21 @@ impl WatchBench {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct WatchReport {
+    /// Each backend's figures, every round's sample.
     pub samples: BTreeMap<BackendKind, Samples>,
+    /// Each backend's no-lost-writes stress (empty where it was left out).
     pub stress: BTreeMap<BackendKind, StressReport>,
     /// Why the stress did not run (it maps shared views: none without placeholders on Windows).
     pub stress_left_out: Option<String>,
 }
 
+/// Runs the watch bench: `a.rounds` rounds of every backend's figures, alternated, then each
+/// backend's stress (left out where shared views cannot be mapped).
+///
+/// # Errors
+///
+/// The first runtime call that failed (a space or tracker made, an arm, a collect), the
+/// stress's included. A write the stress lost is not an error: it is in [`WatchReport::stress`].
 pub fn run(a: &WatchBench) -> Result<WatchReport, BenchError> {
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();

@@ -22,6 +22,7 @@ pub struct WorkersBench {
 }
 
 impl WorkersBench {
+    /// The bench with these fields (see each field).
     pub fn new(rounds: u32, jobs: u64, max_workers: Option<u64>) -> Self {
         WorkersBench { rounds, jobs, max_workers }
     }
@@ -30,8 +31,11 @@ impl WorkersBench {
 /// One worker count's figures.
 #[derive(Clone, Debug)]
 pub struct WorkersRow {
+    /// Worker threads.
     pub workers: u64,
+    /// The rounds' median wall time for the round's jobs, in milliseconds.
     pub median_ms: f64,
+    /// Jobs per second at that median.
     pub jobs_per_s: f64,
     /// Jobs per second against one worker's.
     pub speedup: f64,
@@ -41,10 +45,13 @@ pub struct WorkersRow {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct WorkersReport {
+    /// The CPUs this process may run on.
     pub usable_cpus: u64,
+    /// Each worker count's figures, fewest workers first.
     pub rows: Vec<WorkersRow>,
     /// `prepare_workers` on this machine where the allocator scales, and where it is locked.
     pub prepare_scales: usize,
+    /// See `prepare_scales`.
     pub prepare_locked: usize,
 }
 

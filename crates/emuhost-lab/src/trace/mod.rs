@@ -10,7 +10,6 @@
 //!
 //! A synthetic session is [`crate::synth`]; replaying a trace through the runtime is
 //! [`crate::replay`].
-#![deny(missing_docs)]
 
 mod error;
 mod event;

@@ -39,6 +39,7 @@ pub enum Beside {
 }
 
 impl Beside {
+    /// The arm's name in the report (`beside 1024 KiB`, `beside nothing`, `alone, 1000 live`).
     pub fn name(self) -> String {
         match self {
             Beside::Imports(0) => "beside nothing".into(),
@@ -51,14 +52,23 @@ impl Beside {
 /// One round of one arm, in ms (the background's pins per second aside).
 #[derive(Clone, Debug, Default)]
 pub struct Round {
+    /// The binding-like thread's imports: median.
     pub import_p50: f64,
+    /// The binding-like thread's imports: 99th percentile.
     pub import_p99: f64,
+    /// The binding-like thread's imports: the longest.
     pub import_worst: f64,
+    /// The binding-like thread's releases: median.
     pub release_p50: f64,
+    /// The binding-like thread's releases: 99th percentile.
     pub release_p99: f64,
+    /// The binding-like thread's releases: the longest.
     pub release_worst: f64,
+    /// The background thread's imports: median (0 without one).
     pub bg_import: f64,
+    /// The background thread's releases: median.
     pub bg_release: f64,
+    /// The bytes the background thread imported per second of the round, in MiB/s.
     pub bg_mib_per_s: f64,
 }
 
@@ -82,11 +92,13 @@ pub const FIGURES: [Figure; 9] = [
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct BesideResult {
+    /// The arms, in the order `rounds` holds them.
     pub arms: Vec<Beside>,
     /// `rounds[r][a]`: round `r` of arm `a`.
     pub rounds: Vec<Vec<Round>>,
     /// The binding-like thread's import, in bytes.
     pub small: u64,
+    /// The import backend's kind (`vulkan`, `cuda`, `pin`).
     pub backend: String,
 }
 
@@ -186,7 +198,12 @@ fn round(b: &AnyBackend, beside: Beside, dur: Duration) -> Result<Round, BenchEr
 }
 
 /// The arms (`sizes` background imports, in bytes, 0 for none; then `live` held imports alone
-/// if not 0), `rounds` times, in an order that turns each round.
+/// if not 0), `rounds` times, in an order that turns each round; each arm runs for `dur` a
+/// round.
+///
+/// # Errors
+///
+/// The first runtime call that failed (a space made, an import refused).
 pub fn arms(
     b: &Arc<AnyBackend>,
     rounds: u32,

@@ -49,12 +49,19 @@ enum Pins {
 /// One round of one arm: the collects' and the changes' latency in ms, the pins per second.
 #[derive(Clone, Debug, Default)]
 pub struct Round {
+    /// The render thread's collects: median.
     pub collect_p50: f64,
+    /// The render thread's collects: 99th percentile.
     pub collect_p99: f64,
+    /// The render thread's collects: the longest.
     pub collect_worst: f64,
+    /// The game thread's commit-and-arm of a 16 KiB piece: 99th percentile.
     pub change_p99: f64,
+    /// The game thread's commit-and-arm: the longest.
     pub change_worst: f64,
+    /// The pins the pinning thread made per second of the round.
     pub pins_per_s: f64,
+    /// The write-tracking backend the round's tracker picked.
     pub tracker: &'static str,
 }
 
@@ -69,8 +76,11 @@ pub struct ChainResult {
     pub rounds: Vec<[Round; 3]>,
     /// Bytes pinned at a time, and the piece of the third arm.
     pub pinned: u64,
+    /// See `pinned`.
     pub piece: u64,
+    /// The write-tracking backend (`""` without a round).
     pub tracker: &'static str,
+    /// The import backend's kind (`vulkan`, `cuda`, `pin`).
     pub backend: String,
 }
 
@@ -217,7 +227,11 @@ fn round(b: &AnyBackend, how: Pins, dur: Duration, pinned: u64) -> Result<Round,
 }
 
 /// The three arms, `rounds` times, in an order that turns each round. `piece` is rounded up to
-/// the backend's alignment.
+/// the backend's alignment. Each round runs each arm for `dur`, pinning `pinned` bytes at a time.
+///
+/// # Errors
+///
+/// The first runtime call that failed (a space made, a commit, an import refused).
 pub fn arms(
     b: &Arc<AnyBackend>,
     rounds: u32,

@@ -23,10 +23,15 @@ const MIB: u64 = 1 << 20;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SizeResult {
+    /// The import's size, in bytes.
     pub size: u64,
+    /// Imports of untouched pages (the import faults them in).
     pub untouched: Arm,
+    /// Imports of pages populated first (the populate not counted).
     pub populated: Arm,
+    /// The populates before the `populated` imports.
     pub populate: Arm,
+    /// The releases of both arms' imports.
     pub release: Arm,
 }
 
@@ -55,7 +60,11 @@ fn timed<T>(arm: &mut Arm, f: impl FnOnce() -> Result<T, BenchError>) -> Result<
 }
 
 /// One import of `size` bytes of untouched pages against one of pages populated first, `rounds`
-/// times.
+/// times, the two alternated.
+///
+/// # Errors
+///
+/// The first runtime call that failed (a space made, a commit, an import refused).
 pub fn sizes_arms(b: &Arc<AnyBackend>, size: u64, rounds: u32) -> Result<SizeResult, BenchError> {
     let align = b.alignment().max(page_size());
     let space = Arc::new(Space::with_window((size + align).next_multiple_of(1 << 30))?);
@@ -169,7 +178,10 @@ fn session(seed: u64, chunk: u64) -> Session {
 /// One session arm's run: the importer's figures and the time populating ahead took.
 #[derive(Clone, Debug)]
 pub struct ArmRun {
+    /// The importer's figures at the session's end.
     pub stats: Stats,
+    /// The time from the first pool added until the importer settled, where it populates ahead
+    /// (0 where it does not).
     pub populate: Duration,
 }
 
@@ -199,10 +211,15 @@ fn run_session(b: &Arc<AnyBackend>, s: &Session, cfg: ImportConfig) -> Result<Ar
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SessionResult {
+    /// Each arm's name and its rounds' runs.
     pub arms: Vec<(&'static str, Vec<ArmRun>)>,
+    /// Pools in the session.
     pub pools: usize,
+    /// Of them, pools across a chunk's end.
     pub crossing: usize,
+    /// Bindings in the session.
     pub binds: usize,
+    /// Pools in the chunks play binds into.
     pub hot: usize,
 }
 
@@ -245,6 +262,10 @@ impl SessionResult {
 
 /// The session of `seed` through the importer with naive chunks, with spans, and with spans and
 /// populate ahead (pools, chunks), `rounds` times; `base` is the importer's config the arms vary.
+///
+/// # Errors
+///
+/// The first runtime call that failed (a space made, a commit, a pool added, a binding refused).
 pub fn session_arms(
     b: &Arc<AnyBackend>,
     seed: u64,

@@ -29,6 +29,11 @@ pub struct Memory {
 
 /// Reads the process's memory ([`emuhost::probe::process_memory`]: `/proc/self/status` on Linux,
 /// `GetProcessMemoryInfo` on Windows) and what the C allocator holds.
+///
+/// # Errors
+///
+/// The OS's error where the process's memory cannot be read (the allocator's figures are 0
+/// where they cannot).
 pub fn memory() -> io::Result<Memory> {
     let m = emuhost::probe::process_memory()?;
     let heap = emuhost::probe::heap().unwrap_or_default();
@@ -37,6 +42,10 @@ pub fn memory() -> io::Result<Memory> {
 
 /// The CPU time the process has used so far, all threads, user and system
 /// ([`emuhost::probe::process_times`]: `getrusage` on Linux, `GetProcessTimes` on Windows).
+///
+/// # Errors
+///
+/// The OS's error where the call fails.
 pub fn cpu_time() -> io::Result<Duration> {
     Ok(emuhost::probe::process_times()?.total())
 }

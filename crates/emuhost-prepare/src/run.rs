@@ -17,7 +17,7 @@ use super::translate::{self, Spirv};
 use super::vk::{DeviceInfo, Driver};
 use super::{PrepareError, fnv1a};
 
-/// What a preparation is asked to do.
+/// What a preparation is asked to do ([`prepare`] has an example).
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Threads for each phase (at least 1).
@@ -120,7 +120,7 @@ pub struct PhaseTime {
     pub busy: Duration,
 }
 
-/// What a preparation did.
+/// What a preparation did ([`prepare`] has an example).
 #[derive(Clone, Debug)]
 pub struct Report {
     /// The device prepared on.

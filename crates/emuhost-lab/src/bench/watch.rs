@@ -1,7 +1,8 @@
 //! The write-tracking bench: the cost of collecting written pages, per backend, in one run, and
 //! the no-lost-writes stress (arms, disarms and releases racing the writers) of each. Beside uffd
-//! it measures the bare kernel ([`BareUffd`]: the same calls on the same memory with nothing of
-//! emuhost around them), so a report can print emuhost's cost over it.
+//! it measures the bare kernel (`emuhost::watch::bare::BareUffd`, Linux only: the same calls on
+//! the same memory with nothing of emuhost around them), so a report can print emuhost's cost
+//! over it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -92,6 +92,9 @@ impl<B: Backend + 'static> Importer<B> {
         };
         let waited = t0.elapsed();
         st.stats.waited(waited);
+        let made = bound.as_ref().is_ok_and(|b| b.made);
+        let met_in_driver = st.met_in_driver;
+        add_cause(&mut st.stats, waited, locked, &flight, made.then_some(met_in_driver));
         // The log lines once the lock is released.
         drop(st);
         super::state::log_made();
@@ -360,6 +363,35 @@ impl<B: Backend> Core<B> {
     }
 }
 
+/// Adds a binding's wait (`waited`, of it `locked` for the importer's lock) to the waits by
+/// cause ([`super::Stats::wait_own`] and beside it): its wait for an import in flight, if any,
+/// and the rest to its own import (`made`: whether it met a background import in the driver),
+/// or to the flight where it made none.
+pub(super) fn add_cause(
+    s: &mut super::Stats,
+    waited: Duration,
+    locked: Duration,
+    flight: &FlightWait,
+    made: Option<bool>,
+) {
+    let add = |c: &mut (u64, Duration), d: Duration| {
+        c.0 += 1;
+        c.1 += d;
+    };
+    s.wait_lock += locked;
+    let rest = waited.saturating_sub(locked);
+    let flew = flight.waited.map(|d| d.min(rest));
+    if let Some(d) = flew {
+        add(&mut s.wait_flight, if made.is_some() { d } else { rest });
+    }
+    let own = rest.saturating_sub(flew.unwrap_or_default());
+    match made {
+        Some(true) => add(&mut s.wait_beside_driver, own),
+        Some(false) => add(&mut s.wait_own, own),
+        None => {}
+    }
+}
+
 /// The debug log of a binding that waited `waited` (of it `locked` for the importer's lock):
 /// how it was served and what it waited for.
 pub(super) fn log_slow_binding(
@@ -396,4 +428,25 @@ pub(super) fn log_slow_binding(
         ms(waited),
         ms(locked)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A binding's wait goes to its causes: the lock, an import in flight (all of the rest where
+    /// it made no import), its own import beside a background one in the driver or alone.
+    #[test]
+    fn a_bindings_wait_is_split_by_cause() {
+        let ms = Duration::from_millis;
+        let mut s = super::super::Stats::default();
+        let flew = FlightWait { waited: Some(ms(3)), ..Default::default() };
+        add_cause(&mut s, ms(10), ms(1), &flew, Some(true));
+        add_cause(&mut s, ms(5), ms(0), &flew, None);
+        add_cause(&mut s, ms(2), ms(0), &FlightWait::default(), Some(false));
+        assert_eq!(s.wait_lock, ms(1));
+        assert_eq!(s.wait_flight, (2, ms(8)));
+        assert_eq!(s.wait_beside_driver, (1, ms(6)));
+        assert_eq!(s.wait_own, (1, ms(2)));
+    }
 }

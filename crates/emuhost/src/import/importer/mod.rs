@@ -370,6 +370,23 @@ impl<B: Backend + 'static> Drop for Importer<B> {
     fn drop(&mut self) {
         self.core.stopping.store(true, Ordering::Relaxed);
         self.core.close_queue(&mut self.ahead);
+        let s = self.stats();
+        if s.waits > 0 {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            tracing::debug!(
+                "waits for imports: {} in {:.2} ms; the lock {:.2} ms; in flight {} in {:.2} ms; own imports beside a \
+                 background import in the driver {} in {:.2} ms; own imports alone {} in {:.2} ms",
+                s.waits,
+                ms(s.wait_time),
+                ms(s.wait_lock),
+                s.wait_flight.0,
+                ms(s.wait_flight.1),
+                s.wait_beside_driver.0,
+                ms(s.wait_beside_driver.1),
+                s.wait_own.0,
+                ms(s.wait_own.1)
+            );
+        }
         self.release_all();
     }
 }

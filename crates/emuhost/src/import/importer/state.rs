@@ -88,6 +88,15 @@ pub struct Stats {
     pub wait_time: Duration,
     /// The binding thread's longest wait for an import.
     pub wait_worst: Duration,
+    /// `wait_time` by cause (pools and chunks policies alike): the importer's lock; the waits
+    /// for an import in flight (served by it or given up); the binding's own imports that met a
+    /// background import in the driver (drivers serialize imports: that one's rest is in it);
+    /// and its own imports that met none. Each a count of bindings and their time (a binding
+    /// that waited for one in flight and then imported counts in both, its time split).
+    pub wait_lock: Duration,
+    pub wait_flight: (u64, Duration),
+    pub wait_beside_driver: (u64, Duration),
+    pub wait_own: (u64, Duration),
     /// Imports made ahead (also in `imports`, `time` and `times`) and their time.
     pub ahead_imports: u64,
     /// Time in imports made ahead.

@@ -94,8 +94,11 @@ pub struct Stats {
     /// and its own imports that met none. Each a count of bindings and their time (a binding
     /// that waited for one in flight and then imported counts in both, its time split).
     pub wait_lock: Duration,
+    /// Waits for an import in flight: bindings and their time.
     pub wait_flight: (u64, Duration),
+    /// The binding's own imports that met a background import in the driver: bindings and time.
     pub wait_beside_driver: (u64, Duration),
+    /// The binding's own imports that met nothing in the driver: bindings and time.
     pub wait_own: (u64, Duration),
     /// Imports made ahead (also in `imports`, `time` and `times`) and their time.
     pub ahead_imports: u64,

@@ -381,16 +381,12 @@ impl<B: Backend> Core<B> {
                 // A binding may have imported the pool while this was in flight.
                 let redundant = st.covering(r.lo, r.hi).is_some();
                 self.record(&mut st, r, import, took, pool.map_or(Made::Widen, Made::Ahead));
-                let key = (r.lo, st.seq);
                 if let Some(id) = pool
                     && (redundant || st.pools.get(id).is_none())
                 {
                     // Released while in flight, or imported by its binding: nothing will use it.
+                    let key = (r.lo, st.seq);
                     later.extend(self.take_out(&mut st, key));
-                } else if pool.is_none() {
-                    // A pool whole over its bindings' parts (and pieces): those serve no binding
-                    // now (the largest covering import does), and go once no binding needs them.
-                    later.extend(self.replace_inside(&mut st, r, key.1, false));
                 }
             }
             Err(e) => {

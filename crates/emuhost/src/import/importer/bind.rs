@@ -277,13 +277,6 @@ impl<B: Backend> Core<B> {
             self.release_unused(st, k);
         }
         self.record(st, r, import, took, Made::Binding { reimport });
-        if reimport && matches!(self.cfg.policy, ImportPolicy::Pools(_)) {
-            // Pools policy: the imports it took in (a part grown over earlier parts) serve no
-            // binding now (the largest covering import does): they go at the next
-            // `handles_done`, not on this binding's thread now (a release holds the driver).
-            let seq = st.seq;
-            st.replace_inside(r, seq);
-        }
         Ok((r.lo, handle))
     }
 

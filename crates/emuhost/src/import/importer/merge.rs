@@ -17,8 +17,6 @@
 //! binding after the merge (a binding finds the merge's import: `State::covering`) and is
 //! released at the next [`Importer::handles_done`]. An embedder that never calls it keeps them
 //! until their pool goes: safe, but then merges add to the live count rather than lower it.
-//! Imports a pool's widening covers (its parts and pieces) and those a binding's part took in
-//! are replaced the same way ([`State::replace_inside`]).
 //!
 //! **When.** Only while the live count is at half the cap or above ([`merge_from`]): a merge
 //! holds the driver for its whole pin, and bindings that come meanwhile wait for it there. With
@@ -153,7 +151,7 @@ impl<B: Backend> Core<B> {
                     // Its pool was released while it was in flight: nothing will use it.
                     later.extend(self.take_out(&mut st, (r.lo, seq)));
                 } else {
-                    later.extend(self.replace_inside(&mut st, r, seq, true));
+                    later.extend(self.replace_inside(&mut st, r, seq));
                 }
             }
             Err(e) => {
@@ -175,21 +173,23 @@ impl<B: Backend> Core<B> {
         self.landed.notify_all();
     }
 
-    /// Marks every live import inside `r` but the one just made (`seq`: a merge's or a
-    /// widening's) replaced ([`State::replace_inside`]), and takes out those no binding was
-    /// given, for the caller to release; the others go at the next [`Importer::handles_done`].
-    /// Counted in `merged_away` where `merge`.
-    pub(super) fn replace_inside(
-        &self,
-        st: &mut State<B::Import>,
-        r: Planned,
-        seq: u64,
-        merge: bool,
-    ) -> Vec<B::Import> {
-        let unhanded = st.replace_inside(r, seq);
-        if merge {
-            st.stats.merged_away += unhanded.1;
+    /// Marks every live import inside `r` but the merge's (`seq`) replaced, and takes out those
+    /// no binding was given, for the caller to release.
+    fn replace_inside(&self, st: &mut State<B::Import>, r: Planned, seq: u64) -> Vec<B::Import> {
+        let inside: Vec<(u64, u64)> = st
+            .overlapping(r.lo, r.hi)
+            .filter(|(k, v)| k.1 != seq && !v.replaced && r.lo <= k.0 && v.hi <= r.hi)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut dead = Vec::new();
+        for k in inside {
+            st.stats.merged_away += 1;
+            let Some(v) = st.imports.get_mut(&k) else { continue };
+            v.replaced = true;
+            if !v.handed {
+                dead.extend(self.take_out(st, k));
+            }
         }
-        unhanded.0.into_iter().filter_map(|k| self.take_out(st, k)).collect()
+        dead
     }
 }

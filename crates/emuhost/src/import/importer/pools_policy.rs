@@ -280,9 +280,9 @@ impl<B: Backend> Core<B> {
 /// import them again once more). Taken where the union's estimate (the pages taken in at
 /// the populated cost: an import pinned them) fits the wait target, or costs no more than
 /// the part and one import's fixed part (what the next binding across the border would pay
-/// at least). The imports taken in serve no later binding ([`State::covering`] takes the
-/// largest) and are released at the next [`Importer::handles_done`] (bindings were given their
-/// handles). The bytes taken in (0: none).
+/// at least). The imports taken in stay live (bindings hold
+/// their handles) until their pools are released, and serve no later binding
+/// ([`State::covering`] takes the largest). The bytes taken in (0: none).
 pub(super) fn take_in<I>(st: &State<I>, wait: Duration, whole: Planned, part: &mut Part) -> u64 {
     let inside = |k: &(u64, u64), hi: u64| whole.lo <= k.0 && hi <= whole.hi;
     let mut r = part.r;
@@ -393,65 +393,6 @@ mod tests {
         dear.cost.populated_per_mib = us(10_000);
         assert_eq!(take_in(&dear, us(400), whole, &mut part), 0);
         assert_eq!(part.r, planned(0x10_f000, 0x11_9000));
-    }
-
-    /// An importer whose parts are sized by a cost given (untouched pages 1 ms/MiB, resident
-    /// ones 0.1 ms/MiB, 50 us an import: a 400 us wait fits 256 KiB untouched, 2 MiB resident)
-    /// over a committed 64 MiB window, pools policy, nothing ahead.
-    fn parts_importer() -> Importer<crate::import::Pin> {
-        let space = Arc::new(Space::with_window(64 << 20).unwrap());
-        space.commit(space.range(0, 64 << 20).unwrap(), Prot::READ_WRITE).unwrap();
-        let us = Duration::from_micros;
-        let cost = ImportCost { fixed: us(50), untouched_per_mib: us(1000), populated_per_mib: us(100) };
-        let pools = PoolsConfig::default().ahead(0).cost(Some(cost)).ahead_threads(1);
-        let cfg = ImportConfig::default().chunk(1 << 20).policy(ImportPolicy::Pools(pools));
-        Importer::new(space, crate::import::Pin::new(), cfg).unwrap()
-    }
-
-    /// A pool's widening (its import whole over a binding's part) replaces the part: the part
-    /// (given to the binding) goes at the next `handles_done`, so the live imports do not keep
-    /// the pool's pages twice.
-    #[test]
-    fn a_part_a_widening_covers_goes_at_the_next_handles_done() {
-        let imp = parts_importer();
-        let p = 4u64 << 20;
-        imp.add_pool(p, 2 << 20).unwrap();
-        let part = imp.bind(p + 0x3_0000, 0x100).unwrap();
-        assert!(part.made && part.range.len() < 2 << 20, "{part:?}");
-        imp.settle();
-        let whole = planned(p, p + (2 << 20));
-        assert_eq!(imp.imports(), vec![part.range, whole], "the widening landed");
-        // Bindings are served by the whole pool's import now.
-        assert_eq!(imp.bind(p + 0x3_0000, 0x10).unwrap().range, whole);
-        imp.handles_done();
-        assert_eq!(imp.imports(), vec![whole]);
-        let s = imp.stats();
-        assert_eq!((s.live, s.live_bytes, s.merged_away), (1, 2 << 20, 0), "{s:?}");
-    }
-
-    /// A binding's part across the border of two earlier parts takes them in (one import of
-    /// their union): they serve no binding after it and go at the next `handles_done`. The
-    /// background thread is stopped first, so no widening lands over them.
-    #[test]
-    fn parts_a_binding_took_in_go_at_the_next_handles_done() {
-        let imp = parts_importer();
-        {
-            imp.core.queue.lock().unwrap().closed = true;
-            imp.core.queued.notify_all();
-        }
-        let p = 4u64 << 20;
-        imp.add_pool(p, 2 << 20).unwrap();
-        let a = imp.bind(p + 0x3_0000, 0x100).unwrap();
-        let b = imp.bind(p + (256 << 10) + 0x10, 0x100).unwrap();
-        assert!(a.made && b.made && a.range.hi <= b.range.lo, "{a:?} {b:?}");
-        let c = imp.bind(b.range.lo - 0x10, 0x20).unwrap();
-        assert!(c.made && c.range.covers(a.range.lo, b.range.hi), "{c:?}");
-        assert_eq!(imp.stats().reimports, 1);
-        assert_eq!(imp.imports(), vec![a.range, c.range, b.range]);
-        imp.handles_done();
-        assert_eq!(imp.imports(), vec![c.range]);
-        let s = imp.stats();
-        assert_eq!((s.live, s.live_bytes), (1, c.range.len()), "{s:?}");
     }
 
     /// A binding inside several live imports is served by the largest: the import that took

@@ -314,28 +314,6 @@ impl<I> State<I> {
         inside.filter(|(_, v)| v.ahead.is_some()).map(|(k, _)| *k).collect()
     }
 
-    /// Marks every live import inside `r` but `seq` (the import just made over them) replaced:
-    /// no binding is served by them any more, and [`Importer::handles_done`](super::Importer::handles_done)
-    /// releases them. The keys of those no binding was given (free to go now), and how many
-    /// were marked.
-    pub(super) fn replace_inside(&mut self, r: Planned, seq: u64) -> (Vec<(u64, u64)>, u64) {
-        let inside: Vec<(u64, u64)> = self
-            .overlapping(r.lo, r.hi)
-            .filter(|(k, v)| k.1 != seq && !v.replaced && r.lo <= k.0 && v.hi <= r.hi)
-            .map(|(k, _)| *k)
-            .collect();
-        let marked = inside.len() as u64;
-        let mut unhanded = Vec::new();
-        for k in inside {
-            let Some(v) = self.imports.get_mut(&k) else { continue };
-            v.replaced = true;
-            if !v.handed {
-                unhanded.push(k);
-            }
-        }
-        (unhanded, marked)
-    }
-
     /// `lo..hi` grown over every live import it overlaps, again until nothing more overlaps, and
     /// the keys of those imports.
     pub(super) fn union(&self, mut lo: u64, mut hi: u64) -> (u64, u64, Vec<(u64, u64)>) {

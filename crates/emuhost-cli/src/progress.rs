@@ -103,6 +103,17 @@ pub fn ticking(
     len: Option<u64>,
     pos: impl Fn() -> u64 + Send + 'static,
 ) -> Option<Ticking> {
+    ticking_to(what, unit, len, move || (pos(), None))
+}
+
+/// [`ticking`] whose length `pos` gives too, as it grows (a bench plans its rounds part by part:
+/// `emuhost_lab::bench::progress`); the bar starts at `len`.
+pub fn ticking_to(
+    what: String,
+    unit: &'static str,
+    len: Option<u64>,
+    pos: impl Fn() -> (u64, Option<u64>) + Send + 'static,
+) -> Option<Ticking> {
     if !shown() {
         return None;
     }
@@ -111,7 +122,11 @@ pub fn ticking(
     let thread = std::thread::spawn(move || {
         let bar = Bar::new(&what, unit, len);
         while !stop.load(Ordering::SeqCst) {
-            bar.set(pos());
+            let (at, len) = pos();
+            if let Some(n) = len {
+                bar.0.pb_set_length(n);
+            }
+            bar.set(at);
             std::thread::sleep(Duration::from_millis(100));
         }
     });

@@ -44,8 +44,9 @@ pub enum Which {
 }
 
 pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
-    // The lab's benches report at their end: a spinner with the time elapsed meanwhile (`bench
-    // import` has a bar of its parts).
+    // The lab's benches report at their end: meanwhile a bar of the rounds they have begun of those
+    // planned so far (each part plans its rounds as it begins), with the time elapsed and left
+    // (`bench import` has a bar of its parts).
     let name = match &which {
         Which::Space(_) => "space",
         Which::Watch(_) => "watch",
@@ -54,7 +55,13 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
         Which::Import(_) => "import",
         Which::Prepare(_) => "prepare",
     };
-    let _spinner = (name != "import").then(|| crate::progress::ticking(format!("bench {name}"), "", None, || 0));
+    let _bar = (name != "import").then(|| {
+        let rounds = emuhost_lab::bench::progress::rounds;
+        crate::progress::ticking_to(format!("bench {name}"), "rounds", Some(0), move || {
+            let (begun, planned) = rounds();
+            (begun, Some(planned))
+        })
+    });
     match which {
         Which::Space(a) => space::run(a),
         Which::Watch(a) => watch::run(a, settings),

@@ -257,7 +257,9 @@ mod heaps {
         let counts = w.counts().to_vec();
         let mut other: Vec<Arm> = counts.iter().map(|_| Arm::default()).collect();
         let mut other_heap = Value::Null;
+        emuhost_lab::bench::progress::plan(u64::from(a.rounds));
         for r in 0..a.rounds {
+            emuhost_lab::bench::progress::tick();
             // Alternate which process goes first.
             if r % 2 == 1 {
                 other_heap = child_round(a, &copy, &counts, r, &mut other)?;

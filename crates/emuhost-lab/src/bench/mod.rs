@@ -9,11 +9,13 @@
 //!   beside commits and pins, a small import beside background ones.
 //! - [`prepare`]: the preparation at 1, 2, 4 ... N workers, cold and warm cache.
 //! - [`sched`]: short sleeps by every way to wait, and a frame thread beside sleepers.
+//! - [`progress`]: the rounds planned and done, for a progress bar.
 //! - [`workers`]: a compile-like job at 1, 2, 4 ... N workers, round by round (on Windows the CLI
 //!   alternates it with a process on the other heap).
 
 pub mod import;
 pub mod prepare;
+pub mod progress;
 pub mod sched;
 pub mod space;
 pub mod watch;

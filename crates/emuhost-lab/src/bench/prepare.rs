@@ -90,7 +90,9 @@ pub fn measure<E>(
 ) -> Result<(Vec<Cell>, Vec<Cell>), E> {
     let mut cold: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
     let mut warm: Vec<Cell> = counts.iter().map(|_| Cell::default()).collect();
+    super::progress::plan(u64::from(rounds));
     for r in 0..rounds as usize {
+        super::progress::tick();
         for k in 0..counts.len() {
             let i = (r + k) % counts.len();
             let _ = std::fs::remove_file(cache);

@@ -226,7 +226,9 @@ fn frame_experiment(a: &SleepBench, margin_ns: u64) -> Result<Frame, BenchError>
                 units += 8;
             }
             let mut f = Frame { cpus, rule, none: Arm::default(), yielding: Arm::default(), by_rule: Arm::default() };
+            super::progress::plan(u64::from(rounds));
             for r in 0..rounds {
+                super::progress::tick();
                 // Rotate the order so no arm always runs first.
                 for k in 0..3 {
                     match (r as usize + k) % 3 {
@@ -258,7 +260,9 @@ fn sleep_arms(
 ) -> Vec<Vec<SleepArm>> {
     let mut arms: Vec<Vec<SleepArm>> =
         durations.iter().map(|_| METHODS.iter().map(|_| SleepArm::default()).collect()).collect();
+    super::progress::plan(u64::from(a.rounds));
     for r in 0..a.rounds as usize {
+        super::progress::tick();
         for (di, &(d, n)) in durations.iter().enumerate() {
             for k in 0..METHODS.len() {
                 let mi = (r + k) % METHODS.len();

@@ -106,7 +106,9 @@ fn commit_arms(a: &SpaceBench) -> Result<Comparison, BenchError> {
         .map_err(|e| BenchError::doing("reserving the walk window", e))?;
     let (mut old, mut new) = (Arm::default(), Arm::default());
     let mut islands = 0;
+    super::progress::plan(u64::from(a.rounds));
     for _ in 0..a.rounds {
+        super::progress::tick();
         islands = fragment(&walk, stride)?;
         let whole = walk.range(0, window)?;
         old.round(|| walk.commit(whole, Prot::READ_WRITE))?;
@@ -145,7 +147,9 @@ fn query_arms(a: &SpaceBench) -> Result<(Vec<Comparison>, &'static str), BenchEr
     let one = ioctl.range(stride, page_size())?;
     const SMALL: u32 = 100;
     let (mut big, mut small) = ([Arm::default(), Arm::default()], [Arm::default(), Arm::default()]);
+    super::progress::plan(u64::from(a.rounds));
     for _ in 0..a.rounds {
+        super::progress::tick();
         for (i, s) in [&text, &ioctl].into_iter().enumerate() {
             let n = big[i].round(|| Ok::<_, BenchError>(s.kernel_regions(whole)?.len()))?;
             check!(n as u64 >= 2 * islands - 1, "{n} regions over {islands} islands");
@@ -182,7 +186,9 @@ fn shared_arms(a: &SpaceBench) -> Result<Comparison, BenchError> {
     let range = s.range(0, n * page)?;
     let indices: Vec<u64> = (0..n).collect();
     let (mut old, mut new) = (Arm::default(), Arm::default());
+    super::progress::plan(u64::from(a.rounds));
     for _ in 0..a.rounds {
+        super::progress::tick();
         old.round(|| {
             for i in 0..n {
                 s.map_section(s.range(i * page, page)?, sec, i * page, Prot::READ_WRITE)?;

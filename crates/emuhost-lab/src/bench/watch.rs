@@ -59,7 +59,9 @@ pub struct WatchReport {
 pub fn run(a: &WatchBench) -> Result<WatchReport, BenchError> {
     let size = a.size_mib << 20;
     let mut samples: BTreeMap<BackendKind, Samples> = BTreeMap::new();
+    super::progress::plan(u64::from(a.rounds));
     for i in 0..a.rounds {
+        super::progress::tick();
         for &kind in &a.kinds {
             round(kind, size, samples.entry(kind).or_default(), i % 2 == 1)?;
         }

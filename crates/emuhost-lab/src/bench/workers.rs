@@ -130,7 +130,9 @@ pub fn rows(jobs: u64, counts: &[u64], arms: &[Arm]) -> Vec<WorkersRow> {
 /// The whole bench in this process: `a.rounds` rounds, then the medians.
 pub fn workers(a: &WorkersBench) -> WorkersReport {
     let mut w = Workers::new(a);
+    super::progress::plan(u64::from(a.rounds));
     for r in 0..a.rounds {
+        super::progress::tick();
         w.round(r);
     }
     w.report()

@@ -1,6 +1,7 @@
 //! emuhost-lab's integration tests, in one binary: traces, replays through the real runtime and
 //! the write-tracking stress.
 
+mod bench_progress;
 mod replay;
 mod settings;
 mod stress;

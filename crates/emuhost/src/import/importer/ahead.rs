@@ -4,8 +4,8 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::ControlFlow;
-use std::sync::Condvar;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use super::super::ImportError;
 use super::super::backend::{Backend, HostSpan};
 use super::super::plan::{Planned, cover};
 use super::super::pools::PoolId;
-use super::state::{Flight, Made};
+use super::state::{Flight, Made, State};
 use super::{Core, Importer, chain};
 use crate::space::{LongRead, Prot};
 
@@ -399,8 +399,19 @@ impl<B: Backend> Core<B> {
                 tracing::warn!("import ahead of {r} failed: {}", chain(&e));
             }
         }
-        // The flight ends once what it took in is released (off the lock): `release_all` waits
-        // for it.
+        let st = self.end_flight(st, r, later);
+        ok && st.epoch == epoch && pool.is_none_or(|id| st.pools.get(id).is_some())
+    }
+
+    /// Ends the background flight of `r`: releases `later` (what its import took in or replaced)
+    /// off the lock first, so the flight ends once they are released (`release_all` waits for
+    /// it), then takes the flight out and wakes the waiters. Returns the state's lock again.
+    pub(super) fn end_flight<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State<B::Import>>,
+        r: Planned,
+        later: Vec<B::Import>,
+    ) -> MutexGuard<'a, State<B::Import>> {
         if !later.is_empty() {
             self.landed.notify_all();
             drop(st);
@@ -411,7 +422,7 @@ impl<B: Backend> Core<B> {
         }
         st.in_flight.retain(|f| f.r != r);
         self.landed.notify_all();
-        ok && st.epoch == epoch && pool.is_none_or(|id| st.pools.get(id).is_some())
+        st
     }
 }
 

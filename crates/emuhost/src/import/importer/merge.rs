@@ -160,17 +160,7 @@ impl<B: Backend> Core<B> {
                 tracing::debug!("merge of {r} failed: {}", chain(&e));
             }
         }
-        // The flight ends once what it replaced is released (off the lock): `release_all` waits
-        // for it.
-        if !later.is_empty() {
-            drop(st);
-            for import in later {
-                self.release(import);
-            }
-            st = self.state();
-        }
-        st.in_flight.retain(|f| f.r != r);
-        self.landed.notify_all();
+        drop(self.end_flight(st, r, later));
     }
 
     /// Marks every live import inside `r` but the merge's (`seq`) replaced, and takes out those

@@ -333,6 +333,31 @@ typedef struct emuhost_import_stats_t {
   uint64_t populated;
   uint64_t populate_failures;
   uint64_t populated_bytes;
+  // Pools policy: bindings that imported only their part of a pool, and the background
+  // thread's imports of those pools whole (`widenings`).
+  uint64_t pieces;
+  // Pools policy: the background thread's imports of a pool whole over a binding's part.
+  uint64_t widenings;
+  // The most live imports at once (what a driver's cap on live allocations bears on).
+  uint64_t peak_live;
+  // The cap on live imports in force (`EMUHOST_IMPORT_MAX_LIVE`; `UINT64_MAX`: none).
+  uint64_t max_live;
+  // Bindings that met the cap on live imports.
+  uint64_t capped;
+  // At the cap: imports released to make room.
+  uint64_t cap_releases;
+  // At the cap: imports merged with a neighbour's range.
+  uint64_t cap_merges;
+  // At the cap: bindings that waited for releases under way.
+  uint64_t cap_waits;
+  // At the cap: imports made over it because nothing could make room.
+  uint64_t over_cap;
+  // Pools policy: imports of a whole pool that replaced its several live imports.
+  uint64_t merges;
+  // Imports the merges replaced (released at `emuhost_importer_handles_done`).
+  uint64_t merged_away;
+  // Merges asked for and not made.
+  uint64_t merges_left;
 } emuhost_import_stats_t;
 
 // The embedder's log function: `user` as given to `emuhost_set_log_callback`, the level
@@ -512,6 +537,13 @@ EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_bind(const struct emuh
 // # Safety
 // `out` is NULL or writable.
 EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_stats(const struct emuhost_importer_t *importer, struct emuhost_import_stats_t *out);
+
+// Tells the importer that the device objects of every binding it gave out before this call are
+// no longer in use (the GPU work that read them has completed): imports that a merge replaced
+// since are released now. Call it where the renderer knows that, e.g. once a frame's work has
+// completed, where it binds again each frame. Without it a replaced import is kept until its
+// pool is removed or `emuhost_importer_release_all`.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_handles_done(const struct emuhost_importer_t *importer);
 
 // Releases every import (their device objects go: no GPU work may still use them).
 EMUHOST_MUST_USE struct emuhost_error_t *emuhost_importer_release_all(const struct emuhost_importer_t *importer);

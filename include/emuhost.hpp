@@ -483,6 +483,7 @@ public:
         detail::check(emuhost_importer_stats(get(), &s));
         return s;
     }
+    void handles_done() const { detail::check(emuhost_importer_handles_done(get())); }
     void release_all() const { detail::check(emuhost_importer_release_all(get())); }
 
 private:

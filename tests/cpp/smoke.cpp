@@ -130,6 +130,11 @@ void vulkan_part(const emuhost::Space &space, const emuhost::Settings &settings)
             std::fprintf(stderr, "smoke: the bytes read back through the GPU differ\n");
             std::exit(1);
         }
+        imp.handles_done();  // the read above has completed: replaced imports may go
+        if (imp.stats().live != 1) {
+            std::fprintf(stderr, "smoke: one live import expected after handles_done\n");
+            std::exit(1);
+        }
         std::printf("vulkan: %llu bytes read back through the GPU on %s (%s)\n", static_cast<unsigned long long>(len),
                     vk.name, imp.describe().c_str());
     }  // the importer goes before the device

@@ -108,6 +108,31 @@ pub struct emuhost_import_stats_t {
     pub populated: u64,
     pub populate_failures: u64,
     pub populated_bytes: u64,
+    /// Pools policy: bindings that imported only their part of a pool, and the background
+    /// thread's imports of those pools whole (`widenings`).
+    pub pieces: u64,
+    /// Pools policy: the background thread's imports of a pool whole over a binding's part.
+    pub widenings: u64,
+    /// The most live imports at once (what a driver's cap on live allocations bears on).
+    pub peak_live: u64,
+    /// The cap on live imports in force (`EMUHOST_IMPORT_MAX_LIVE`; `UINT64_MAX`: none).
+    pub max_live: u64,
+    /// Bindings that met the cap on live imports.
+    pub capped: u64,
+    /// At the cap: imports released to make room.
+    pub cap_releases: u64,
+    /// At the cap: imports merged with a neighbour's range.
+    pub cap_merges: u64,
+    /// At the cap: bindings that waited for releases under way.
+    pub cap_waits: u64,
+    /// At the cap: imports made over it because nothing could make room.
+    pub over_cap: u64,
+    /// Pools policy: imports of a whole pool that replaced its several live imports.
+    pub merges: u64,
+    /// Imports the merges replaced (released at `emuhost_importer_handles_done`).
+    pub merged_away: u64,
+    /// Merges asked for and not made.
+    pub merges_left: u64,
 }
 
 fn make(
@@ -378,9 +403,35 @@ pub unsafe extern "C" fn emuhost_importer_stats(
             populated: s.populated,
             populate_failures: s.populate_failures,
             populated_bytes: s.populated_bytes,
+            pieces: s.pieces,
+            widenings: s.widenings,
+            peak_live: s.peak_live,
+            max_live: imp.0.max_live(),
+            capped: s.capped,
+            cap_releases: s.cap_releases,
+            cap_merges: s.cap_merges,
+            cap_waits: s.cap_waits,
+            over_cap: s.over_cap,
+            merges: s.merges,
+            merged_away: s.merged_away,
+            merges_left: s.merges_left,
         };
         // SAFETY: as the caller vouches.
         unsafe { put(out, "out", r) }
+    })
+}
+
+/// Tells the importer that the device objects of every binding it gave out before this call are
+/// no longer in use (the GPU work that read them has completed): imports that a merge replaced
+/// since are released now. Call it where the renderer knows that, e.g. once a frame's work has
+/// completed, where it binds again each frame. Without it a replaced import is kept until its
+/// pool is removed or `emuhost_importer_release_all`.
+#[must_use]
+#[unsafe(no_mangle)]
+pub extern "C" fn emuhost_importer_handles_done(importer: *const emuhost_importer_t) -> *mut emuhost_error_t {
+    entry(|| {
+        get(importer, "emuhost_importer_handles_done")?.0.handles_done();
+        Ok(())
     })
 }
 

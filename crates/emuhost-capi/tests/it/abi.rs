@@ -961,3 +961,60 @@ fn a_sleeper_with_the_hybrid_as_the_hosts_exact_wait() {
         );
     }
 }
+
+/// Pools policy through the C ABI: a pool whole in a binding's part and the background thread's
+/// pieces is merged into one import once the live imports are at half the cap; the stats report
+/// the merge and the cap, and the part (given to the binding) goes at
+/// `emuhost_importer_handles_done`, not before.
+#[test]
+fn a_merged_away_part_goes_at_handles_done() {
+    const MIB: u64 = 1 << 20;
+    let p = page();
+    let s = space(16 * MIB / p);
+    // SAFETY: out-pointers are locals; NUL-terminated literals.
+    unsafe {
+        // 1 ms a MiB: a 2 MiB pool does not fit the 400 us wait, so the binding imports a part.
+        let imp = pin_importer(
+            s,
+            &[
+                (c"EMUHOST_IMPORT_POLICY", c"pools"),
+                (c"EMUHOST_IMPORT_CHUNK_MB", c"1"),
+                (c"EMUHOST_IMPORT_AHEAD_MB", c"0"),
+                (c"EMUHOST_IMPORT_AHEAD_THREADS", c"1"),
+                (c"EMUHOST_IMPORT_AHEAD_PIECE_KB", c"64"),
+                (c"EMUHOST_IMPORT_COST_US", c"100,1000,1000"),
+                (c"EMUHOST_IMPORT_MAX_LIVE", c"48"),
+            ],
+        );
+        ok(emuhost_space_commit(s, 0, 8 * MIB, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+        let mut pool = 0;
+        ok(emuhost_importer_add_pool(imp, 4 * MIB, 2 * MIB, &mut pool));
+        let mut part = emuhost_binding_t::default();
+        ok(emuhost_importer_bind(imp, 5 * MIB, 0x100, &mut part));
+        assert!(part.made && part.import_hi - part.import_lo < 2 * MIB, "{part:?}");
+        let stats = |imp| {
+            let mut st = emuhost_import_stats_t::default();
+            ok(emuhost_importer_stats(imp, &mut st));
+            st
+        };
+        // The background thread's widening and merge: wait for the merge (no time bound to
+        // assert on; a minute is only there so a broken build ends).
+        let t = std::time::Instant::now();
+        while stats(imp).merges == 0 && t.elapsed() < std::time::Duration::from_secs(60) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let st = stats(imp);
+        assert_eq!((st.merges, st.max_live), (1, 48), "{st:?}");
+        assert!(st.merged_away >= 1 && st.peak_live >= 3 && st.pieces >= 1, "{st:?}");
+        // The merge lands before its replaced imports are counted out; the part stays.
+        let mut b = emuhost_binding_t::default();
+        ok(emuhost_importer_bind(imp, 5 * MIB + 0x10, 0x10, &mut b));
+        assert!(!b.made && (b.import_lo, b.import_hi) == (4 * MIB, 6 * MIB), "{b:?}");
+        assert_eq!(stats(imp).live, 2, "the merged import and the part a binding holds");
+        ok(emuhost_importer_handles_done(imp));
+        assert_eq!(stats(imp).live, 1, "the part went");
+        fails(emuhost_importer_handles_done(null()), EMUHOST_ERROR_NULL, "importer handle is NULL");
+        ok(emuhost_importer_delete(imp));
+        ok(emuhost_space_delete(s));
+    }
+}

@@ -2,6 +2,7 @@
 //!
 //! - [`space`]: the guest address space (one reservation, one-call commit, populate, shared views).
 //! - [`watch`]: what the guest wrote (userfaultfd + PAGEMAP_SCAN, mprotect + SIGSEGV).
+//! - [`snapshot`]: snapshots of a guest range (save states, rewind), copying what was written.
 //! - [`sched`]: short sleeps (timer, yield or hybrid by rule) and compile-worker sizing.
 //! - [`import`]: guest memory imported into the GPU (pools, chunks, spans, Vulkan/CUDA/pin; the
 //!   Vulkan and CUDA backends behind the cargo features `vulkan` and `cuda`, on by default).
@@ -172,6 +173,7 @@ pub mod quantile;
 pub mod rng;
 pub mod sched;
 pub mod settings;
+pub mod snapshot;
 pub mod space;
 mod sys;
 pub mod watch;

@@ -123,6 +123,9 @@ pub struct Settings {
     pub import: ImportSettings,
     /// `EMUHOST_FAULT_*`: the fault plan for the process (see [`crate::faults::install`]).
     pub faults: FaultSettings,
+    /// `EMUHOST_SNAPSHOT_BUDGET_MB`, in bytes: the most bytes of page copies snapshots keep
+    /// ([`Settings::snapshot_config`]); `None`: no limit.
+    pub snapshot_budget: Option<u64>,
 }
 
 impl Default for Settings {
@@ -136,6 +139,7 @@ impl Default for Settings {
             import_backend: BackendChoice::Auto,
             import: ImportSettings::default(),
             faults: FaultSettings::default(),
+            snapshot_budget: None,
         }
     }
 }
@@ -390,6 +394,15 @@ pub const SETTINGS: &[Switch] = &[
         apply: |s, v| import(s, "EMUHOST_IMPORT_MAX_LIVE", v),
     },
     Switch {
+        name: "EMUHOST_SNAPSHOT_BUDGET_MB",
+        default: "unset",
+        doc: "snapshots: the most MiB of page copies kept; past it the oldest snapshots are dropped first (never the newest); unset or empty: no limit",
+        apply: |s, v| {
+            s.snapshot_budget = switch_bytes("EMUHOST_SNAPSHOT_BUDGET_MB", v, 1 << 20)?;
+            Ok(())
+        },
+    },
+    Switch {
         name: crate::faults::IMPORT_SWITCH,
         default: "unset",
         doc: "faults: which imports fail (a schedule)",
@@ -489,6 +502,11 @@ impl Settings {
             .backend(self.watch)
             .verify(self.verify_collect)
             .published_layout(self.watch_published_layout)
+    }
+
+    /// The snapshots' config these settings make (`EMUHOST_SNAPSHOT_BUDGET_MB`).
+    pub fn snapshot_config(&self) -> crate::snapshot::SnapshotConfig {
+        crate::snapshot::SnapshotConfig::default().budget_bytes(self.snapshot_budget)
     }
 
     /// The short-sleep builder these settings make (`EMUHOST_SHORT_SLEEP_TIMER`).
@@ -859,6 +877,7 @@ mod tests {
                 "EMUHOST_IMPORT_POLICY=\"spans\": expected pools or chunks",
             ),
             ("EMUHOST_IMPORT_MAX_LIVE", "16", "0", "EMUHOST_IMPORT_MAX_LIVE=\"0\": at least 1 live import"),
+            ("EMUHOST_SNAPSHOT_BUDGET_MB", "64", "1G", "EMUHOST_SNAPSHOT_BUDGET_MB=\"1G\": an unsigned integer"),
             ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
             ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
             (
@@ -932,6 +951,7 @@ mod tests {
                     "EMUHOST_IMPORT_POLICY" => " Chunks ",
                     "EMUHOST_IMPORT_WAIT_US" => "250",
                     "EMUHOST_IMPORT_COST_US" => " 30, 370 ,50",
+                    "EMUHOST_SNAPSHOT_BUDGET_MB" => " 64 ",
                     _ => return None,
                 }
                 .to_string(),
@@ -950,6 +970,7 @@ mod tests {
         assert_eq!(s.import.pools.ahead, 48 << 20);
         assert_eq!(s.import.policy, ImportPolicyName::Chunks);
         assert_eq!(s.import.pools.wait, std::time::Duration::from_micros(250));
+        assert_eq!((s.snapshot_budget, s.snapshot_config().budget_bytes), (Some(64 << 20), Some(64 << 20)));
         let us = std::time::Duration::from_micros;
         let cost = crate::import::ImportCost { fixed: us(30), untouched_per_mib: us(370), populated_per_mib: us(50) };
         assert_eq!((s.import.pools.cost, import_cost_value(&cost)), (Some(cost), "30,370,50".to_string()));

@@ -95,6 +95,18 @@ impl Space {
         Some(GuestRange::from_bounds(gap.0, gap.1).expect("the record is page-aligned"))
     }
 
+    /// The committed pages of `range` (private allocations and shared views alike), as runs
+    /// clipped to the range, each with the protection the space gave it (not what a write
+    /// tracker may have taken away for now), in address order; reserved pages are left out.
+    pub fn protections(&self, range: GuestRange) -> Vec<(GuestRange, Prot)> {
+        let (a, b) = (range.start().0, range.end().0);
+        let rec = self.record();
+        rec.prots
+            .overlapping(a, b)
+            .map(|(s, e, p)| (GuestRange::from_bounds(s.max(a), e.min(b)).expect("the record is page-aligned"), *p))
+            .collect()
+    }
+
     /// The error for `op` over the bytes `addr..addr + len`, which failed with `e`: where the
     /// space's record tells a caller's mistake, the first run of pages that were not committed
     /// ([`SpaceError::NotCommitted`]) or were committed with a protection `allows` refuses

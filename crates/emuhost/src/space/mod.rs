@@ -316,6 +316,12 @@ impl Space {
         st.holds.insert(id, (range.start().0, range.end().0));
         Ok(Hold { space: self.clone(), id, range })
     }
+
+    /// The first live hold ([`Space::hold`]) that overlaps `range`, as the guest range it holds.
+    pub(crate) fn held(&self, range: GuestRange) -> Option<GuestRange> {
+        let (lo, hi) = self.state().held(range.start().0, range.end().0)?;
+        GuestRange::from_bounds(lo, hi).ok()
+    }
 }
 
 /// Guest pages held mapped ([`Space::hold`]); dropping it lets them go.

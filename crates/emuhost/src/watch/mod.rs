@@ -245,6 +245,11 @@ impl Tracker {
         }))
     }
 
+    /// The space it tracks.
+    pub(crate) fn space(&self) -> &Arc<Space> {
+        &self.space
+    }
+
     /// The backend in use.
     pub fn kind(&self) -> BackendKind {
         self.core.backend.kind()

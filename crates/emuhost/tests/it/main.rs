@@ -41,6 +41,7 @@ mod import_cap;
 #[path = "../support/logs.rs"]
 mod logs;
 mod sched;
+mod snapshot;
 mod space;
 #[path = "../support/vulkan.rs"]
 mod vulkan_gate;

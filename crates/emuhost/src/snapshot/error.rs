@@ -1,7 +1,7 @@
 //! What went wrong with a snapshot.
 
 use super::SnapshotId;
-use crate::space::{GuestRange, SpaceError};
+use crate::space::{GuestAddr, GuestRange, SpaceError};
 use crate::watch::WatchError;
 
 /// What went wrong taking, restoring or releasing a snapshot. Each names the value at fault.
@@ -46,6 +46,17 @@ pub enum SnapshotError {
         pages: u64,
         /// The first of them.
         first: GuestRange,
+    },
+    /// [`Snapshots::read`](super::Snapshots::read) of bytes the snapshot does not hold: outside
+    /// its range, or on a page not committed at the take.
+    #[error("snapshot {id} holds no bytes at {addr}: outside its range {range}, or not committed at the take")]
+    NoBytes {
+        /// The snapshot asked for.
+        id: SnapshotId,
+        /// The first byte it does not hold.
+        addr: GuestAddr,
+        /// The snapshots' range.
+        range: GuestRange,
     },
     /// A call of the space failed (a range outside the window, a mapping the space did not make,
     /// an OS failure): its error names the range.

@@ -8,17 +8,29 @@
 //! shared view (sections' pages may show at several addresses: snapshots cover private memory
 //! only).
 //!
+//! Copy at take: a `Snapshots` reads the tracker as one more consumer ([`Tracker::consumer`]),
+//! so the other readers (caches, the tracker's own collects) keep seeing every write. The first
+//! take copies every committed page of the range (the base); each later take copies only the
+//! pages its collect reports written since the previous take (and pages committed since). A
+//! page's bytes are kept once, as a version shared by every snapshot in which they are unchanged,
+//! so [`SnapshotStats::bytes_kept`] follows what was written, not the range's size.
+//! [`Snapshots::restore`] puts back exactly the pages whose content may differ from the snapshot
+//! (those written since it, across later takes and since the newest take), so its cost follows
+//! what was written since the snapshot too. Pages without read access are given it for the copy
+//! and their protection back after it, through the space.
+//!
 //! The restore's own writes are host writes into tracked memory, made inside
 //! [`Tracker::host_write`], and its commits, decommits and protections go through the space, so
-//! every reader of the tracker (a buffer cache, a texture cache) sees the restored pages as
-//! written at its next collect and uploads them again.
+//! every reader of the tracker sees the restored pages as written at its next collect (a cache
+//! uploads them again). Later snapshots stay valid after a restore.
 //!
-//! The bytes are copied at each take: every committed page of the range (this first version; a
-//! later one copies only the pages written since the previous take). Pages without read access
-//! are given it for the copy and their protection back after it, through the space.
+//! A memory budget ([`SnapshotConfig::budget_bytes`], `EMUHOST_SNAPSHOT_BUDGET_MB`) makes a
+//! rewind ring: past it, a take drops the oldest snapshots first, never the newest.
 //!
-//! The caller stops the guest's writes to the range while it takes or restores: a write that
-//! runs beside a take may be in the snapshot or not, byte by byte.
+//! The caller stops the guest's writes to the range while it takes or restores: a write beside a
+//! take may be in the snapshot or not, byte by byte (it is in the next), and a write beside a
+//! restore is reported ([`SnapshotError::ConcurrentWrites`]) where the restore can see it.
+//! docs/snapshot.md has the design, the costs and the limits.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -46,8 +58,9 @@
 
 mod config;
 mod error;
+mod pages;
+mod store;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -55,8 +68,10 @@ use std::time::{Duration, Instant};
 pub use config::SnapshotConfig;
 pub use error::SnapshotError;
 
-use crate::space::{GuestRange, Prot, Space};
-use crate::watch::Tracker;
+use crate::space::{GuestAddr, GuestRange, Prot, Space};
+use crate::watch::{Consumer, Tracker};
+use pages::{PageSet, Runs, differing, page, prot_at, subtract, writable};
+use store::{Store, Take};
 
 /// A snapshot's id, unique for its [`Snapshots`] (never reused). Prints as its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -86,7 +101,8 @@ impl fmt::Display for SnapshotId {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Restored {
-    /// Pages whose bytes were put back.
+    /// Pages whose bytes were put back (those whose content may have differed from the
+    /// snapshot's).
     pub pages: u64,
     /// Pages decommitted (committed now, not at the snapshot).
     pub decommitted: u64,
@@ -106,7 +122,8 @@ pub struct SnapshotStats {
     pub dropped_for_budget: u64,
     /// Pages copied by takes.
     pub pages_copied: u64,
-    /// Bytes of page copies kept now.
+    /// Bytes of page copies kept now (each page's bytes once for all the snapshots that share
+    /// them).
     pub bytes_kept: u64,
     /// Pages whose bytes restores put back.
     pub pages_restored: u64,
@@ -116,23 +133,23 @@ pub struct SnapshotStats {
     pub restore_time: Duration,
 }
 
-/// One snapshot: the committed runs of the range with their protection, and their bytes.
-struct Snap {
-    runs: Vec<(GuestRange, Prot)>,
-    bytes: Vec<Box<[u8]>>,
-}
+/// A page's bytes copied by a take: its index in the range, and the bytes.
+type PageCopy = (u64, Box<[u8]>);
 
-impl Snap {
-    fn bytes(&self) -> u64 {
-        self.bytes.iter().map(|b| b.len() as u64).sum()
-    }
-}
-
-#[derive(Default)]
 struct State {
     /// The last id given.
     last: u64,
-    snaps: BTreeMap<u64, Snap>,
+    store: Store,
+    /// This reader of the tracker: the pages written since its last collect.
+    consumer: Consumer,
+    /// The snapshot the range's content is, but for `dirty` (and changes the consumer has not
+    /// collected yet): the one restored last, or `None` for the newest take.
+    base: Option<u64>,
+    /// Pages known to have changed since `base` that the consumer will not report again.
+    dirty: PageSet,
+    /// A collect's words, and a copy's bytes, kept between calls.
+    words: Vec<u64>,
+    scratch: Vec<u8>,
     stats: SnapshotStats,
 }
 
@@ -154,7 +171,9 @@ impl fmt::Debug for Snapshots {
 
 impl Snapshots {
     /// Snapshots of `range` in `tracker`'s space, as `config` says. Arms `range` on the tracker
-    /// (an arm of armed pages keeps their tracking; the range stays armed after the snapshots go).
+    /// (an arm of armed pages keeps their tracking; the range stays armed after the snapshots go)
+    /// and reads it as one more consumer ([`Tracker::consumer`]): the other readers keep seeing
+    /// every write.
     ///
     /// # Errors
     /// [`SnapshotError::Space`] for a range outside the space's window, [`SnapshotError::Watch`]
@@ -162,8 +181,19 @@ impl Snapshots {
     pub fn new(tracker: &Arc<Tracker>, range: GuestRange, config: &SnapshotConfig) -> Result<Snapshots, SnapshotError> {
         let space = tracker.space().clone();
         let range = space.range(range.start().0, range.len())?;
+        let consumer = tracker.consumer();
         tracker.arm(range)?;
-        Ok(Snapshots { tracker: tracker.clone(), space, range, config: *config, state: Mutex::default() })
+        let state = State {
+            last: 0,
+            store: Store::default(),
+            consumer,
+            base: None,
+            dirty: PageSet::new(range.pages()),
+            words: vec![0; range.pages().div_ceil(64) as usize],
+            scratch: Vec::new(),
+            stats: SnapshotStats::default(),
+        };
+        Ok(Snapshots { tracker: tracker.clone(), space, range, config: *config, state: Mutex::new(state) })
     }
 
     /// The range the snapshots cover.
@@ -183,114 +213,371 @@ impl Snapshots {
         }
     }
 
-    /// Takes a snapshot of the range: its committed pages' bytes and protections, and which
-    /// pages are committed. Past the budget, the oldest snapshots are dropped (never this one).
-    ///
-    /// # Errors
-    /// [`SnapshotError::Views`] where the range holds a shared view; [`SnapshotError::Space`]
-    /// where a copy or a protection fails (nothing is kept then).
-    pub fn take(&self) -> Result<SnapshotId, SnapshotError> {
-        let started = Instant::now();
-        let mut st = self.state();
-        self.no_views()?;
-        let runs = self.space.protections(self.range);
-        let mut bytes = Vec::with_capacity(runs.len());
-        for &(run, prot) in &runs {
-            bytes.push(self.copy(run, prot)?);
-        }
-        let snap = Snap { runs, bytes };
-        st.last += 1;
-        let id = st.last;
-        st.stats.taken += 1;
-        st.stats.pages_copied += snap.runs.iter().map(|(r, _)| r.pages()).sum::<u64>();
-        st.stats.bytes_kept += snap.bytes();
-        st.snaps.insert(id, snap);
-        self.keep_to_budget(&mut st);
-        st.stats.live = st.snaps.len() as u64;
-        st.stats.take_time += started.elapsed();
-        Ok(SnapshotId(id))
+    /// The guest address of the range's page `i`.
+    fn addr(&self, i: u64) -> u64 {
+        self.range.start().0 + i * page()
     }
 
-    /// The bytes of `run`, committed with `prot`: given read access for the copy where it has
-    /// none, and its protection back after it.
-    fn copy(&self, run: GuestRange, prot: Prot) -> Result<Box<[u8]>, SnapshotError> {
-        let mut buf = vec![0u8; run.len() as usize].into_boxed_slice();
-        if prot.read {
-            self.space.read(run.start(), &mut buf)?;
-            return Ok(buf);
+    /// The range's pages `a..b` as a guest range.
+    fn pages(&self, a: u64, b: u64) -> GuestRange {
+        GuestRange::from_bounds(self.addr(a), self.addr(b)).expect("pages of the range")
+    }
+
+    /// The pages of the range this consumer's collect reports (written since its last).
+    fn collect(&self, st: &mut State) -> Result<PageSet, SnapshotError> {
+        st.words.fill(0);
+        st.consumer.collect_into(self.range, page(), &mut st.words)?;
+        Ok(PageSet { words: st.words.clone() })
+    }
+
+    /// Takes a snapshot of the range: which pages are committed, with their protections, and
+    /// the bytes of those written since the previous take (all committed pages at the first,
+    /// or after every snapshot was released). Past the budget, the oldest snapshots are dropped
+    /// (never this one).
+    ///
+    /// A guest write that runs beside a take may be in the snapshot or not, byte by byte: stop
+    /// the guest's threads for a consistent snapshot. (Such a write is in the next take.)
+    ///
+    /// # Errors
+    /// [`SnapshotError::Views`] where the range holds a shared view; [`SnapshotError::Watch`]
+    /// where the collect fails; [`SnapshotError::Space`] where a copy or a protection fails.
+    /// Nothing is kept then, and the next take copies what this one would have.
+    pub fn take(&self) -> Result<SnapshotId, SnapshotError> {
+        let started = Instant::now();
+        let mut guard = self.state();
+        let st = &mut *guard;
+        self.no_views()?;
+        let mut changed = self.collect(st)?;
+        changed.or(&st.dirty);
+        // After a restore, the pages whose newest version is not the restored snapshot's.
+        if let Some(k) = st.base {
+            st.store.copied_after(k, None).for_each(|i| changed.set(i));
         }
-        self.space.protect(run, Prot { read: true, ..prot })?;
-        let read = self.space.read(run.start(), &mut buf);
-        self.space.protect(run, prot)?;
-        read?;
-        Ok(buf)
+        let epoch = st.last + 1;
+        let take = match self.copy(st, &changed, epoch) {
+            Ok(take) => take,
+            Err(e) => {
+                st.dirty.or(&changed);
+                return Err(e);
+            }
+        };
+        st.dirty.clear();
+        st.base = None;
+        st.last = epoch;
+        st.store.takes.insert(epoch, take);
+        st.store.live.insert(epoch);
+        if let Some(old) = st.store.head.replace(epoch).filter(|h| !st.store.live.contains(h)) {
+            st.store.unpin(old);
+        }
+        self.keep_to_budget(st);
+        st.stats.taken += 1;
+        st.stats.live = st.store.live.len() as u64;
+        st.stats.bytes_kept = st.store.bytes;
+        st.stats.take_time += started.elapsed();
+        Ok(SnapshotId(epoch))
+    }
+
+    /// Copies into the store, as versions at `epoch`, the pages a take keeps: committed now and
+    /// `changed` or not committed at the newest take (all committed pages where nothing is kept),
+    /// and tombstones for pages with bytes kept that are not committed now. Changes nothing
+    /// where it fails.
+    fn copy(&self, st: &mut State, changed: &PageSet, epoch: u64) -> Result<Take, SnapshotError> {
+        let runs = self.space.protections(self.range);
+        let base = self.range.start().0;
+        let index = |a: u64| (a - base) / page();
+        let mut copy = PageSet::new(self.range.pages());
+        let mut gone = Vec::new();
+        // The runs the content derives from: the restored snapshot's, or the newest take's.
+        let from = st.base.or(st.store.head);
+        let head = from.and_then(|h| st.store.takes.get(&h)).and_then(|t| t.runs.as_ref());
+        match head {
+            None => runs.iter().for_each(|(r, _)| copy.set_run(index(r.start().0), index(r.end().0))),
+            Some(head) => {
+                for i in changed.iter() {
+                    match prot_at(&runs, self.addr(i)) {
+                        Some(_) => copy.set(i),
+                        None if st.store.has_bytes(i) => gone.push(i),
+                        None => {}
+                    }
+                }
+                for r in subtract(&runs, head) {
+                    copy.set_run(index(r.start().0), index(r.end().0));
+                }
+                for r in subtract(head, &runs) {
+                    gone.extend((index(r.start().0)..index(r.end().0)).filter(|&i| st.store.has_bytes(i)));
+                }
+            }
+        }
+        let copies = self.read_pages(&copy, &runs, &mut st.scratch)?;
+        gone.sort_unstable();
+        gone.dedup();
+        st.stats.pages_copied += copies.len() as u64;
+        let mut copied = Vec::with_capacity(copies.len() + gone.len());
+        for (i, bytes) in copies {
+            st.store.push(i, epoch, Some(bytes));
+            copied.push(i);
+        }
+        for i in gone {
+            st.store.push(i, epoch, None);
+            copied.push(i);
+        }
+        copied.sort_unstable();
+        Ok(Take { runs: Some(runs), copied })
+    }
+
+    /// The bytes of the pages of `set`, committed as `runs` say: one read per run of pages of
+    /// one protection; pages without read access are given it for the copy and their protection
+    /// back after it.
+    fn read_pages(&self, set: &PageSet, runs: &Runs, buf: &mut Vec<u8>) -> Result<Vec<PageCopy>, SnapshotError> {
+        let p = page() as usize;
+        let mut out = Vec::new();
+        let mut pages = set.iter().peekable();
+        while let Some(first) = pages.next() {
+            let prot = prot_at(runs, self.addr(first)).unwrap_or(Prot::NONE);
+            let mut end = first + 1;
+            while pages.next_if(|&i| i == end && prot_at(runs, self.addr(i)) == Some(prot)).is_some() {
+                end += 1;
+            }
+            let run = self.pages(first, end);
+            buf.resize(run.len() as usize, 0);
+            if prot.read {
+                self.space.read(run.start(), buf)?;
+            } else {
+                self.space.protect(run, Prot { read: true, ..prot })?;
+                let read = self.space.read(run.start(), buf);
+                self.space.protect(run, prot)?;
+                read?;
+            }
+            out.extend(buf.chunks_exact(p).zip(first..end).map(|(b, i)| (i, Box::from(b))));
+        }
+        Ok(out)
     }
 
     /// Drops the oldest snapshots while the bytes kept pass the budget, never the newest.
     fn keep_to_budget(&self, st: &mut State) {
         let Some(budget) = self.config.budget_bytes else { return };
-        while st.stats.bytes_kept > budget && st.snaps.len() > 1 {
-            let Some((_, snap)) = st.snaps.pop_first() else { break };
-            st.stats.bytes_kept -= snap.bytes();
+        while st.store.bytes > budget && st.store.live.len() > 1 {
+            let Some(oldest) = st.store.live.pop_first() else { break };
+            self.forget(st, oldest);
             st.stats.dropped_for_budget += 1;
         }
     }
 
-    /// Puts snapshot `id` back: the bytes of the pages it had committed, their protection, and
-    /// which pages are committed (pages committed since are decommitted). Later snapshots stay
-    /// valid. Every reader of the tracker sees the restored pages as written at its next collect.
+    /// Puts snapshot `id` back: exactly the pages whose content may differ from it (written
+    /// since it, across later takes and since the newest take) get its bytes back; pages it had
+    /// committed and are not now are committed again, pages committed since are decommitted, and
+    /// every page gets the protection it had. The cost follows the pages written since the
+    /// snapshot, plus one region of work per committed run.
+    ///
+    /// Later snapshots stay valid: the restore's own writes count as changes since the newest
+    /// take (the next take copies them). They are host writes made inside
+    /// [`Tracker::host_write`], and the commits, decommits and protections go through the space,
+    /// so every other reader of the tracker (a cache) sees the restored pages as written at its
+    /// next collect.
+    ///
+    /// The guest must not write the range while a restore runs (stop its threads). A write that
+    /// does is found where the restore can see it: on a page the restore did not put back (its
+    /// collect after the restore reports it), or on a readable page it put back whose bytes then
+    /// differ from the snapshot's (it reads them back). The restore then returns
+    /// [`SnapshotError::ConcurrentWrites`]: the range holds the snapshot but for the pages
+    /// written meanwhile, which later takes and restores count as changed; restore again. A
+    /// write that lands on a page before the restore puts the page back is undone, as a write
+    /// before the restore is.
     ///
     /// # Errors
     /// [`SnapshotError::UnknownSnapshot`] for an id no live snapshot has;
     /// [`SnapshotError::Views`] where the range holds a shared view; [`SnapshotError::Held`]
     /// where pages to decommit are held (a GPU import): these are refused before anything
-    /// changes. [`SnapshotError::Space`] or [`SnapshotError::Watch`] where a call fails midway.
+    /// changes. [`SnapshotError::ConcurrentWrites`] as above. [`SnapshotError::Space`] or
+    /// [`SnapshotError::Watch`] where a call fails midway (the snapshots stay valid: every page
+    /// the restore meant to change counts as changed).
     pub fn restore(&self, id: SnapshotId) -> Result<Restored, SnapshotError> {
         let started = Instant::now();
-        let mut st = self.state();
-        let snap = st.snaps.get(&id.0).ok_or(SnapshotError::UnknownSnapshot(id))?;
+        let mut guard = self.state();
+        let st = &mut *guard;
+        let k = id.0;
+        let k_runs = match st.store.takes.get(&k).and_then(|t| t.runs.clone()) {
+            Some(runs) if st.store.live.contains(&k) => runs,
+            _ => return Err(SnapshotError::UnknownSnapshot(id)),
+        };
         self.no_views()?;
+        let collected = self.collect(st)?;
+        st.dirty.or(&collected);
         let now = self.space.protections(self.range);
-        let drop = subtract(&now, &snap.runs);
-        for &r in &drop {
-            if let Some(held) = self.space.held(r) {
-                return Err(SnapshotError::Held { id, range: r, held });
-            }
+        // The pages whose content may differ from the snapshot's: changed since the base, and
+        // those with a version between the base and the snapshot.
+        let mut set = st.dirty.clone();
+        let from = st.base.or(st.store.head).unwrap_or(k);
+        st.store.copied_after(k.min(from), Some(k.max(from))).for_each(|i| set.set(i));
+        let index = |a: u64| (a - self.range.start().0) / page();
+        for r in subtract(&k_runs, &now) {
+            set.set_run(index(r.start().0), index(r.end().0));
         }
+        let decommit = subtract(&now, &k_runs);
+        if let Some((range, held)) = decommit.iter().find_map(|&r| self.space.held(r).map(|h| (r, h))) {
+            return Err(SnapshotError::Held { id, range, held });
+        }
+        // Everything the restore may change counts as changed from here on, whatever happens.
+        let mut touched = set.clone();
+        for r in &decommit {
+            touched.set_run(index(r.start().0), index(r.end().0));
+        }
+        st.dirty.or(&touched);
         let mut out = Restored::default();
-        for &r in &drop {
+        for &r in &decommit {
             self.space.decommit(r)?;
             out.decommitted += r.pages();
         }
-        for (&(run, prot), bytes) in snap.runs.iter().zip(&snap.bytes) {
-            self.space.commit(run, Prot::READ_WRITE)?;
-            self.tracker.host_write(run, || self.space.write(run.start(), bytes))??;
-            if prot != Prot::READ_WRITE {
-                self.space.protect(run, prot)?;
-            }
-            out.pages += run.pages();
+        let content: Vec<u64> = set.iter().filter(|&i| prot_at(&k_runs, self.addr(i)).is_some()).collect();
+        self.write_back(st, k, &content, &now)?;
+        out.pages = content.len() as u64;
+        for (r, prot) in differing(&k_runs, &self.space.protections(self.range)) {
+            self.space.protect(r, prot)?;
+            touched.set_run(index(r.start().0), index(r.end().0));
         }
         st.stats.pages_restored += out.pages;
+        let raced = self.raced(st, k, &k_runs, &content, &touched);
         st.stats.restore_time += started.elapsed();
-        Ok(out)
+        match raced? {
+            None => Ok(out),
+            Some((pages, first)) => {
+                Err(SnapshotError::ConcurrentWrites { id, pages, first: self.pages(first, first + 1) })
+            }
+        }
     }
 
-    /// Releases snapshot `id`: what only it kept is freed.
+    /// Writes snapshot `k`'s bytes of the `content` pages (in order) back, a run of consecutive
+    /// pages at a time, each made committed and writable first where it is not (`now`).
+    fn write_back(&self, st: &mut State, k: u64, content: &[u64], now: &Runs) -> Result<(), SnapshotError> {
+        let p = page() as usize;
+        let mut at = 0;
+        while at < content.len() {
+            let mut end = at + 1;
+            while end < content.len() && content[end] == content[end - 1] + 1 {
+                end += 1;
+            }
+            let run = self.pages(content[at], content[end - 1] + 1);
+            if !writable(now, run.start().0, run.end().0) {
+                self.space.commit(run, Prot::READ_WRITE)?;
+            }
+            st.scratch.clear();
+            for &i in &content[at..end] {
+                let bytes = st.store.bytes_at(i, k).expect("a page committed at a take has a version by then");
+                debug_assert_eq!(bytes.len(), p);
+                st.scratch.extend_from_slice(bytes);
+            }
+            self.tracker.host_write(run, || self.space.write(run.start(), &st.scratch))??;
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// The guest writes found beside a restore of `k` (see [`Snapshots::restore`]): how many
+    /// pages and the first, if any. Collects, then reads back the readable `content` pages:
+    /// pages reported that the restore did not `touch`, and pages read back unlike the
+    /// snapshot's, were written meanwhile. The range is snapshot `k` from here on, but for those
+    /// and for the pages reported that could not be read back (counted as changed).
+    fn raced(
+        &self,
+        st: &mut State,
+        k: u64,
+        k_runs: &Runs,
+        content: &[u64],
+        touched: &PageSet,
+    ) -> Result<Option<(u64, u64)>, SnapshotError> {
+        let collected = self.collect(st)?;
+        let mut raced = PageSet::new(self.range.pages());
+        collected.iter().filter(|&i| !touched.has(i)).for_each(|i| raced.set(i));
+        let mut checked = PageSet::new(self.range.pages());
+        let mut buf = std::mem::take(&mut st.scratch);
+        buf.resize(page() as usize, 0);
+        for &i in content.iter().filter(|&&i| prot_at(k_runs, self.addr(i)).is_some_and(|p| p.read)) {
+            let read = self.space.read(GuestAddr(self.addr(i)), &mut buf);
+            if read.is_err() || st.store.bytes_at(i, k) != Some(&buf[..]) {
+                raced.set(i);
+            }
+            checked.set(i);
+        }
+        st.scratch = buf;
+        // Exact from here on: the range is snapshot `k` but for these pages.
+        st.base = Some(k);
+        st.dirty.clear();
+        collected.iter().filter(|&i| !checked.has(i)).for_each(|i| st.dirty.set(i));
+        st.dirty.or(&raced);
+        Ok(raced.iter().next().map(|first| (raced.count(), first)))
+    }
+
+    /// Forgets snapshot `s`, no longer live: frees what only it kept. Where it was the base,
+    /// the pages that differ from the newest take count as changed.
+    fn forget(&self, st: &mut State, s: u64) {
+        if st.base == Some(s) {
+            let pages: Vec<u64> = st.store.copied_after(s, None).collect();
+            pages.into_iter().for_each(|i| st.dirty.set(i));
+            st.base = None;
+        }
+        if st.store.live.is_empty() {
+            st.store.clear();
+            st.base = None;
+            st.dirty.clear();
+        } else if st.store.head != Some(s) {
+            st.store.unpin(s);
+        }
+    }
+
+    /// Releases snapshot `id`: what only it kept is freed (the newest take's pages stay as the
+    /// base of the next take, which frees them; releasing every snapshot frees everything, and
+    /// the next take copies every committed page again).
     ///
     /// # Errors
     /// [`SnapshotError::UnknownSnapshot`] for an id no live snapshot has.
     pub fn release(&self, id: SnapshotId) -> Result<(), SnapshotError> {
-        let mut st = self.state();
-        let snap = st.snaps.remove(&id.0).ok_or(SnapshotError::UnknownSnapshot(id))?;
-        st.stats.bytes_kept -= snap.bytes();
+        let mut guard = self.state();
+        let st = &mut *guard;
+        if !st.store.live.remove(&id.0) {
+            return Err(SnapshotError::UnknownSnapshot(id));
+        }
+        self.forget(st, id.0);
         st.stats.released += 1;
-        st.stats.live = st.snaps.len() as u64;
+        st.stats.live = st.store.live.len() as u64;
+        st.stats.bytes_kept = st.store.bytes;
+        Ok(())
+    }
+
+    /// Copies snapshot `id`'s bytes at `addr` into `buf`, without restoring it (a save state
+    /// written to a file, a check).
+    ///
+    /// # Errors
+    /// [`SnapshotError::UnknownSnapshot`] for an id no live snapshot has;
+    /// [`SnapshotError::NoBytes`] naming the first byte outside the range or on a page not
+    /// committed at the take (`buf` is then filled up to it).
+    pub fn read(&self, id: SnapshotId, addr: GuestAddr, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        let st = self.state();
+        let k = id.0;
+        let runs = match st.store.takes.get(&k).and_then(|t| t.runs.as_ref()) {
+            Some(runs) if st.store.live.contains(&k) => runs,
+            _ => return Err(SnapshotError::UnknownSnapshot(id)),
+        };
+        let (p, (a, b)) = (page(), (self.range.start().0, self.range.end().0));
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = addr.0.saturating_add(done as u64);
+            let no = SnapshotError::NoBytes { id, addr: GuestAddr(at), range: self.range };
+            if at < a || at >= b || prot_at(runs, at - at % p).is_none() {
+                return Err(no);
+            }
+            let i = (at - a) / p;
+            let bytes = st.store.bytes_at(i, k).ok_or(no)?;
+            let off = (at % p) as usize;
+            let n = (p as usize - off).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&bytes[off..off + n]);
+            done += n;
+        }
         Ok(())
     }
 
     /// The live snapshots, oldest first.
     pub fn live(&self) -> Vec<SnapshotId> {
-        self.state().snaps.keys().map(|&k| SnapshotId(k)).collect()
+        self.state().store.live.iter().map(|&k| SnapshotId(k)).collect()
     }
 
     /// The counters.
@@ -299,29 +586,9 @@ impl Snapshots {
     }
 }
 
-/// The parts of the runs `a` that no run of `b` covers (both in address order, apart).
-fn subtract(a: &[(GuestRange, Prot)], b: &[(GuestRange, Prot)]) -> Vec<GuestRange> {
-    let mut out = Vec::new();
-    for &(r, _) in a {
-        let mut at = r.start().0;
-        let end = r.end().0;
-        for &(c, _) in b.iter().filter(|(c, _)| c.start().0 < end && r.start().0 < c.end().0) {
-            if c.start().0 > at {
-                out.push(GuestRange::from_bounds(at, c.start().0).expect("page-aligned"));
-            }
-            at = at.max(c.end().0);
-        }
-        if at < end {
-            out.push(GuestRange::from_bounds(at, end).expect("page-aligned"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::space::page_size;
 
     #[test]
     fn snapshots_are_send_and_sync_and_ids_print_their_number() {
@@ -330,15 +597,5 @@ mod tests {
         let id = SnapshotId::new(u64::MAX);
         assert_eq!((id.get(), id.to_string()), (u64::MAX, u64::MAX.to_string()));
         assert!(SnapshotId::new(1) < SnapshotId::new(2));
-    }
-
-    #[test]
-    fn subtract_leaves_the_parts_no_run_covers() {
-        let p = page_size();
-        let r = |a: u64, b: u64| (GuestRange::from_bounds(a * p, b * p).unwrap(), Prot::READ);
-        let got = subtract(&[r(0, 10), r(12, 14)], &[r(2, 3), r(5, 11)]);
-        let want: Vec<GuestRange> = [r(0, 2), r(3, 5), r(12, 14)].iter().map(|x| x.0).collect();
-        assert_eq!(got, want);
-        assert!(subtract(&[r(0, 4)], &[r(0, 4)]).is_empty());
     }
 }

@@ -1,0 +1,135 @@
+//! The kept pages: each page's versions, shared by every snapshot in which its bytes are
+//! unchanged, and what a snapshot that goes frees.
+//!
+//! A take is numbered (its epoch: its id). A page's versions are `(epoch, bytes)` in epoch order;
+//! snapshot `k`'s bytes of a page committed at `k` are the last version at or before `k`. A
+//! version without bytes (a tombstone) says the page was not committed at that take (so the
+//! version before it can go when no snapshot needs it). The pinned epochs are the live snapshots
+//! and the newest take (the base the next take shares). A version is kept while a pinned epoch
+//! lies between it and the next version; when an epoch `s` stops being pinned, the only versions
+//! that may go are those covering `s`, of pages copied by a take after `s` up to the next pinned
+//! epoch: so what a release frees costs what was written around it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::space::{GuestRange, Prot};
+
+/// One take: its runs (kept while its epoch is pinned) and the pages it copied (kept while a
+/// live snapshot is older).
+pub(super) struct Take {
+    /// The committed runs and their protections at the take; `None` once unpinned.
+    pub(super) runs: Option<Vec<(GuestRange, Prot)>>,
+    /// The pages (indices in the range) it stored a version of, in order.
+    pub(super) copied: Vec<u64>,
+}
+
+/// One version of a page: its bytes at the takes from `epoch` on (`None`: not committed).
+pub(super) struct Version {
+    pub(super) epoch: u64,
+    pub(super) bytes: Option<Box<[u8]>>,
+}
+
+/// The kept pages, the takes and which are live.
+#[derive(Default)]
+pub(super) struct Store {
+    pub(super) takes: BTreeMap<u64, Take>,
+    pub(super) versions: HashMap<u64, Vec<Version>>,
+    pub(super) live: BTreeSet<u64>,
+    /// The newest take's epoch, pinned as the base of the next take; `None`: nothing kept.
+    pub(super) head: Option<u64>,
+    /// Bytes of versions kept.
+    pub(super) bytes: u64,
+}
+
+impl Store {
+    /// Snapshot `k`'s bytes of page `i` (the last version at or before `k`, if it has bytes).
+    pub(super) fn bytes_at(&self, i: u64, k: u64) -> Option<&[u8]> {
+        let chain = self.versions.get(&i)?;
+        let n = chain.partition_point(|v| v.epoch <= k);
+        chain.get(n.checked_sub(1)?)?.bytes.as_deref()
+    }
+
+    /// The pages of the takes after epoch `k` up to `upto` (`None`: the newest), each once per
+    /// take.
+    pub(super) fn copied_after(&self, k: u64, upto: Option<u64>) -> impl Iterator<Item = u64> + '_ {
+        let upto = upto.unwrap_or(u64::MAX);
+        let takes = if k < upto { Some(self.takes.range(k + 1..=upto)) } else { None };
+        takes.into_iter().flatten().flat_map(|(_, t)| t.copied.iter().copied())
+    }
+
+    /// Whether page `i`'s newest version has bytes (a tombstone after it would say something).
+    pub(super) fn has_bytes(&self, i: u64) -> bool {
+        self.versions.get(&i).and_then(|c| c.last()).is_some_and(|v| v.bytes.is_some())
+    }
+
+    /// Adds a version of page `i` at `epoch` (the newest).
+    pub(super) fn push(&mut self, i: u64, epoch: u64, bytes: Option<Box<[u8]>>) {
+        self.bytes += bytes.as_ref().map_or(0, |b| b.len() as u64);
+        self.versions.entry(i).or_default().push(Version { epoch, bytes });
+    }
+
+    fn pinned(&self, e: u64) -> bool {
+        self.live.contains(&e) || self.head == Some(e)
+    }
+
+    /// The pinned epochs just before and just after `s` (`None` where there is none).
+    fn neighbours(&self, s: u64) -> (Option<u64>, Option<u64>) {
+        let before = self.live.range(..s).next_back().copied();
+        let after = self.live.range(s + 1..).next().copied().or(self.head.filter(|&h| h > s));
+        (before, after)
+    }
+
+    /// Frees what only epoch `s` kept, now that it is not pinned (see the module's doc).
+    pub(super) fn unpin(&mut self, s: u64) {
+        debug_assert!(!self.pinned(s));
+        let (before, after) = self.neighbours(s);
+        if let Some(t) = self.takes.get_mut(&s) {
+            t.runs = None;
+        }
+        let Some(after) = after else { return self.clear() };
+        let mut pages: Vec<u64> = self.takes.range(s + 1..=after).flat_map(|(_, t)| t.copied.iter().copied()).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        for i in pages {
+            self.free_covering(i, s, before, after);
+        }
+        self.prune();
+    }
+
+    /// Frees page `i`'s version covering `s` where no pinned epoch needs it: it starts after
+    /// `before` and the next version starts at or before `after`.
+    fn free_covering(&mut self, i: u64, s: u64, before: Option<u64>, after: u64) {
+        let Some(chain) = self.versions.get_mut(&i) else { return };
+        let n = chain.partition_point(|v| v.epoch <= s);
+        let Some(at) = n.checked_sub(1) else { return };
+        let starts_after_before = before.is_none_or(|b| chain[at].epoch > b);
+        let next_by_after = chain.get(at + 1).is_some_and(|v| v.epoch <= after);
+        if starts_after_before && next_by_after {
+            let v = chain.remove(at);
+            self.bytes -= v.bytes.map_or(0, |b| b.len() as u64);
+        }
+        // A tombstone first says nothing.
+        while chain.first().is_some_and(|v| v.bytes.is_none()) {
+            chain.remove(0);
+        }
+        if chain.is_empty() {
+            self.versions.remove(&i);
+        }
+    }
+
+    /// Drops the takes no restore or release needs any more: those at or before the oldest
+    /// pinned epoch that are not pinned themselves.
+    fn prune(&mut self) {
+        let oldest = self.live.first().copied().or(self.head);
+        let Some(oldest) = oldest else { return };
+        let gone: Vec<u64> = self.takes.range(..oldest).map(|(&e, _)| e).collect();
+        for e in gone {
+            self.takes.remove(&e);
+        }
+    }
+
+    /// Frees everything: the next take copies the whole range again.
+    pub(super) fn clear(&mut self) {
+        *self = Store { live: std::mem::take(&mut self.live), ..Store::default() };
+    }
+}

@@ -6,7 +6,9 @@
 //! collects through the tracker, and a consumer (a texture cache, say) collects beside it on a
 //! thread of its own, each owed every write; a forker forks the process now and then, and its
 //! child tries to collect through the parent's tracker and consumer (refused: the parent must
-//! lose nothing). Used by the tests and by `emuhost bench watch`.
+//! lose nothing), and a snapshot taker takes snapshots of pages 32..256 (`emuhost::snapshot`, one
+//! more consumer) and reads each back: every write must be in the first snapshot taken after it.
+//! Used by the tests and by `emuhost bench watch`.
 //!
 //! Each write has its own identity (writer, sequence, page) and its own window of collects, one
 //! of which must report its page: from the first collect that had not ended when the write began
@@ -33,6 +35,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::rng::Rng;
+use emuhost::snapshot::{SnapshotConfig, SnapshotError, SnapshotId, Snapshots};
 use emuhost::space::{GuestAddr, GuestRange, Prot, SectionId, Space, page_size};
 use emuhost::watch::{BackendKind, Consumer, Tracker, WatchError};
 
@@ -118,6 +121,14 @@ pub struct StressReport {
     pub block_reports_unwritten: u64,
     /// Collects by the tracker.
     pub collects: u64,
+    /// Snapshots taken beside the collects (none under map pressure: their copies would need
+    /// mappings).
+    pub snapshot_takes: u64,
+    /// Writes to the snapshots' pages checked against the first snapshot taken after them.
+    pub snapshot_checked: u64,
+    /// Of those, writes whose value that snapshot did not hold (an older one): the snapshots'
+    /// reads lost them.
+    pub snapshot_lost: u64,
     /// Commits, protections, releases, view splits, populates, arms and disarms made while the
     /// writers ran.
     pub space_ops: u64,
@@ -189,6 +200,8 @@ struct Write {
     /// first that began after the write ended.
     clo: u32,
     chi: u32,
+    /// The first snapshot taken after the write ended.
+    sno: u32,
 }
 
 const NOT_OWED: u32 = u32::MAX;
@@ -237,6 +250,8 @@ struct Pace {
     /// The consumer's collects begun and ended (as `epoch` and `done` are the tracker's).
     c_epoch: AtomicU64,
     c_done: AtomicU64,
+    /// Snapshots begun.
+    s_epoch: AtomicU64,
     /// Arms and disarms of the zone begun, and ended; whether the zone is armed.
     arms_started: AtomicU64,
     arms_done: AtomicU64,
@@ -281,6 +296,7 @@ impl Pace {
     fn after(&self, b: Before, page: u64) -> Write {
         let e2 = self.epoch.load(SeqCst);
         let c2 = self.c_epoch.load(SeqCst);
+        let s2 = self.s_epoch.load(SeqCst);
         Write {
             page: page as u32,
             e1: b.e1 as u32,
@@ -289,6 +305,7 @@ impl Pace {
             arms: b.arms,
             clo: b.c_done as u32 + 1,
             chi: c2 as u32 + 1,
+            sno: s2 as u32 + 1,
         }
     }
 }
@@ -664,6 +681,116 @@ impl Consumed {
     }
 }
 
+/// The pages the snapshot taker covers (the writers' allocations but the arm zone, whose disarms
+/// stop tracking).
+const SNAPPED: std::ops::Range<u64> = 32..256;
+/// The most snapshots whose values are kept for the check.
+const SNAPS_SEEN: usize = 2048;
+
+/// What each snapshot held of each page of [`SNAPPED`]: the three writers' slots (CPU writers 0
+/// and 1 at bytes 0 and 8, the host writer at 16); `None` for a take that failed (a decommit by
+/// the mutator ran beside it: the snapshots refuse that, and the next take copies its pages).
+type Seen = Vec<Option<Vec<[u64; 3]>>>;
+
+/// The snapshot taker: snapshots of [`SNAPPED`] taken one after another, each read back.
+struct Taker {
+    snaps: Snapshots,
+    seen: Seen,
+    last: Option<SnapshotId>,
+    /// Takes that failed (a decommit beside them).
+    failed: u64,
+}
+
+/// The most takes that may fail beside the mutator's decommits before the run fails.
+const MOST_FAILED_TAKES: u64 = 1000;
+
+impl Taker {
+    /// One snapshot, numbered as `pace` counts them; the one before it is released (or was
+    /// dropped for the budget). A take the mutator's decommit made fail is recorded as such.
+    fn take(&mut self, pace: &Pace) -> Result<(), SnapshotError> {
+        pace.s_epoch.fetch_add(1, SeqCst);
+        let id = match self.snaps.take() {
+            Ok(id) => id,
+            Err(SnapshotError::Space(e)) => {
+                if self.seen.len() < SNAPS_SEEN {
+                    self.seen.push(None);
+                }
+                self.failed += 1;
+                return if self.failed > MOST_FAILED_TAKES { Err(SnapshotError::Space(e)) } else { Ok(()) };
+            }
+            Err(e) => return Err(e),
+        };
+        if self.seen.len() < SNAPS_SEEN {
+            let mut values = Vec::with_capacity((SNAPPED.end - SNAPPED.start) as usize);
+            for pg in SNAPPED {
+                let mut b = [0u8; 24];
+                // The mutator's released pages (no writer writes them) may be out of it.
+                if !RELEASED.contains(&pg) {
+                    self.snaps.read(id, GuestAddr(pg * page_size()), &mut b)?;
+                }
+                let slot = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                values.push([slot(0), slot(1), slot(2)]);
+            }
+            self.seen.push(Some(values));
+        }
+        if let Some(prev) = self.last.replace(id) {
+            match self.snaps.release(prev) {
+                Ok(()) | Err(SnapshotError::UnknownSnapshot(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The snapshot taker's thread: takes until the others stop (at least once).
+fn taker(pace: &Arc<Pace>, mut t: Taker) -> JoinHandle<Result<Taker, SnapshotError>> {
+    let pace = pace.clone();
+    std::thread::spawn(move || {
+        pace.wait_to_go();
+        loop {
+            if let Err(e) = t.take(&pace) {
+                pace.enough.store(true, SeqCst);
+                return Err(e);
+            }
+            if pace.stop.load(SeqCst) {
+                return Ok(t);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    })
+}
+
+/// A snapshot failure as the stress reports failures.
+fn snapshot_error(e: SnapshotError, range: GuestRange, kind: BackendKind) -> WatchError {
+    match e {
+        SnapshotError::Watch(e) => e,
+        SnapshotError::Space(e) => e.into(),
+        e => {
+            WatchError::Os { op: "snapshot", range, backend: kind.name(), source: std::io::Error::other(e.to_string()) }
+        }
+    }
+}
+
+/// Checks each write to [`SNAPPED`] against the first snapshot taken after it that did not fail:
+/// it must hold the write's value or a later one of the same writer (each writer's values grow).
+/// `logs` are the host writer's (values `0, 1, ...`) then the CPU writers' (values `1, 2, ...`).
+/// Returns the writes checked and those lost.
+fn judge_snapshots(logs: &[Vec<Write>], seen: &Seen) -> (u64, u64) {
+    let (mut checked, mut lost) = (0, 0);
+    for (l, log) in logs.iter().enumerate() {
+        let (slot, first) = if l == 0 { (2, 0) } else { (l - 1, 1) };
+        for (j, w) in log.iter().enumerate() {
+            let page = w.page as u64;
+            let taken = seen.iter().skip((w.sno as usize).saturating_sub(1)).find_map(|v| v.as_ref());
+            let Some(values) = taken.filter(|_| SNAPPED.contains(&page)) else { continue };
+            checked += 1;
+            lost += (values[(page - SNAPPED.start) as usize][slot] < j as u64 + first) as u64;
+        }
+    }
+    (checked, lost)
+}
+
 /// Checks each write against the reports: `reported` holds each page's collects (ascending),
 /// `arms_at` the arms and disarms begun by the end of each collect, `consumed` each page's
 /// collects by the consumer.
@@ -683,6 +810,9 @@ fn judge<'a>(
         dropped: None,
         block_reports_unwritten: 0,
         collects: 0,
+        snapshot_takes: 0,
+        snapshot_checked: 0,
+        snapshot_lost: 0,
         space_ops: 0,
         ops: StressOps::default(),
     };
@@ -762,6 +892,15 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         let (t, c, forks) = (t.clone(), consumer.consumer.clone(), forking);
         background(&pace, 5, 1, move |_| if forks { fork_and_collect(&t, &c, whole) } else { Ok(()) })
     };
+    // Snapshots beside the collects (not under map pressure: their copies need mappings).
+    let snapped = s.range(SNAPPED.start * p, (SNAPPED.end - SNAPPED.start) * p)?;
+    let snapshot_taker = if cfg.map_pressure {
+        None
+    } else {
+        let config = SnapshotConfig::default().budget_bytes(Some(2 * snapped.len()));
+        let snaps = Snapshots::new(&t, snapped, &config).map_err(|e| snapshot_error(e, snapped, kind))?;
+        Some(taker(&pace, Taker { snaps, seen: Vec::new(), last: None, failed: 0 }))
+    };
     let mut reported: Vec<Vec<u32>> = vec![Vec::with_capacity(1024); b1.max(PAGES) as usize];
     // Per collect: arms and disarms begun by the time it ended.
     let mut arms_at: Vec<u32> = Vec::with_capacity(1 << 16);
@@ -805,6 +944,7 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     let arm_steps = armer.join().expect("armer panicked");
     let consumer_collects = consuming.join().expect("consumer panicked");
     let forks = forker.join().expect("forker panicked");
+    let snapshot_taker = snapshot_taker.map(|h| h.join().expect("snapshot taker panicked"));
     drop(filler);
     result?;
     let (host_writes, populates_written, rounds, arm_steps) = (host_writes?, populates?, rounds?, arm_steps?);
@@ -816,6 +956,15 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
     collect(n)?;
     consumer.collect(&pace)?;
     let (consumer_collects, consumed) = consumer.into_reports(&pace);
+    // And a snapshot after every thread is done.
+    let seen = match snapshot_taker {
+        Some(taken) => {
+            let mut taker = taken.map_err(|e| snapshot_error(e, snapped, kind))?;
+            taker.take(&pace).map_err(|e| snapshot_error(e, snapped, kind))?;
+            taker.seen
+        }
+        None => Vec::new(),
+    };
     let host_log = std::mem::take(&mut *host_log.lock().unwrap_or_else(|p| p.into_inner()));
     let mut all = vec![host_log];
     for log in logs {
@@ -828,6 +977,8 @@ pub fn stress_with(kind: BackendKind, cfg: StressConfig) -> Result<StressReport,
         None => 0,
     };
     let mut r = judge(all.iter().flatten(), &reported, &arms_at, &consumed);
+    (r.snapshot_takes, (r.snapshot_checked, r.snapshot_lost)) =
+        (pace.s_epoch.load(SeqCst), judge_snapshots(&all, &seen));
     (r.dropped, r.block_reports_unwritten, r.collects) = (dropped, block_reports_unwritten, n as u64);
     let (arms, disarms) = if cfg.arm_races && !cfg.map_pressure {
         let ops = arm_steps.div_ceil(2);

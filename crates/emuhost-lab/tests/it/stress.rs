@@ -67,6 +67,9 @@ fn stress(kind: BackendKind, cfg: StressConfig) -> Option<(u64, u64)> {
     assert_eq!(r.dropped, None);
     // The consumer collecting beside the tracker's own collects: neither takes the other's writes.
     assert_eq!(r.consumer_lost, 0, "{}: the consumer lost writes: {r:?}", kind.name());
+    // The snapshots read as one more consumer beside them: each holds every write made before it.
+    assert_eq!(r.snapshot_lost, 0, "{}: the snapshots lost writes: {r:?}", kind.name());
+    assert!(cfg.map_pressure || (r.snapshot_takes > 1 && r.snapshot_checked > 0), "{r:?}");
     Some((r.writes - r.unchecked, r.lost))
 }
 

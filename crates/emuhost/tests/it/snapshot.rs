@@ -80,7 +80,97 @@ watch_conformance!(
     a_range_with_a_view_is_refused,
     a_write_beside_a_restore_is_found,
     a_read_gives_a_snapshots_bytes_without_restoring,
+    random_takes_restores_and_releases_match_full_copies,
+    decommitted_pages_are_freed_with_the_last_snapshot_that_had_them,
 );
+
+fn decommitted_pages_are_freed_with_the_last_snapshot_that_had_them(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind) else { return };
+    let snaps = snapshots(&t, r);
+    let first = snaps.take().unwrap();
+    let want = full(&s, r);
+    s.decommit(s.range(r.start().0, 8 * p()).unwrap()).unwrap();
+    let second = snaps.take().unwrap();
+    assert_eq!(snaps.stats().bytes_kept, PAGES * p());
+    snaps.restore(first).unwrap();
+    assert!(full(&s, r) == want);
+    snaps.restore(second).unwrap();
+    snaps.release(first).unwrap();
+    assert_eq!(snaps.stats().bytes_kept, (PAGES - 8) * p(), "{:?}", snaps.stats());
+    assert_eq!(snaps.restore(second).unwrap().pages, 0);
+}
+
+/// A random run of writes, commits, decommits, protections, takes, restores, reads and releases
+/// under a budget: every restore and every read matches the full copy made at the take.
+fn random_takes_restores_and_releases_match_full_copies(kind: BackendKind) {
+    let Some((s, t, r)) = setup(kind) else { return };
+    let budget = (PAGES + 40) * p();
+    let snaps = Snapshots::new(&t, r, &SnapshotConfig::default().budget_bytes(Some(budget))).unwrap();
+    let mut rng = Rng::new(6);
+    let mut copies: std::collections::HashMap<SnapshotId, Full> = Default::default();
+    let part = |first: u64, n: u64| s.range(r.start().0 + first * p(), n * p()).unwrap();
+    for step in 0..400 {
+        match rng.below(10) {
+            0..=3 => {
+                let n = rng.below(8) + 1;
+                scribble(&s, r, &mut rng, n);
+            }
+            4 => {
+                let id = snaps.take().unwrap();
+                copies.insert(id, full(&s, r));
+            }
+            5 | 6 => {
+                let live = snaps.live();
+                if live.is_empty() {
+                    continue;
+                }
+                let id = rng.pick(&live);
+                snaps.restore(id).unwrap();
+                assert!(full(&s, r) == copies[&id], "step {step}: restore of {id}");
+            }
+            7 => {
+                let live = snaps.live();
+                if live.len() > 1 {
+                    let id = rng.pick(&live);
+                    snaps.release(id).unwrap();
+                }
+            }
+            8 => {
+                let (first, n) = (rng.below(PAGES - 4), rng.below(4) + 1);
+                match rng.below(3) {
+                    0 => s.decommit(part(first, n)).unwrap(),
+                    1 => drop(s.commit(part(first, n), Prot::READ_WRITE).unwrap()),
+                    _ => s
+                        .commit(part(first, n), rng.pick(&[Prot::READ, Prot::NONE, Prot::READ_WRITE]))
+                        .map(drop)
+                        .unwrap(),
+                }
+            }
+            _ => {
+                let live = snaps.live();
+                if live.is_empty() {
+                    continue;
+                }
+                let id = rng.pick(&live);
+                let i = rng.below(PAGES);
+                let (prot, want) = &copies[&id].0[i as usize];
+                let mut buf = vec![0; p() as usize];
+                let got = snaps.read(id, GuestAddr(r.start().0 + i * p()), &mut buf);
+                match prot {
+                    Some(prot) => {
+                        assert!(got.is_ok(), "step {step}: {got:?}");
+                        // A full copy cannot read a page without read access.
+                        assert!(!prot.read || buf == *want, "step {step}: read of page {i} of {id}");
+                    }
+                    None => assert!(matches!(got, Err(SnapshotError::NoBytes { .. })), "step {step}: {got:?}"),
+                }
+            }
+        }
+        assert!(snaps.stats().bytes_kept <= budget || snaps.live().len() == 1, "step {step}: {:?}", snaps.stats());
+    }
+    let st = snaps.stats();
+    assert!(st.taken > 20 && st.dropped_for_budget > 0 && st.released > 0, "{st:?}");
+}
 
 fn a_read_gives_a_snapshots_bytes_without_restoring(kind: BackendKind) {
     let Some((s, t, r)) = setup(kind) else { return };
@@ -360,6 +450,8 @@ fn release_and_the_budget_ring(kind: BackendKind) {
     assert!(matches!(snaps.release(ids[2]), Err(SnapshotError::UnknownSnapshot(id)) if id == ids[2]));
     // The newest's pages stay as the next take's base until it is taken.
     snaps.release(ids[3]).unwrap();
+    assert!(matches!(snaps.restore(ids[3]), Err(SnapshotError::UnknownSnapshot(id)) if id == ids[3]));
+    assert!(matches!(snaps.read(ids[3], r.start(), &mut [0; 1]), Err(SnapshotError::UnknownSnapshot(_))));
     assert_eq!(snaps.stats().bytes_kept, (PAGES + 10) * page);
     write_pages(&s, r, 10, 9);
     let next = snaps.take().unwrap();

@@ -280,13 +280,20 @@ fn a_restore_that_would_decommit_held_pages_is_refused_before_any_change(kind: B
 }
 
 fn a_range_with_a_view_is_refused(kind: BackendKind) {
+    if !crate::watch_gate::views("a_range_with_a_view_is_refused") {
+        return;
+    }
     let Some((s, t, r)) = setup(kind) else { return };
-    let snaps = snapshots(&t, r);
+    // The snapshots' range runs 8 reserved pages past `r`, where the view goes (one over part of
+    // a private allocation that holds data is refused on Windows).
+    let wide = s.range(r.start().0, r.len() + 8 * p()).unwrap();
+    let snaps = snapshots(&t, wide);
     let id = snaps.take().unwrap();
-    let view = s.range(r.start().0 + 4 * p(), 2 * p()).unwrap();
+    let view = s.range(r.end().0 + 2 * p(), 2 * p()).unwrap();
     let section = s.create_section(2 * p()).unwrap();
-    s.decommit(view).unwrap();
     s.map_section(view, section, 0, Prot::READ_WRITE).unwrap();
+    // (The private pages: a fresh view's pages may not be readable by a copy under Windows' write
+    // watch.)
     let before = full(&s, r);
     for e in [snaps.take().unwrap_err(), snaps.restore(id).unwrap_err()] {
         assert!(matches!(e, SnapshotError::Views { view: v, .. } if v == view), "{e:?}");

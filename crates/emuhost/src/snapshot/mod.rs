@@ -489,14 +489,20 @@ impl Snapshots {
         let mut raced = PageSet::new(self.range.pages());
         collected.iter().filter(|&i| !touched.has(i)).for_each(|i| raced.set(i));
         let mut checked = PageSet::new(self.range.pages());
+        let readable: Vec<u64> =
+            content.iter().copied().filter(|&i| prot_at(k_runs, self.addr(i)).is_some_and(|p| p.read)).collect();
         let mut buf = std::mem::take(&mut st.scratch);
-        buf.resize(page() as usize, 0);
-        for &i in content.iter().filter(|&&i| prot_at(k_runs, self.addr(i)).is_some_and(|p| p.read)) {
-            let read = self.space.read(GuestAddr(self.addr(i)), &mut buf);
-            if read.is_err() || st.store.bytes_at(i, k) != Some(&buf[..]) {
-                raced.set(i);
+        let p = page() as usize;
+        // One read per run of consecutive pages.
+        for run in readable.chunk_by(|a, b| b == &(a + 1)) {
+            buf.resize(run.len() * p, 0);
+            let read = self.space.read(GuestAddr(self.addr(run[0])), &mut buf);
+            for (&i, got) in run.iter().zip(buf.chunks_exact(p)) {
+                if read.is_err() || st.store.bytes_at(i, k) != Some(got) {
+                    raced.set(i);
+                }
+                checked.set(i);
             }
-            checked.set(i);
         }
         st.scratch = buf;
         // Exact from here on: the range is snapshot `k` but for these pages.

@@ -7,7 +7,9 @@
 //! thread of its own, each owed every write; a forker forks the process now and then, and its
 //! child tries to collect through the parent's tracker and consumer (refused: the parent must
 //! lose nothing), and a snapshot taker takes snapshots of pages 32..256 (`emuhost::snapshot`, one
-//! more consumer) and reads each back: every write must be in the first snapshot taken after it.
+//! more consumer) and reads each back: every write must be in the first snapshot taken after it
+//! (where its writer's next write to the page began after that snapshot ended: a take copies a
+//! page being written as it finds it, byte by byte).
 //! Used by the tests and by `emuhost bench watch`.
 //!
 //! Each write has its own identity (writer, sequence, page) and its own window of collects, one
@@ -124,10 +126,10 @@ pub struct StressReport {
     /// Snapshots taken beside the collects (none under map pressure: their copies would need
     /// mappings).
     pub snapshot_takes: u64,
-    /// Writes to the snapshots' pages checked against the first snapshot taken after them.
+    /// Writes to the snapshots' pages checked against the first snapshot taken after them:
+    /// those whose writer did not write the page again before that snapshot ended.
     pub snapshot_checked: u64,
-    /// Of those, writes whose value that snapshot did not hold (an older one): the snapshots'
-    /// reads lost them.
+    /// Of those, writes whose value that snapshot did not hold: the snapshots' reads lost them.
     pub snapshot_lost: u64,
     /// Commits, protections, releases, view splits, populates, arms and disarms made while the
     /// writers ran.
@@ -202,6 +204,8 @@ struct Write {
     chi: u32,
     /// The first snapshot taken after the write ended.
     sno: u32,
+    /// The snapshots ended before the write began.
+    sdone: u32,
 }
 
 const NOT_OWED: u32 = u32::MAX;
@@ -250,8 +254,9 @@ struct Pace {
     /// The consumer's collects begun and ended (as `epoch` and `done` are the tracker's).
     c_epoch: AtomicU64,
     c_done: AtomicU64,
-    /// Snapshots begun.
+    /// Snapshots begun, and ended.
     s_epoch: AtomicU64,
+    s_done: AtomicU64,
     /// Arms and disarms of the zone begun, and ended; whether the zone is armed.
     arms_started: AtomicU64,
     arms_done: AtomicU64,
@@ -268,6 +273,7 @@ struct Before {
     done: u64,
     arms: u32,
     c_done: u64,
+    s_done: u64,
 }
 
 impl Pace {
@@ -280,6 +286,7 @@ impl Pace {
     fn before(&self, page: u64) -> Before {
         let done = self.done.load(SeqCst);
         let c_done = self.c_done.load(SeqCst);
+        let s_done = self.s_done.load(SeqCst);
         let e1 = self.epoch.load(SeqCst);
         let arms = if ZONE.contains(&page) {
             zone_owed(|f| match f {
@@ -290,7 +297,7 @@ impl Pace {
         } else {
             0
         };
-        Before { e1, done, arms, c_done }
+        Before { e1, done, arms, c_done, s_done }
     }
 
     fn after(&self, b: Before, page: u64) -> Write {
@@ -306,6 +313,7 @@ impl Pace {
             clo: b.c_done as u32 + 1,
             chi: c2 as u32 + 1,
             sno: s2 as u32 + 1,
+            sdone: b.s_done as u32,
         }
     }
 }
@@ -708,8 +716,10 @@ impl Taker {
     /// One snapshot, numbered as `pace` counts them; the one before it is released (or was
     /// dropped for the budget). A take the mutator's decommit made fail is recorded as such.
     fn take(&mut self, pace: &Pace) -> Result<(), SnapshotError> {
-        pace.s_epoch.fetch_add(1, SeqCst);
-        let id = match self.snaps.take() {
+        let n = pace.s_epoch.fetch_add(1, SeqCst) + 1;
+        let taken = self.snaps.take();
+        pace.s_done.store(n, SeqCst);
+        let id = match taken {
             Ok(id) => id,
             Err(SnapshotError::Space(e)) => {
                 if self.seen.len() < SNAPS_SEEN {
@@ -772,20 +782,39 @@ fn snapshot_error(e: SnapshotError, range: GuestRange, kind: BackendKind) -> Wat
     }
 }
 
-/// Checks each write to [`SNAPPED`] against the first snapshot taken after it that did not fail:
-/// it must hold the write's value or a later one of the same writer (each writer's values grow).
-/// `logs` are the host writer's (values `0, 1, ...`) then the CPU writers' (values `1, 2, ...`).
-/// Returns the writes checked and those lost.
+/// Checks each write to [`SNAPPED`] against the first snapshot taken after it that did not
+/// fail: it must hold the write's value, unless the same writer's next write to the page began
+/// before that snapshot ended (a take copies a page being written byte by byte as it finds it:
+/// the later write then covers the page). `logs` are the host writer's (values `0, 1, ...`) then
+/// the CPU writers' (values `1, 2, ...`). Returns the writes checked and those lost.
 fn judge_snapshots(logs: &[Vec<Write>], seen: &Seen) -> (u64, u64) {
     let (mut checked, mut lost) = (0, 0);
     for (l, log) in logs.iter().enumerate() {
         let (slot, first) = if l == 0 { (2, 0) } else { (l - 1, 1) };
+        // Each write's next write to the same page by the same writer: the snapshots ended
+        // before it began.
+        let mut next: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        let mut next_sdone = vec![u32::MAX; log.len()];
+        for (j, w) in log.iter().enumerate().rev() {
+            next_sdone[j] = next.get(&w.page).copied().unwrap_or(u32::MAX);
+            next.insert(w.page, w.sdone);
+        }
         for (j, w) in log.iter().enumerate() {
             let page = w.page as u64;
-            let taken = seen.iter().skip((w.sno as usize).saturating_sub(1)).find_map(|v| v.as_ref());
-            let Some(values) = taken.filter(|_| SNAPPED.contains(&page)) else { continue };
+            if !SNAPPED.contains(&page) {
+                continue;
+            }
+            let from = (w.sno as usize).saturating_sub(1);
+            let Some((n, values)) = seen.iter().enumerate().skip(from).find_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+            else {
+                continue;
+            };
+            // Take `n + 1` must have ended before the next write began.
+            if (next_sdone[j] as usize) < n + 1 {
+                continue;
+            }
             checked += 1;
-            lost += (values[(page - SNAPPED.start) as usize][slot] < j as u64 + first) as u64;
+            lost += (values[(page - SNAPPED.start) as usize][slot] != j as u64 + first) as u64;
         }
     }
     (checked, lost)

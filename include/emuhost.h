@@ -66,14 +66,15 @@
 #define EMUHOST_ERROR_BAD_HANDLE 2
 
 // An argument that is not valid: unaligned or empty ranges, unknown flag bits or constants,
-// text that is not UTF-8, a buffer too small.
+// text that is not UTF-8, a buffer too small, an id that is not live (a pool's, a snapshot's).
 #define EMUHOST_ERROR_INVALID_ARGUMENT 3
 
 // A range outside the guest window (or past a section's end).
 #define EMUHOST_ERROR_OUT_OF_RANGE 4
 
 // The runtime refused the operation as things stand: held pages, a mapping that is not the
-// space's own, a second tracker on a space, an import refused or cooling, a budget spent.
+// space's own, a second tracker on a space, an import refused or cooling, a budget spent, a
+// snapshot's restore refused (held pages, a shared view, guest writes beside it).
 #define EMUHOST_ERROR_REFUSED 5
 
 // A backend or a platform feature that is not available here: no userfaultfd, no Vulkan device,
@@ -250,6 +251,17 @@ typedef struct emuhost_settings_t emuhost_settings_t;
 // Thread safety: every call may be made from any thread, concurrently.
 typedef struct emuhost_sleeper_t emuhost_sleeper_t;
 
+// Snapshots of one guest range of a tracker's space (opaque): `emuhost_snapshots_take` copies
+// the range's committed pages, `emuhost_snapshots_restore` puts a snapshot back (bytes, which
+// pages are committed, their protection), `emuhost_snapshots_release` frees one.
+//
+// Thread safety: any thread; takes, restores and releases run one at a time. The guest's
+// threads must not write the range while a take or a restore runs (a write beside a take may be
+// in the snapshot or not; one beside a restore makes it fail, see `emuhost_snapshots_restore`).
+// It keeps its tracker (and so the space) alive: the tracker and space handles may be deleted
+// before it, and the range stays armed until it goes.
+typedef struct emuhost_snapshots_t emuhost_snapshots_t;
+
 // A guest address space (opaque): one reserved window, committed, protected and mapped in
 // pages.
 //
@@ -374,6 +386,37 @@ typedef struct emuhost_sleep_rule_t {
   // Logical processors in the affinity mask the rule was decided with; 0 where unknown.
   uint32_t cpus;
 } emuhost_sleep_rule_t;
+
+// What a restore did (`emuhost_snapshots_restore`).
+typedef struct emuhost_restored_t {
+  // Pages whose bytes were put back.
+  uint64_t pages;
+  // Pages decommitted: committed now, not at the snapshot.
+  uint64_t decommitted;
+} emuhost_restored_t;
+
+// A snapshots object's counters (`emuhost_snapshots_stats`). Times in nanoseconds.
+typedef struct emuhost_snapshot_stats_t {
+  // Snapshots taken.
+  uint64_t taken;
+  // Snapshots live now.
+  uint64_t live;
+  // Snapshots released by `emuhost_snapshots_release`.
+  uint64_t released;
+  // Snapshots dropped to keep `bytes_kept` within the budget (`EMUHOST_SNAPSHOT_BUDGET_MB`),
+  // oldest first, never the newest.
+  uint64_t dropped_for_budget;
+  // Pages copied by takes.
+  uint64_t pages_copied;
+  // Bytes of page copies kept now.
+  uint64_t bytes_kept;
+  // Pages whose bytes restores put back.
+  uint64_t pages_restored;
+  // Time spent in takes, on the callers' threads.
+  uint64_t take_time_ns;
+  // Time spent in restores, on the callers' threads.
+  uint64_t restore_time_ns;
+} emuhost_snapshot_stats_t;
 
 // What a space is (`emuhost_space_info`).
 typedef struct emuhost_space_info_t {
@@ -669,6 +712,56 @@ EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_install_faults(const s
 
 // Deletes settings. NULL does nothing; a handle deleted already is `EMUHOST_ERROR_BAD_HANDLE`.
 EMUHOST_MUST_USE struct emuhost_error_t *emuhost_settings_delete(struct emuhost_settings_t *settings);
+
+// Snapshots of guest `addr..addr + len` in `tracker`'s space. Arms the range on the tracker (an
+// arm of armed pages keeps their tracking). `settings` may be NULL (defaults);
+// `EMUHOST_SNAPSHOT_BUDGET_MB` in them is the most MiB of page copies kept (past it a take drops
+// the oldest snapshots first, never the newest; unset: no limit). A range outside the window is
+// `EMUHOST_ERROR_OUT_OF_RANGE`, an unaligned or empty one `EMUHOST_ERROR_INVALID_ARGUMENT`.
+//
+// # Safety
+// `out` is NULL or writable.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_new(const struct emuhost_tracker_t *tracker, uint64_t addr, uint64_t len, const struct emuhost_settings_t *settings, struct emuhost_snapshots_t **out);
+
+// Deletes the snapshots object: every snapshot it keeps is freed, and its tracker is let go
+// (the range stays armed while the tracker lives). NULL does nothing; a handle deleted already
+// is `EMUHOST_ERROR_BAD_HANDLE`.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_delete(struct emuhost_snapshots_t *snapshots);
+
+// Takes a snapshot of the range (its committed pages' bytes and protections, and which pages
+// are committed); `id` receives its number (1, 2, ... in the order of the takes). Past the
+// budget, the oldest snapshots are dropped first (never this one). A range holding a shared
+// view (a section's pages) is `EMUHOST_ERROR_REFUSED`: snapshots cover private memory only.
+//
+// # Safety
+// `id` is NULL or writable (checked before anything is taken).
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_take(const struct emuhost_snapshots_t *snapshots, uint64_t *id);
+
+// Puts snapshot `id` back: the bytes of the pages it had committed, their protection, and which
+// pages are committed (pages committed since are decommitted). Later snapshots stay valid; every
+// reader of the tracker sees the restored pages as written at its next collect. `restored` (may
+// be NULL) receives what was done.
+//
+// Errors: an id no live snapshot has is `EMUHOST_ERROR_INVALID_ARGUMENT`; pages to decommit
+// that a GPU import holds, or a shared view in the range, are `EMUHOST_ERROR_REFUSED` before
+// anything changes. Guest writes that ran beside the restore are `EMUHOST_ERROR_REFUSED` too
+// (the message counts them): the range then holds the snapshot's bytes but for those pages;
+// stop the guest's threads and restore again.
+//
+// # Safety
+// `restored` is NULL or writable.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_restore(const struct emuhost_snapshots_t *snapshots, uint64_t id, struct emuhost_restored_t *restored);
+
+// Releases snapshot `id`: what only it kept is freed. An id no live snapshot has (released
+// already, dropped for the budget, never taken) is `EMUHOST_ERROR_INVALID_ARGUMENT`, and
+// nothing changes.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_release(const struct emuhost_snapshots_t *snapshots, uint64_t id);
+
+// The snapshots object's counters.
+//
+// # Safety
+// `out` is NULL or writable.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_stats(const struct emuhost_snapshots_t *snapshots, struct emuhost_snapshot_stats_t *out);
 
 // Reserves a window of `window` bytes (a multiple of the page size) where the kernel chooses,
 // with `guard` bytes of guard pages (0 for none) below and above it.

@@ -5,6 +5,7 @@ use std::ffi::c_char;
 
 use emuhost::import::ImportError;
 use emuhost::settings::SettingError;
+use emuhost::snapshot::SnapshotError;
 use emuhost::space::SpaceError;
 use emuhost::watch::WatchError;
 
@@ -15,12 +16,13 @@ pub const EMUHOST_ERROR_NULL: u32 = 1;
 /// A handle that is not a live one of the kind asked for (deleted already, or of another kind).
 pub const EMUHOST_ERROR_BAD_HANDLE: u32 = 2;
 /// An argument that is not valid: unaligned or empty ranges, unknown flag bits or constants,
-/// text that is not UTF-8, a buffer too small.
+/// text that is not UTF-8, a buffer too small, an id that is not live (a pool's, a snapshot's).
 pub const EMUHOST_ERROR_INVALID_ARGUMENT: u32 = 3;
 /// A range outside the guest window (or past a section's end).
 pub const EMUHOST_ERROR_OUT_OF_RANGE: u32 = 4;
 /// The runtime refused the operation as things stand: held pages, a mapping that is not the
-/// space's own, a second tracker on a space, an import refused or cooling, a budget spent.
+/// space's own, a second tracker on a space, an import refused or cooling, a budget spent, a
+/// snapshot's restore refused (held pages, a shared view, guest writes beside it).
 pub const EMUHOST_ERROR_REFUSED: u32 = 5;
 /// A backend or a platform feature that is not available here: no userfaultfd, no Vulkan device,
 /// no CUDA driver (`libcuda.so.1`, `nvcuda.dll`), a watch backend of the other platform (uffd and
@@ -128,20 +130,45 @@ impl From<SpaceError> for Error {
     }
 }
 
+fn watch_code(e: &WatchError) -> u32 {
+    match e {
+        WatchError::Space(s) => space_code(s),
+        WatchError::Unavailable { .. } | WatchError::SelfTest { .. } | WatchError::NoBackend { .. } => {
+            EMUHOST_ERROR_UNAVAILABLE
+        }
+        WatchError::Os { .. } => EMUHOST_ERROR_OS,
+        WatchError::SecondTracker { .. } | WatchError::OtherProcess { .. } => EMUHOST_ERROR_REFUSED,
+        WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
+        // Verify mode's mismatch, and what the watch module may add.
+        _ => EMUHOST_ERROR_OTHER,
+    }
+}
+
 impl From<WatchError> for Error {
     fn from(e: WatchError) -> Self {
-        let code = match &e {
-            WatchError::Space(s) => space_code(s),
-            WatchError::Unavailable { .. } | WatchError::SelfTest { .. } | WatchError::NoBackend { .. } => {
-                EMUHOST_ERROR_UNAVAILABLE
-            }
-            WatchError::Os { .. } => EMUHOST_ERROR_OS,
-            WatchError::SecondTracker { .. } | WatchError::OtherProcess { .. } => EMUHOST_ERROR_REFUSED,
-            WatchError::BadGranularity { .. } | WatchError::WordsTooShort { .. } => EMUHOST_ERROR_INVALID_ARGUMENT,
-            // Verify mode's mismatch, and what the watch module may add.
-            _ => EMUHOST_ERROR_OTHER,
-        };
-        Self::chain(code, &e)
+        Self::chain(watch_code(&e), &e)
+    }
+}
+
+fn snapshot_code(e: &SnapshotError) -> u32 {
+    match e {
+        SnapshotError::Space(s) => space_code(s),
+        SnapshotError::Watch(w) => watch_code(w),
+        // An id is a number, not a handle: an unknown one is a bad argument, as a pool's is.
+        SnapshotError::UnknownSnapshot(_) => EMUHOST_ERROR_INVALID_ARGUMENT,
+        // Held pages and a shared view are refused before anything changes; writes beside a
+        // restore make it refuse the snapshot's bytes for those pages (the message counts them).
+        SnapshotError::Held { .. } | SnapshotError::Views { .. } | SnapshotError::ConcurrentWrites { .. } => {
+            EMUHOST_ERROR_REFUSED
+        }
+        // What the snapshot module may add (its errors are `#[non_exhaustive]`).
+        _ => EMUHOST_ERROR_OTHER,
+    }
+}
+
+impl From<SnapshotError> for Error {
+    fn from(e: SnapshotError) -> Self {
+        Self::chain(snapshot_code(&e), &e)
     }
 }
 
@@ -226,5 +253,33 @@ mod tests {
         assert_eq!(space_code(&os(io(std::io::ErrorKind::PermissionDenied))), EMUHOST_ERROR_OS);
         let e = Error::from(os(io(std::io::ErrorKind::Unsupported)));
         assert_eq!((e.code, e.message.as_str()), (EMUHOST_ERROR_UNAVAILABLE, "map section 0x0+0x1000 failed: why"));
+    }
+
+    /// Each snapshot error has its code: an unknown id is a bad argument (as a pool's), what a
+    /// restore refuses is `REFUSED`, and a space's or a tracker's error keeps its own code.
+    #[test]
+    fn each_snapshot_error_has_its_code() {
+        use emuhost::snapshot::SnapshotId;
+        use emuhost::space::{GuestAddr, GuestRange, page_size};
+        let range = GuestRange::new(GuestAddr(0), 4 * page_size()).unwrap();
+        let id = SnapshotId::new(7);
+        let cases = [
+            (SnapshotError::UnknownSnapshot(id), EMUHOST_ERROR_INVALID_ARGUMENT, "snapshot 7 is not live"),
+            (SnapshotError::Held { id, range, held: range }, EMUHOST_ERROR_REFUSED, "a hold keeps mapped"),
+            (SnapshotError::Views { range, view: range }, EMUHOST_ERROR_REFUSED, "shared view"),
+            (SnapshotError::ConcurrentWrites { id, pages: 3, first: range }, EMUHOST_ERROR_REFUSED, "3 pages written"),
+            (
+                SnapshotError::Space(SpaceError::OutOfWindow { addr: 0, len: 1, window: 0 }),
+                EMUHOST_ERROR_OUT_OF_RANGE,
+                "",
+            ),
+            (SnapshotError::Watch(WatchError::SecondTracker { base: 0 }), EMUHOST_ERROR_REFUSED, ""),
+        ];
+        for (e, code, says) in cases {
+            let what = format!("{e:?}");
+            let e = Error::from(e);
+            assert_eq!(e.code, code, "{what}: {}", e.message);
+            assert!(e.message.contains(says), "{what}: {}", e.message);
+        }
     }
 }

@@ -32,6 +32,7 @@ mod import;
 mod log;
 mod sched;
 mod settings;
+mod snapshot;
 mod space;
 mod watch;
 
@@ -41,6 +42,7 @@ pub use import::*;
 pub use log::*;
 pub use sched::*;
 pub use settings::*;
+pub use snapshot::*;
 pub use space::*;
 pub use watch::*;
 

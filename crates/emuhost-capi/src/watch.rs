@@ -129,7 +129,7 @@ pub extern "C" fn emuhost_tracker_delete(tracker: *mut emuhost_tracker_t) -> *mu
     entry(|| handle::delete::<Tracker>(tracker))
 }
 
-fn get(tracker: *const emuhost_tracker_t, what: &str) -> Result<Arc<Tracker>, Error> {
+pub(crate) fn get(tracker: *const emuhost_tracker_t, what: &str) -> Result<Arc<Tracker>, Error> {
     handle::get::<Tracker>(tracker, what)
 }
 

@@ -6,6 +6,7 @@ mod abi;
 mod exports;
 mod header;
 mod log;
+mod snapshot;
 pub(crate) mod version;
 // Linux: C and C++ programs built with `cc` against `libemuhost_capi.so` and `.a`. A test binary
 // under Wine has no compiler to call: `.ci/windows capi` cross-builds the same programs with mingw

@@ -436,6 +436,47 @@ private:
     }
 };
 
+// Snapshots of a guest range of a tracker's space: save states, rewind, run-ahead; keeps the
+// tracker (and the space) alive. A snapshot is its id (a number, not an owner): release() frees
+// it, and the snapshots object frees every one it keeps when it goes. An id that is not live
+// (released, never taken, or dropped for EMUHOST_SNAPSHOT_BUDGET_MB) throws
+// EMUHOST_ERROR_INVALID_ARGUMENT; a restore refused (held pages, a shared view, guest writes
+// beside it) EMUHOST_ERROR_REFUSED (see emuhost_snapshots_restore).
+class Snapshots : public detail::Handle<emuhost_snapshots_t, emuhost_snapshots_delete> {
+public:
+    // As emuhost_snapshots_new(tracker, addr, len, settings): settings may be nullptr (the
+    // defaults; EMUHOST_SNAPSHOT_BUDGET_MB is the budget).
+    Snapshots(const Tracker &tracker, std::uint64_t addr, std::uint64_t len, const Settings *settings = nullptr)
+        : Handle(make(tracker, addr, len, settings)) {}
+    // Takes a snapshot of the range; its id.
+    std::uint64_t take() const {
+        std::uint64_t id = 0;
+        detail::check(emuhost_snapshots_take(get(), &id));
+        return id;
+    }
+    // Puts snapshot `id` back (it stays live): the pages whose bytes were put back, and those
+    // decommitted.
+    emuhost_restored_t restore(std::uint64_t id) const {
+        emuhost_restored_t r{};
+        detail::check(emuhost_snapshots_restore(get(), id, &r));
+        return r;
+    }
+    void release(std::uint64_t id) const { detail::check(emuhost_snapshots_release(get(), id)); }
+    emuhost_snapshot_stats_t stats() const {
+        emuhost_snapshot_stats_t s{};
+        detail::check(emuhost_snapshots_stats(get(), &s));
+        return s;
+    }
+
+private:
+    static emuhost_snapshots_t *make(const Tracker &tracker, std::uint64_t addr, std::uint64_t len,
+                                     const Settings *settings) {
+        emuhost_snapshots_t *raw = nullptr;
+        detail::check(emuhost_snapshots_new(tracker.get(), addr, len, emuhost::raw(settings), &raw));
+        return raw;
+    }
+};
+
 // An importer of a space's memory into the GPU; keeps the space alive.
 class Importer : public detail::Handle<emuhost_importer_t, emuhost_importer_delete> {
 public:

@@ -1,8 +1,8 @@
 /* emuhost from C: a window at a fixed base, commit, arm, writes from two threads, the program's
  * own fault handler handing faults to emuhost_handle_fault (emuhost installs none), a collect
- * into the program's own words (0 lost), a pool imported on a VkDevice the program made itself and read
- * back through the GPU, a 20 us sleep through the short-sleep call, the backend and the rule's
- * reason; and misuse caught as errors. Built and run against the shared and the static library by
+ * into the program's own words (0 lost), a snapshot taken and restored by bytes, a pool imported
+ * on a VkDevice the program made itself and read back through the GPU, a 20 us sleep through the
+ * short-sleep call, the backend and the rule's reason; and misuse caught as errors. Built and run against the shared and the static library by
  * crates/emuhost-capi/tests/it/programs.rs (Linux), and cross-built with mingw against
  * emuhost_capi.dll and run under Wine by `.ci/windows capi`. Compiled with -DSMOKE_NO_VULKAN where
  * there are no Vulkan headers; without a device the Vulkan part is skipped unless
@@ -237,6 +237,42 @@ static void host_write_part(emuhost_space_t *space, emuhost_tracker_t *tracker, 
     if (!changed) exit(1);
 }
 
+/* A snapshot of 16 pages at `at`: written as the guest writes, taken, written over, restored,
+ * and read back equal by bytes; released, after which its id is refused. */
+static void snapshot_part(emuhost_space_t *space, emuhost_tracker_t *tracker, emuhost_settings_t *settings,
+                          const emuhost_space_info_t *info, uint64_t at) {
+    enum { PAGES = 16 };
+    const uint64_t len = PAGES * info->page_size;
+    static uint8_t taken[PAGES * 65536], over[PAGES * 65536], back[PAGES * 65536];
+    if (len > sizeof taken) exit(1);
+    CHECK(emuhost_space_commit(space, at, len, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE));
+    emuhost_snapshots_t *snaps;
+    CHECK(emuhost_snapshots_new(tracker, at, len, settings, &snaps));
+    volatile uint8_t *guest = (volatile uint8_t *)info->host_base + at;
+    for (uint64_t i = 0; i < len; i++) guest[i] = (uint8_t)(i * 13 + 7);
+    CHECK(emuhost_space_read(space, at, taken, len));
+    uint64_t id;
+    CHECK(emuhost_snapshots_take(snaps, &id));
+    for (uint64_t i = 0; i < len; i += 64) guest[i] = (uint8_t)~guest[i];
+    CHECK(emuhost_space_read(space, at, over, len));
+    emuhost_restored_t restored;
+    CHECK(emuhost_snapshots_restore(snaps, id, &restored));
+    CHECK(emuhost_space_read(space, at, back, len));
+    if (memcmp(over, taken, len) == 0 || memcmp(back, taken, len) != 0) {
+        fprintf(stderr, "smoke: the snapshot's bytes did not come back\n");
+        exit(1);
+    }
+    CHECK(emuhost_snapshots_release(snaps, id));
+    expect("restore of a released snapshot", emuhost_snapshots_restore(snaps, id, NULL), EMUHOST_ERROR_INVALID_ARGUMENT);
+    emuhost_snapshot_stats_t st;
+    CHECK(emuhost_snapshots_stats(snaps, &st));
+    printf("snapshot: %llu pages taken, written over and restored (%llu put back): bytes equal\n",
+           (unsigned long long)st.pages_copied, (unsigned long long)restored.pages);
+    if (st.taken != 1 || st.live != 0) exit(1);
+    CHECK(emuhost_snapshots_delete(snaps));
+    expect("snapshots deleted twice", emuhost_snapshots_delete(snaps), EMUHOST_ERROR_BAD_HANDLE);
+}
+
 #ifndef SMOKE_NO_VULKAN
 /* Imports a pool on the program's own device and reads the bound bytes back through the GPU. */
 static void vulkan_part(emuhost_space_t *space, emuhost_settings_t *settings, uint8_t *host) {
@@ -388,6 +424,7 @@ int main(void) {
     printf("fault handle: deleted twice and a tracker passed as one: refused\n");
 
     host_write_part(space, tracker, backend, &info);
+    snapshot_part(space, tracker, settings, &info, 16 * MIB);
 
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings, info.host_base);

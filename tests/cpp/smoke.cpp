@@ -1,7 +1,8 @@
 // emuhost from C++17 through include/emuhost.hpp: the same steps as tests/c/smoke.c (a window
 // at a fixed base, commit, arm, writes from two threads, a collect into the program's own words,
-// an import on its own VkDevice read back through the GPU, a 20 us sleep, the backend and the
-// rule's reason, misuse caught), with RAII handles and exceptions. Built and run by
+// an import on its own VkDevice read back through the GPU, a snapshot taken and restored by
+// bytes, a 20 us sleep, the backend and the rule's reason, misuse caught), with RAII handles and
+// exceptions. Built and run by
 // crates/emuhost-capi/tests/it/programs.rs (Linux), and cross-built with mingw against
 // emuhost_capi.dll and run under Wine by `.ci/windows capi`. On Windows (_WIN32) the kernel's write
 // into armed memory is a ReadFile from an anonymous pipe instead of a read(2).
@@ -157,6 +158,8 @@ static_assert(std::is_invocable_v<decltype(&emuhost::Importer::cuda), const emuh
 static_assert(!std::is_invocable_v<decltype(&emuhost::Importer::cuda), const emuhost::Space &, void *, Settings>);
 static_assert(std::is_invocable_v<decltype(&emuhost::Sleeper::with_host_wait), Settings, std::uint32_t>);
 static_assert(!std::is_invocable_v<decltype(&emuhost::Sleeper::with_host_wait), std::uint32_t, Settings>);
+static_assert(std::is_constructible_v<emuhost::Snapshots, const emuhost::Tracker &, std::uint64_t, std::uint64_t, Settings>);
+static_assert(!std::is_constructible_v<emuhost::Snapshots, const emuhost::Tracker &, Settings, std::uint64_t, std::uint64_t>);
 
 // Space::write and read take any contiguous memory of plain values, and a pointer and a length.
 int bytes_in_and_out(const emuhost::Space &space, std::uint64_t at) {
@@ -204,6 +207,35 @@ int fault_handles(const emuhost::Tracker &tracker) {
     if (emuhost_fault_handle_delete(raw)) return 1;
     std::printf("fault handle: owned, deleted with its owner\n");
     return 0;
+}
+
+// A snapshot of 16 pages: written, taken, written over, restored, and read back equal by bytes;
+// released, after which its id is refused.
+int snapshot_round_trip(const emuhost::Space &space, const emuhost::Tracker &tracker, const emuhost::Settings &settings,
+                        std::uint64_t at, std::uint64_t page) {
+    const std::uint64_t len = 16 * page;
+    space.commit(at, len, EMUHOST_PROT_READ | EMUHOST_PROT_WRITE);
+    emuhost::Snapshots snapshots(tracker, at, len, &settings);
+    // Written as the guest writes: stores into armed memory.
+    auto *guest = static_cast<volatile std::uint8_t *>(space.info().host_base) + at;
+    for (std::uint64_t i = 0; i < len; i++) guest[i] = static_cast<std::uint8_t>(i * 13 + 7);
+    std::vector<std::uint8_t> taken(len), over(len), back(len);
+    space.read(at, taken);
+    auto id = snapshots.take();
+    for (std::uint64_t i = 0; i < len; i += 64) guest[i] = static_cast<std::uint8_t>(~guest[i]);
+    space.read(at, over);
+    auto restored = snapshots.restore(id);
+    space.read(at, back);
+    if (over == taken || back != taken) {
+        std::fprintf(stderr, "smoke: the snapshot's bytes did not come back\n");
+        return 1;
+    }
+    snapshots.release(id);
+    expect("restore of a released snapshot", EMUHOST_ERROR_INVALID_ARGUMENT, [&] { snapshots.restore(id); });
+    auto st = snapshots.stats();
+    std::printf("snapshot: %llu pages taken, written over and restored (%llu put back): bytes equal\n",
+                static_cast<unsigned long long>(st.pages_copied), static_cast<unsigned long long>(restored.pages));
+    return st.taken == 1 && st.live == 0 ? 0 : 1;
 }
 
 int run() {
@@ -273,6 +305,7 @@ int run() {
     if (got != static_cast<long long>(page) || !((words[300 / 64] >> (300 % 64)) & 1)) return 1;
 
     if (bytes_in_and_out(space, 8 * MIB) != 0 || fault_handles(tracker) != 0) return 1;
+    if (snapshot_round_trip(space, tracker, settings, 12 * MIB, page) != 0) return 1;
 
 #ifndef SMOKE_NO_VULKAN
     vulkan_part(space, settings);

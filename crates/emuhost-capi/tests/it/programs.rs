@@ -140,7 +140,8 @@ fn build_and_run(source: &str, cpp: bool) -> [String; 2] {
             "collect: 256 pages written from 2 threads, 256 queried, 256 collected, 0 lost"
         };
         let version = format!("version: header {0}, library {0}: compatible\n", env!("CARGO_PKG_VERSION"));
-        for line in [collected, "rule: guest ", "smoke: ok", &version] {
+        let snapshot = "pages taken, written over and restored (";
+        for line in [collected, "rule: guest ", "smoke: ok", &version, snapshot, "bytes equal\n"] {
             assert!(text.contains(line), "{linkage} {name}: no {line:?} in:\n{text}");
         }
         assert!(text.contains("backend: uffd\n") || text.contains("backend: mprotect\n"), "{text}");

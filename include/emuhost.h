@@ -17,7 +17,7 @@
  * one kind of handle as another, is EMUHOST_ERROR_BAD_HANDLE and changes nothing. A NULL handle
  * is EMUHOST_ERROR_NULL (deleting NULL does nothing). Deleting a handle while another thread's
  * call uses it is allowed: the object goes when that call returns. Trackers and importers keep
- * their space alive, so handles may be deleted in any order.
+ * their space alive, and snapshots their tracker, so handles may be deleted in any order.
  *
  * What cannot be checked is each function's "Safety" paragraph: that a non-NULL pointer points
  * to as many bytes as its length says, that the caller's Vulkan or CUDA objects are valid.

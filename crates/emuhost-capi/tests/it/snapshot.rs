@@ -281,7 +281,9 @@ fn a_restore_over_held_pages_is_refused() {
         ok(emuhost_importer_release_all(imp));
         let mut r = emuhost_restored_t::default();
         ok(emuhost_snapshots_restore(x.snapshots, id, &mut r));
-        assert_eq!(r.decommitted, 56, "{r:?}");
+        // The 56 pages committed since, and any the import committed for its span (on Windows
+        // it commits the reserved pages of the window it spans).
+        assert!(r.decommitted >= 56, "{r:?}");
         assert_eq!(read(x.space, 0, 8), [0x5a; 8]);
         fails(emuhost_space_read(x.space, 8 * p, [0u8; 1].as_mut_ptr().cast(), 1), EMUHOST_ERROR_NOT_COMMITTED, "");
     }

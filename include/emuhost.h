@@ -69,7 +69,7 @@
 // text that is not UTF-8, a buffer too small, an id that is not live (a pool's, a snapshot's).
 #define EMUHOST_ERROR_INVALID_ARGUMENT 3
 
-// A range outside the guest window (or past a section's end).
+// A range outside the guest window (or past a section's end, or bytes a snapshot does not hold).
 #define EMUHOST_ERROR_OUT_OF_RANGE 4
 
 // The runtime refused the operation as things stand: held pages, a mapping that is not the
@@ -389,7 +389,8 @@ typedef struct emuhost_sleep_rule_t {
 
 // What a restore did (`emuhost_snapshots_restore`).
 typedef struct emuhost_restored_t {
-  // Pages whose bytes were put back.
+  // Pages whose bytes were put back (those whose content may have differed from the
+  // snapshot's).
   uint64_t pages;
   // Pages decommitted: committed now, not at the snapshot.
   uint64_t decommitted;
@@ -408,7 +409,8 @@ typedef struct emuhost_snapshot_stats_t {
   uint64_t dropped_for_budget;
   // Pages copied by takes.
   uint64_t pages_copied;
-  // Bytes of page copies kept now.
+  // Bytes of page copies kept now (each page's bytes once for all the snapshots that share
+  // them).
   uint64_t bytes_kept;
   // Pages whose bytes restores put back.
   uint64_t pages_restored;

@@ -18,7 +18,7 @@ pub const EMUHOST_ERROR_BAD_HANDLE: u32 = 2;
 /// An argument that is not valid: unaligned or empty ranges, unknown flag bits or constants,
 /// text that is not UTF-8, a buffer too small, an id that is not live (a pool's, a snapshot's).
 pub const EMUHOST_ERROR_INVALID_ARGUMENT: u32 = 3;
-/// A range outside the guest window (or past a section's end).
+/// A range outside the guest window (or past a section's end, or bytes a snapshot does not hold).
 pub const EMUHOST_ERROR_OUT_OF_RANGE: u32 = 4;
 /// The runtime refused the operation as things stand: held pages, a mapping that is not the
 /// space's own, a second tracker on a space, an import refused or cooling, a budget spent, a
@@ -156,6 +156,8 @@ fn snapshot_code(e: &SnapshotError) -> u32 {
         SnapshotError::Watch(w) => watch_code(w),
         // An id is a number, not a handle: an unknown one is a bad argument, as a pool's is.
         SnapshotError::UnknownSnapshot(_) => EMUHOST_ERROR_INVALID_ARGUMENT,
+        // A read of a snapshot's bytes outside its range or its committed pages.
+        SnapshotError::NoBytes { .. } => EMUHOST_ERROR_OUT_OF_RANGE,
         // Held pages and a shared view are refused before anything changes; writes beside a
         // restore make it refuse the snapshot's bytes for those pages (the message counts them).
         SnapshotError::Held { .. } | SnapshotError::Views { .. } | SnapshotError::ConcurrentWrites { .. } => {
@@ -268,6 +270,7 @@ mod tests {
             (SnapshotError::Held { id, range, held: range }, EMUHOST_ERROR_REFUSED, "a hold keeps mapped"),
             (SnapshotError::Views { range, view: range }, EMUHOST_ERROR_REFUSED, "shared view"),
             (SnapshotError::ConcurrentWrites { id, pages: 3, first: range }, EMUHOST_ERROR_REFUSED, "3 pages written"),
+            (SnapshotError::NoBytes { id, addr: GuestAddr(0), range }, EMUHOST_ERROR_OUT_OF_RANGE, "holds no bytes"),
             (
                 SnapshotError::Space(SpaceError::OutOfWindow { addr: 0, len: 1, window: 0 }),
                 EMUHOST_ERROR_OUT_OF_RANGE,

@@ -38,7 +38,8 @@ impl Kind for Snapshots {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct emuhost_restored_t {
-    /// Pages whose bytes were put back.
+    /// Pages whose bytes were put back (those whose content may have differed from the
+    /// snapshot's).
     pub pages: u64,
     /// Pages decommitted: committed now, not at the snapshot.
     pub decommitted: u64,
@@ -65,7 +66,8 @@ pub struct emuhost_snapshot_stats_t {
     pub dropped_for_budget: u64,
     /// Pages copied by takes.
     pub pages_copied: u64,
-    /// Bytes of page copies kept now.
+    /// Bytes of page copies kept now (each page's bytes once for all the snapshots that share
+    /// them).
     pub bytes_kept: u64,
     /// Pages whose bytes restores put back.
     pub pages_restored: u64,

@@ -7,6 +7,8 @@ use super::bitmap::Bits;
 use crate::space::{Prot, Region, Space};
 use crate::sys::guard::TableKey;
 
+#[cfg(target_os = "linux")]
+mod drops;
 mod guard;
 #[cfg(target_os = "linux")]
 mod uffd;
@@ -41,6 +43,9 @@ pub(super) trait Backend: Send + Sync {
     /// The space changed host `start..end` (armed or not): pages a disarm gave back there are no
     /// longer the tracker's to claim a fault of.
     fn unstale(&self, _start: usize, _end: usize) {}
+    /// The space mapped host `start..end` anew (armed or not: a release mapped anew, a view, a
+    /// refilled hole), told before the tracking notifications of its armed pages.
+    fn mapped_anew(&self, _start: usize, _end: usize) {}
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
     /// Whether a read changes the pages' protection (it re-protects written pages): then a read

@@ -91,6 +91,12 @@ impl Observer for Core {
             inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
         }
         let host = |x: u64| space.host_base() + x as usize;
+        if let Change::Released { in_place: false, .. }
+        | Change::Mapped { .. }
+        | Change::Committed { path: CommitPath::RegionWalk { .. }, .. } = change
+        {
+            self.backend.mapped_anew(host(a), host(b));
+        }
         // Pages a disarm gave back and the space made unwritable since: their faults are the
         // guest's. A change that leaves them writable keeps them stale: a write that faulted
         // before the disarm may still be on its way to the handler, and its retry lands.

@@ -140,6 +140,12 @@ watch_conformance!(
     a_write_through_one_alias_is_reported_at_every_armed_alias,
     decommitted_and_recommitted_pages_are_reported_once,
     #[cfg(target_os = "linux")]
+    pages_dropped_behind_the_space_are_reported,
+    #[cfg(target_os = "linux")]
+    drops_beside_decommits_and_collects_never_deadlock,
+    #[cfg(target_os = "linux")]
+    a_tracker_dropped_while_another_thread_drops_pages,
+    #[cfg(target_os = "linux")]
     a_host_write_may_block_while_collects_go_on,
     a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next,
     verify_accepts_write_only_pages,
@@ -1315,6 +1321,125 @@ fn decommitted_and_recommitted_pages_are_reported_once(kind: BackendKind) {
     let mut words = [0u64; 1];
     let w = t.collect_into(r, p(), &mut words).unwrap();
     assert_eq!((words[0], w.pages), (0b1_0000_0011_1100, 5));
+}
+
+/// Drops committed pages behind the space's back (`madvise(MADV_DONTNEED)`, as an embedder
+/// would): they stay mapped with their protection, and read zero.
+#[cfg(target_os = "linux")]
+fn drop_behind(s: &Space, r: GuestRange) {
+    let host = s.host_addr(r.start()).unwrap();
+    // SAFETY: the pages lie inside the space's reservation; no reference into them is live.
+    assert_eq!(unsafe { libc::madvise(host as *mut libc::c_void, r.len() as usize, libc::MADV_DONTNEED) }, 0);
+}
+
+/// Issue 33, item 3: pages dropped behind the space's back (`MADV_DONTNEED` by the embedder on
+/// armed pages) now read zero, so a cache must upload them again: both backends report them once
+/// (mprotect did not: the protection stays and nothing faults). A page written before the drop is
+/// reported once too, and tracking goes on.
+#[cfg(target_os = "linux")]
+fn pages_dropped_behind_the_space_are_reported(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    for pg in 0..16 {
+        poke(&s, pg);
+    }
+    t.arm(r).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new());
+    drop_behind(&s, pages(&s, 3, 2));
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3, 4], "the dropped pages");
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new(), "once");
+    poke(&s, 9);
+    drop_behind(&s, pages(&s, 9, 1));
+    drop_behind(&s, pages(&s, 12, 1));
+    assert_eq!(written(&t.collect(r).unwrap()), vec![9, 12]);
+    // A query sees them too, and leaves them for the collect.
+    drop_behind(&s, pages(&s, 6, 1));
+    let mut words = [0u64; 1];
+    t.query_into(r, p(), &mut words).unwrap();
+    assert_eq!(words[0], 1 << 6);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![6]);
+    poke(&s, 3);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![3], "tracked as before");
+    // The space's own decommit and recommit are reported once, as before.
+    s.decommit(pages(&s, 2, 4)).unwrap();
+    s.commit(pages(&s, 2, 4), Prot::READ_WRITE).unwrap();
+    assert_eq!(written(&t.collect(r).unwrap()), vec![2, 3, 4, 5]);
+    assert_eq!(written(&t.collect(r).unwrap()), Vec::<u64>::new(), "once");
+    // And pages mapped anew by it are listened to as well.
+    poke(&s, 4);
+    drop_behind(&s, pages(&s, 5, 1));
+    assert_eq!(written(&t.collect(r).unwrap()), vec![4, 5]);
+}
+
+/// The space's decommits (its drops and unmaps under its lock) from several threads, foreign
+/// drops and collects from others, a few hundred rounds: with mprotect every drop waits until
+/// the backend's reader reads its event, which must never wait for a lock such a thread holds.
+/// A deadlock hangs the test (the harness's timeout fails it); nothing here is timed.
+#[cfg(target_os = "linux")]
+fn drops_beside_decommits_and_collects_never_deadlock(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 64);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    std::thread::scope(|sc| {
+        for w in 0..3u64 {
+            let (s, t) = (&s, &t);
+            sc.spawn(move || {
+                for i in 0..300u64 {
+                    let own = pages(s, w * 16 + i % 8, 2);
+                    s.decommit(own).unwrap();
+                    s.commit(own, Prot::READ_WRITE).unwrap();
+                    t.arm(own).unwrap();
+                    drop_behind(s, pages(s, w * 16 + 10 + i % 4, 1));
+                }
+            });
+        }
+        let (s, t) = (&s, &t);
+        sc.spawn(move || {
+            for _ in 0..300 {
+                t.collect(pages(s, 0, 48)).unwrap();
+                drop_behind(s, pages(s, 50, 4));
+            }
+        });
+    });
+    // Tracking goes on.
+    t.collect(r).unwrap();
+    poke(&s, 60);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![60]);
+}
+
+/// A tracker dropped while another thread drops armed pages behind the space's back: no drop is
+/// left waiting for a reader that is gone (the test would hang), and a new tracker works.
+#[cfg(target_os = "linux")]
+fn a_tracker_dropped_while_another_thread_drops_pages(kind: BackendKind) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    let done = AtomicBool::new(false);
+    let config = emuhost::watch::TrackerConfig::default().backend(Some(kind)).skip_self_test(true);
+    std::thread::scope(|sc| {
+        let (s, done) = (&s, &done);
+        let dropper = sc.spawn(move || {
+            let mut n = 0u64;
+            while !done.load(SeqCst) || n < 200 {
+                drop_behind(s, pages(s, n % 16, 1));
+                n += 1;
+            }
+        });
+        let mut t = Some(t);
+        for _ in 0..20 {
+            drop(t.take());
+            let fresh = Tracker::new(s, &config).unwrap();
+            fresh.arm(r).unwrap();
+            fresh.collect(r).unwrap();
+            t = Some(fresh);
+        }
+        done.store(true, SeqCst);
+        dropper.join().unwrap();
+    });
 }
 
 /// An arm over pages under a host write in flight waits for its end (with mprotect, arming them

@@ -41,6 +41,11 @@ pub const UFFD_USER_MODE_ONLY: libc::c_int = k::UFFD_USER_MODE_ONLY as libc::c_i
 pub const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = k::UFFD_FEATURE_WP_HUGETLBFS_SHMEM as u64;
 pub const UFFD_FEATURE_WP_UNPOPULATED: u64 = k::UFFD_FEATURE_WP_UNPOPULATED as u64;
 pub const UFFD_FEATURE_WP_ASYNC: u64 = k::UFFD_FEATURE_WP_ASYNC as u64;
+pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = k::UFFD_FEATURE_PAGEFAULT_FLAG_WP as u64;
+pub const UFFD_FEATURE_EVENT_REMOVE: u64 = k::UFFD_FEATURE_EVENT_REMOVE as u64;
+pub const UFFD_FEATURE_EVENT_UNMAP: u64 = k::UFFD_FEATURE_EVENT_UNMAP as u64;
+pub const UFFD_EVENT_REMOVE: u8 = k::UFFD_EVENT_REMOVE as u8;
+pub const UFFD_EVENT_UNMAP: u8 = k::UFFD_EVENT_UNMAP as u8;
 pub const UFFDIO_REGISTER_MODE_WP: u64 = k::UFFDIO_REGISTER_MODE_WP as u64;
 /// `((__u64)1 << 0)` in linux/userfaultfd.h: a define with a cast, which `linux-raw-sys`'s
 /// bindgen passes over, so written here.

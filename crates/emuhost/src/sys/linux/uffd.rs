@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use super::uapi::*;
 use crate::sys::counters::{Call, count};
@@ -230,6 +230,140 @@ impl Uffd {
             at = arg.walk_end;
         }
         Ok(())
+    }
+}
+
+/// A change the kernel told a [`UffdEvents`] listener of, over host `start..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UffdEvent {
+    /// The pages were dropped (`madvise` `MADV_DONTNEED` or `MADV_REMOVE`): told before the
+    /// kernel drops them, by a thread that waits until the event is read.
+    Removed { start: usize, end: usize },
+    /// The pages were unmapped (`munmap`, or a mapping put over them): told after the unmap, by
+    /// a thread that waits until the event is read.
+    Unmapped { start: usize, end: usize },
+}
+
+/// Bytes of a `struct uffd_msg` (the kernel's reads hand out whole ones).
+const MSG: usize = 32;
+const _: () = assert!(size_of::<linux_raw_sys::general::uffd_msg>() == MSG);
+
+/// A userfaultfd that only listens: registered in write-protect mode but never write-protecting
+/// anything, so no page ever faults to it, with `UFFD_FEATURE_EVENT_REMOVE` (and, if asked,
+/// `UFFD_FEATURE_EVENT_UNMAP`). The kernel queues an event for each drop (and unmap) of
+/// registered pages, and the thread that made the change waits in the kernel until someone
+/// reads it ([`UffdEvents::read`]) or the descriptor is closed: a listener must read without
+/// taking any lock such a thread may hold. An eventfd beside it wakes the reader's
+/// [`UffdEvents::wait`] to stop.
+#[derive(Debug)]
+pub struct UffdEvents {
+    fd: UffdFd,
+    stop: OwnedFd,
+}
+
+impl UffdEvents {
+    /// Opens the listener, for unmaps too if `unmaps`. `Unsupported` where the kernel cannot
+    /// register anonymous memory in write-protect mode (before 5.7) or lacks the events; the
+    /// errors of [`userfaultfd`] where none can be opened (before 5.11, whose userfaultfd
+    /// refuses `UFFD_USER_MODE_ONLY`; from 5.11 a user-mode-only one is allowed whatever
+    /// `vm.unprivileged_userfaultfd` says).
+    pub fn new(unmaps: bool) -> io::Result<Self> {
+        let available = features()?;
+        let mut wanted = UFFD_FEATURE_EVENT_REMOVE | if unmaps { UFFD_FEATURE_EVENT_UNMAP } else { 0 };
+        if available & UFFD_FEATURE_PAGEFAULT_FLAG_WP == 0 || available & wanted != wanted {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("userfaultfd offers features {available:#x}, not write-protect and the events {wanted:#x}"),
+            ));
+        }
+        // Shared memory (views) can be registered too where the kernel has it (5.19+).
+        wanted |= available & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+        let fd = UffdFd::open()?;
+        count(Call::Ioctl);
+        fd.api(wanted)?;
+        // SAFETY: eventfd takes an initial count and flags and returns a new descriptor or -1.
+        let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if stop < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor the kernel just returned to us, owned by nobody else.
+        Ok(Self { fd, stop: unsafe { OwnedFd::from_raw_fd(stop) } })
+    }
+
+    /// Registers `addr..addr + len` (write-protect mode, nothing write-protected: no fault ever
+    /// comes here, only the events). Takes the process's memory-map lock for writing.
+    pub fn register(&self, addr: usize, len: usize) -> io::Result<()> {
+        count(Call::Register);
+        self.fd.register(addr, len, UFFDIO_REGISTER_MODE_WP)
+    }
+
+    /// Unregisters `addr..addr + len`: no event comes from there any more.
+    pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
+        count(Call::Register);
+        self.fd.unregister(addr, len)
+    }
+
+    /// Waits until events are queued (`true`; also on a signal, which reads nothing) or
+    /// [`UffdEvents::stop`] was called (`false`).
+    pub fn wait(&self) -> io::Result<bool> {
+        let mut fds = [
+            libc::pollfd { fd: self.fd.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: `fds` is two pollfds of ours, for the call; both descriptors are open (owned by
+        // `self`).
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(true) } else { Err(e) };
+        }
+        Ok(fds[1].revents == 0)
+    }
+
+    /// Reads every event queued now into `out`, without waiting (each read also lets the thread
+    /// that caused the event go on).
+    pub fn read(&self, out: &mut Vec<UffdEvent>) -> io::Result<()> {
+        let mut buf = [0u8; 32 * MSG];
+        loop {
+            // SAFETY: `buf` is ours and has room for `buf.len()` bytes; the descriptor is open and
+            // non-blocking (opened `O_NONBLOCK`).
+            let n = unsafe { libc::read(self.fd.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(()),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(e),
+                };
+            }
+            let n = n as usize;
+            for m in buf[..n - n % MSG].chunks_exact(MSG) {
+                let word = |at: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&m[at..at + 8]);
+                    u64::from_ne_bytes(w) as usize
+                };
+                // `struct uffd_msg`: the event in byte 0; `arg.remove` (REMOVE and UNMAP alike)
+                // is `start` and `end` from byte 8.
+                let (start, end) = (word(8), word(16));
+                match m[0] {
+                    UFFD_EVENT_REMOVE => out.push(UffdEvent::Removed { start, end }),
+                    UFFD_EVENT_UNMAP => out.push(UffdEvent::Unmapped { start, end }),
+                    _ => {}
+                }
+            }
+            if n < buf.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Makes [`UffdEvents::wait`] return `false`, now and from then on.
+    pub fn stop(&self) -> io::Result<()> {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes the 8 bytes of `one` to our eventfd.
+        let n = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 }
 

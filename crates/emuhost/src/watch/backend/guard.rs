@@ -3,7 +3,7 @@
 //! `VirtualProtect` + a vectored exception handler on Windows).
 
 use std::io;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{Backend, Runs};
 use crate::space::{Prot, Region, Space};
@@ -24,16 +24,43 @@ pub(super) fn make(kind: BackendKind, space: &Space, install_handler: bool) -> i
 #[cfg_attr(not(windows), allow(dead_code))]
 pub(super) fn new(kind: BackendKind, space: &Space, install_handler: bool) -> io::Result<GuardBackend> {
     let pages = space.window() as usize / page_size();
+    let reg = Arc::new(Registration::new(space.host_base(), pages, install_handler)?);
     Ok(GuardBackend {
         kind,
-        reg: Registration::new(space.host_base(), pages, install_handler)?,
+        #[cfg(target_os = "linux")]
+        drops: listen_for_drops(&reg, space),
+        reg,
         scratch: Mutex::default(),
     })
 }
 
+/// The listener that marks armed pages dropped behind the space's back written (see `drops`),
+/// where the kernel has it.
+#[cfg(target_os = "linux")]
+fn listen_for_drops(reg: &Arc<Registration>, space: &Space) -> Option<super::drops::Drops> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (base, len) = (space.host_base(), space.window() as usize);
+    let reg = reg.clone();
+    // Armed pages only (a page not armed is not tracked), whatever their protection: their
+    // content is about to change, and the mark makes every reader's next collect report them.
+    let mark = move |start: usize, end: usize| {
+        let p = page_size();
+        let (s, e) = (start.max(base) & !(p - 1), end.min(base + len));
+        for a in (s..e).step_by(p) {
+            if let Some(st) = reg.state(a) {
+                let _ = st.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old | DIRTY));
+            }
+        }
+    };
+    super::drops::Drops::start(base, len, Box::new(mark))
+}
+
 pub(super) struct GuardBackend {
     kind: BackendKind,
-    reg: Registration,
+    /// Dropped before `reg`: its reader thread marks pages of `reg`.
+    #[cfg(target_os = "linux")]
+    drops: Option<super::drops::Drops>,
+    reg: Arc<Registration>,
     /// A read's buffers (the runs to protect, the runs seen written), kept between reads so a
     /// collect allocates nothing once they have grown.
     scratch: Mutex<(ProtRuns, ProtRuns)>,
@@ -72,6 +99,15 @@ impl GuardBackend {
                     let _ = st.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old | DIRTY));
                 });
             }
+        }
+    }
+
+    /// Waits for drops behind the space's back that the kernel told already to be marked (see
+    /// `drops`): one uncontended mutex, taken and let go.
+    fn settle(&self) {
+        #[cfg(target_os = "linux")]
+        if let Some(d) = &self.drops {
+            drop(d.settle());
         }
     }
 
@@ -149,6 +185,7 @@ impl Backend for GuardBackend {
 
     fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
+        self.settle();
         let p = page_size();
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
@@ -172,6 +209,7 @@ impl Backend for GuardBackend {
         if let Some(a) = probe {
             crate::sys::mm::read_host(a, &mut [0u8])?;
         }
+        self.settle();
         let p = page_size();
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let (runs, seen) = &mut *scratch;
@@ -261,6 +299,13 @@ impl Backend for GuardBackend {
 
     fn reprotects(&self) -> bool {
         true
+    }
+
+    fn mapped_anew(&self, _start: usize, _end: usize) {
+        #[cfg(target_os = "linux")]
+        if let Some(d) = &self.drops {
+            d.mapped_anew(_start, _end);
+        }
     }
 
     fn needs_host_write_prepare(&self) -> bool {

@@ -52,6 +52,11 @@ pub const PROT_MASK: u16 = READ | WRITE | EXEC;
 /// Not armed: a disarm gave the page its (writable) protection back, and a write that faulted
 /// before may still reach the handler, which claims it once.
 pub const STALE: u16 = 32;
+/// The page's mapping was replaced or unmapped by someone else than the space (the kernel said
+/// so: `watch`'s listener on Linux): it is no tracker's. It is neither protected nor unprotected,
+/// its faults are not claimed, and collects report it untracked, until the space maps, commits or
+/// protects it again. Kept across disarms and arms.
+pub const FOREIGN: u16 = 64;
 /// One handler (or host-write preparation) busy unprotecting the page; the high byte counts them.
 const BUSY_ONE: u16 = 1 << 8;
 pub const BUSY_MASK: u16 = 0xff00;
@@ -277,8 +282,8 @@ pub fn disarm_states(reg: &Registration, start: usize, end: usize) {
     for a in (start..end).step_by(len) {
         if let Some(s) = t.slot(a) {
             let _ = s.fetch_update(SeqCst, SeqCst, |old| {
-                let stale = if old & ARMED != 0 && old & WRITE != 0 { STALE } else { 0 };
-                Some((old & BUSY_MASK) | stale)
+                let stale = if old & (ARMED | WRITE | FOREIGN) == ARMED | WRITE { STALE } else { 0 };
+                Some((old & (BUSY_MASK | FOREIGN)) | stale)
             });
         }
     }
@@ -289,7 +294,8 @@ pub fn disarm_states(reg: &Registration, start: usize, end: usize) {
 fn mark_busy(state: &AtomicU16, want: Option<u16>) -> Option<u16> {
     let mut s = state.load(SeqCst);
     loop {
-        if s & ARMED == 0 || s & WRITE == 0 || want.is_some_and(|w| s & PROT_MASK != w) || s >= BUSY_MASK {
+        if s & (ARMED | WRITE | FOREIGN) != ARMED | WRITE || want.is_some_and(|w| s & PROT_MASK != w) || s >= BUSY_MASK
+        {
             return None;
         }
         match state.compare_exchange_weak(s, (s | DIRTY).wrapping_add(BUSY_ONE), SeqCst, SeqCst) {
@@ -328,7 +334,7 @@ fn unprotect(table: &Table, page: usize) -> bool {
 /// `first..last`; returns whether `page` was made writable.
 fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usize) -> bool {
     let len = 1usize << table.shift;
-    let same = |a: usize| table.slot(a).is_some_and(|s| s.load(SeqCst) & (ARMED | PROT_MASK) == ARMED | bits);
+    let same = |a: usize| table.slot(a).is_some_and(|s| s.load(SeqCst) & (ARMED | FOREIGN | PROT_MASK) == ARMED | bits);
     let mut lo = page;
     while lo > first && same(lo - len) {
         lo -= len;
@@ -398,7 +404,8 @@ fn handle(addr: usize, only: Option<&TableKey>) -> bool {
     // disarm takes it before its mark, an arm takes the stale mark back): then look again, a
     // bounded number of times, and refuse only a page that is neither armed nor stale.
     for _ in 0..LOOKS {
-        if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && s.load(SeqCst) & ARMED != 0) {
+        let claimable = |s: &AtomicU16| s.load(SeqCst) & (ARMED | FOREIGN) == ARMED;
+        if let Some((table, _)) = tables().find(|(t, s)| !t.is_dead() && claimable(s)) {
             if unprotect(table, addr & !((1usize << table.shift) - 1)) {
                 return true;
             }
@@ -407,7 +414,7 @@ fn handle(addr: usize, only: Option<&TableKey>) -> bool {
         if tables().any(|(_, s)| s.fetch_and(!STALE, SeqCst) & STALE != 0) {
             return true;
         }
-        if tables().all(|(t, s)| t.is_dead() || s.load(SeqCst) & ARMED == 0) {
+        if tables().all(|(t, s)| t.is_dead() || !claimable(s)) {
             return false;
         }
     }

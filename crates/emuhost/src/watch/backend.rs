@@ -43,9 +43,14 @@ pub(super) trait Backend: Send + Sync {
     /// The space changed host `start..end` (armed or not): pages a disarm gave back there are no
     /// longer the tracker's to claim a fault of.
     fn unstale(&self, _start: usize, _end: usize) {}
-    /// The space mapped host `start..end` anew (armed or not: a release mapped anew, a view, a
-    /// refilled hole), told before the tracking notifications of its armed pages.
-    fn mapped_anew(&self, _start: usize, _end: usize) {}
+    /// A collect or query is about to read: what the kernel told the backend of before this call
+    /// is in what it reads.
+    fn begin_read(&self) {}
+    /// The space committed, protected, released or (`remapped`) mapped anew host `start..end`
+    /// (armed or not: a release mapped anew, a view, a refilled hole are `remapped`): its pages
+    /// are the space's again, whoever mapped them before. Told before the tracking notifications
+    /// of its armed pages.
+    fn owned(&self, _start: usize, _end: usize, _remapped: bool) {}
     /// The host is about to write to armed pages through the kernel.
     fn prepare_host_write(&self, start: usize, end: usize) -> io::Result<()>;
     /// Whether a read changes the pages' protection (it re-protects written pages): then a read
@@ -58,6 +63,32 @@ pub(super) trait Backend: Send + Sync {
     fn needs_host_write_prepare(&self) -> bool {
         false
     }
+}
+
+/// A backend's read of pages that are not the tracker's: mapped or unmapped behind the space's
+/// back (the uffd backend's scan fails on memory its userfaultfd never registered; the mprotect
+/// backend was told by the kernel). The collect reports the span untracked, no error.
+#[derive(Debug)]
+struct NotOurs(usize);
+
+impl std::fmt::Display for NotOurs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the page at {:#x} was mapped or unmapped behind the space's back", self.0)
+    }
+}
+
+impl std::error::Error for NotOurs {}
+
+/// The error of a read that met the page at host `addr` mapped or unmapped behind the space's
+/// back ([`is_not_ours`]).
+#[cfg_attr(windows, allow(dead_code))]
+pub(super) fn not_ours(addr: usize) -> io::Error {
+    io::Error::other(NotOurs(addr))
+}
+
+/// Whether a backend's read failed on pages mapped or unmapped behind the space's back.
+pub(super) fn is_not_ours(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|e| e.is::<NotOurs>())
 }
 
 /// Where a backend's read puts the written runs it finds, as host addresses less `base` (guest

@@ -91,12 +91,13 @@ impl Observer for Core {
             inner.failed.retain(|s, (e, _)| *e <= a || *s >= b);
         }
         let host = |x: u64| space.host_base() + x as usize;
-        if let Change::Released { in_place: false, .. }
-        | Change::Mapped { .. }
-        | Change::Committed { path: CommitPath::RegionWalk { .. }, .. } = change
-        {
-            self.backend.mapped_anew(host(a), host(b));
-        }
+        let remapped = matches!(
+            change,
+            Change::Released { in_place: false, .. }
+                | Change::Mapped { .. }
+                | Change::Committed { path: CommitPath::RegionWalk { .. }, .. }
+        );
+        self.backend.owned(host(a), host(b), remapped);
         // Pages a disarm gave back and the space made unwritable since: their faults are the
         // guest's. A change that leaves them writable keeps them stale: a write that faulted
         // before the disarm may still be on its way to the handler, and its retry lands.

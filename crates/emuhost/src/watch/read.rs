@@ -224,6 +224,7 @@ impl Tracker {
         mut bits: Option<&mut Bits>,
     ) -> Result<(), WatchError> {
         let (a, b) = (range.start().0, range.end().0);
+        self.core.backend.begin_read();
         sc.armed.clear();
         sc.spans.clear();
         sc.runs.clear();
@@ -285,7 +286,9 @@ impl Tracker {
                 continue;
             }
             if let Err(err) = got {
-                if self.unexpected(inner, span)?.is_none() {
+                // Pages the backend knows were mapped or unmapped behind the space's back are
+                // untracked without asking the kernel (a foreign mapping may look like the space's).
+                if !super::backend::is_not_ours(&err) && self.unexpected(inner, span)?.is_none() {
                     return Err(self.os(if how == Read::Collect { "collect" } else { "query" }, span, err));
                 }
                 // The span is reported whole: runs of it set before the read failed are not

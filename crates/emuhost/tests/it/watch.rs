@@ -146,6 +146,8 @@ watch_conformance!(
     #[cfg(target_os = "linux")]
     a_tracker_dropped_while_another_thread_drops_pages,
     #[cfg(target_os = "linux")]
+    a_foreign_mapping_like_the_spaces_own_is_left_alone,
+    #[cfg(target_os = "linux")]
     a_host_write_may_block_while_collects_go_on,
     a_write_to_pages_whose_arm_waits_for_a_host_write_is_reported_next,
     verify_accepts_write_only_pages,
@@ -1440,6 +1442,85 @@ fn a_tracker_dropped_while_another_thread_drops_pages(kind: BackendKind) {
         done.store(true, SeqCst);
         dropper.join().unwrap();
     });
+}
+
+/// Maps anonymous private memory with `prot` over `r` behind the space's back (`MAP_FIXED`), as
+/// foreign code would: the kernel shows it just as the space's own.
+#[cfg(target_os = "linux")]
+fn map_over(s: &Space, r: GuestRange, prot: libc::c_int) {
+    let host = s.host_addr(r.start()).unwrap();
+    // SAFETY: the pages lie inside the space's reservation; no reference into them is live.
+    let m = unsafe {
+        libc::mmap(
+            host as *mut libc::c_void,
+            r.len() as usize,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(m as usize, host);
+}
+
+/// The kernel's `(read, write)` of each page of `r`.
+#[cfg(target_os = "linux")]
+fn kernel_prots(s: &Space, r: GuestRange) -> Vec<(bool, bool)> {
+    let mut out = Vec::new();
+    for reg in s.kernel_regions(r).unwrap() {
+        out.extend(std::iter::repeat_n((reg.read, reg.write), ((reg.end - reg.start) as u64 / p()) as usize));
+    }
+    out
+}
+
+/// Issue 33, item 8: a foreign mapping over armed pages that looks like the space's own
+/// (anonymous, private, the protection the space gave or the tracker's read-only) is not the
+/// tracker's. A collect must not make the foreign read-write page read-only, a write fault on the
+/// foreign read-only page is not claimed (nor made writable), and the collect reports the
+/// allocation untracked, as uffd does (its scan fails on memory its userfaultfd never registered).
+/// Until the space maps or commits those pages itself again: then they are tracked as before.
+#[cfg(target_os = "linux")]
+fn a_foreign_mapping_like_the_spaces_own_is_left_alone(kind: BackendKind) {
+    let Some((s, t)) = setup(kind) else { return };
+    let r = pages(&s, 0, 16);
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    t.arm(r).unwrap();
+    poke(&s, 4);
+    poke(&s, 9);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![4, 9]);
+    poke(&s, 4);
+    map_over(&s, pages(&s, 4, 2), libc::PROT_READ | libc::PROT_WRITE);
+    map_over(&s, pages(&s, 9, 1), libc::PROT_READ);
+    let c = t.collect(r).unwrap();
+    assert_eq!(c.untracked, vec![r], "the allocation holding the foreign pages is not tracked, and no error");
+    assert_eq!(kernel_prots(&s, pages(&s, 4, 2)), vec![(true, true); 2], "the foreign read-write pages stay so");
+    let host9 = s.host_addr(GuestAddr(9 * p())).unwrap();
+    assert!(!watch::handle_fault(host9, true), "a write fault on a foreign page is not the tracker's");
+    assert!(!t.handle_fault(host9, true));
+    assert_eq!(kernel_prots(&s, pages(&s, 9, 1)), vec![(true, false)], "the foreign read-only page stays so");
+    // Writes to the foreign pages land and are no one's; the next collect says the same.
+    let host4 = s.host_addr(GuestAddr(4 * p())).unwrap();
+    // SAFETY: the test's own foreign read-write page.
+    unsafe { std::ptr::write_volatile(host4 as *mut u8, 7) };
+    assert_eq!(t.collect(r).unwrap().untracked, vec![r]);
+    assert_eq!(kernel_prots(&s, pages(&s, 4, 2)), vec![(true, true); 2]);
+    // Disarmed and armed again, they are still left alone (uffd's disarm fails there, `ENOENT`:
+    // its write-protect of pages it never registered).
+    if kind.protects() {
+        t.disarm(r).unwrap();
+        t.arm(r).unwrap();
+        assert_eq!(kernel_prots(&s, pages(&s, 4, 2)), vec![(true, true); 2]);
+        assert_eq!(kernel_prots(&s, pages(&s, 9, 1)), vec![(true, false)]);
+    }
+    // The space decommits and commits them again: its own, tracked again, reported once.
+    s.decommit(pages(&s, 4, 6)).unwrap();
+    s.commit(pages(&s, 4, 6), Prot::READ_WRITE).unwrap();
+    let c = t.collect(r).unwrap();
+    assert!(c.untracked.is_empty(), "{c:?}");
+    assert_eq!(written(&c), vec![4, 5, 6, 7, 8, 9]);
+    poke(&s, 5);
+    poke(&s, 9);
+    assert_eq!(written(&t.collect(r).unwrap()), vec![5, 9]);
 }
 
 /// An arm over pages under a host write in flight waits for its end (with mprotect, arming them

@@ -1,49 +1,97 @@
-//! The mprotect backend's ear for the kernel (Linux): pages of the window dropped behind the
+//! The mprotect backend's ear for the kernel (Linux). Pages of the window dropped behind the
 //! space's back (`madvise(MADV_DONTNEED)` by the embedder) keep their protection and never fault,
-//! so the fault handler cannot see them; a page-table walk per collect to find them was measured
-//! too costly (docs/watch.md, "Content the space changed"). Instead a userfaultfd that only
-//! listens ([`UffdEvents`]: registered over the window in write-protect mode, nothing ever
-//! write-protected, so no page faults to it) hands each drop to a thread of its own
-//! (`emuhost-drops`), which marks the armed pages written: the next collect of every reader
-//! reports them (they read zero now).
+//! so the fault handler cannot see them, and a page-table walk per collect to find them was
+//! measured too costly (docs/watch.md, "Content the space changed"); a mapping put over armed
+//! pages behind the space's back can look just like the space's own. Instead a userfaultfd that
+//! only listens ([`UffdEvents`]: registered over the window in write-protect mode, nothing ever
+//! write-protected, so no page faults to it) hands each drop and each unmap (`munmap`, a mapping
+//! put over the pages) to a thread of its own (`emuhost-drops`):
+//! - a drop marks the armed pages written: the next collect of every reader reports them (they
+//!   read zero now);
+//! - an unmap marks the pages foreign ([`crate::sys::guard::FOREIGN`]) and records the range. The
+//!   space's own unmaps (a release mapped anew, a view) are followed by its notification of the
+//!   same range, which makes them its own again ([`Drops::owned`]); what is left is foreign code's:
+//!   neither protected nor unprotected by the backend or the fault handler, and reported untracked
+//!   by collects, until the space commits, protects or maps the pages again.
 //!
-//! The thread that drops pages waits in the kernel until its event is read. So:
+//! The thread that drops or unmaps pages waits in the kernel until its event is read. So:
 //! - the reader takes no lock but `seen`, which nobody holds across a system call (the space's
-//!   own decommit drops pages under the space's lock; collects, arms and the space's changes
+//!   decommits and views unmap under the space's lock; collects, arms and the space's changes
 //!   hold the tracker's and the space's locks across `mprotect`s and `mmap`s);
-//! - a collect made after the `madvise` returned sees the marks: the event was read before the
-//!   `madvise` returned, by the reader holding `seen` from before that read until the marks were
-//!   set; the collect takes `seen` after the `madvise` returned, so after the reader let it go
-//!   ([`Drops::settle`]). Taking an uncontended mutex is the whole cost per collect.
+//! - a collect made after the `madvise` (or `mmap`, `munmap`) returned sees the marks: the event
+//!   was read before that call returned, by the reader holding `seen` from before that read
+//!   until the marks were set; the collect takes `seen` after the call returned, so after the
+//!   reader let it go ([`Drops::settle`], once per collect). So the space's own unmap is marked
+//!   before the space tells the tracker of it. An uncontended mutex per collect and an atomic load
+//!   per allocation read are the whole cost to a collect.
 //! - The kernel drops the pages after the event is read: a collect that runs beside the `madvise`
-//!   may report them before their content changes (docs/watch.md says to order such drops before
-//!   the collect that must see them).
+//!   may report them before their content changes, and a collect or a fault handled beside a
+//!   foreign `mmap` may still act on the new mapping (docs/watch.md says to order them).
 //!
 //! Dropped, the listener unregisters the window (no event can come from there any more), stops
 //! the reader through the eventfd, joins it, and closes the userfaultfd last, which also lets go
 //! any thread still waiting on an event (the kernel wakes them when the descriptor is released).
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::space::ranges::RangeMap;
 use crate::sys::uffd::{UffdEvent, UffdEvents};
 
-/// What a [`Drops`] listener does with the pages of host `start..end` dropped behind the
-/// space's back. Called with `seen` held: atomics only, no lock, no system call.
-pub(super) type OnRemoved = Box<dyn Fn(usize, usize) + Send + Sync>;
+/// What a [`Drops`] listener does with what the kernel told. Called with `seen` held: atomics
+/// only, no lock, no system call.
+pub(super) trait Told: Send + Sync + 'static {
+    /// The pages of host `start..end` are about to be dropped (they will read zero).
+    fn removed(&self, start: usize, end: usize);
+    /// The pages of host `start..end` were unmapped or mapped over: by the space (which says so
+    /// next, [`Told::owned`]) or behind its back.
+    fn unmapped(&self, start: usize, end: usize);
+    /// The space committed, protected or mapped host `start..end` itself: its pages are its own.
+    fn owned(&self, start: usize, end: usize);
+}
 
 /// What the reader records, under the mutex a collect takes before it reads (see the module's doc).
 #[derive(Default)]
 pub(super) struct Seen {
     /// The events of the last read, kept so a read allocates nothing once it has grown.
     events: Vec<UffdEvent>,
+    /// Host ranges unmapped or mapped over and not since made the space's own again
+    /// ([`Drops::owned`]): foreign. Their pages are marked foreign in the page-state table too
+    /// (for the fault handler, arms and disarms); collects ask this map, not every page.
+    foreign: RangeMap<()>,
+}
+
+/// `seen`, and whether its map of foreign ranges holds any (read without the lock).
+#[derive(Default)]
+struct Shared {
+    seen: Mutex<Seen>,
+    /// Set under `seen` after each change of [`Seen::foreign`]: whether it holds any range.
+    any_foreign: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Seen {
+    fn note_foreign(&self, any: &AtomicBool) {
+        any.store(self.foreign.iter().next().is_some(), SeqCst);
+    }
+
+    /// The first foreign host address in `start..end`, if any.
+    pub(super) fn foreign_in(&self, start: usize, end: usize) -> Option<usize> {
+        self.foreign.overlapping(start as u64, end as u64).next().map(|(s, _, _)| s.max(start as u64) as usize)
+    }
 }
 
 /// The listener over one window, and its reader thread.
 pub(super) struct Drops {
     events: Arc<UffdEvents>,
-    seen: Arc<Mutex<Seen>>,
+    shared: Arc<Shared>,
+    told: Arc<dyn Told>,
     thread: Option<JoinHandle<()>>,
     window: (usize, usize),
     /// The process that made it: a fork's child has no reader thread to stop.
@@ -56,17 +104,17 @@ static SAID: AtomicBool = AtomicBool::new(false);
 fn not_seen(why: &dyn std::fmt::Display) {
     if !SAID.swap(true, Relaxed) {
         tracing::debug!(
-            "write tracking (mprotect): pages dropped behind the space's back (madvise) are not seen ({why}); \
+            "write tracking (mprotect): pages dropped or mapped over behind the space's back are not seen ({why}); \
              drop them through the space (decommit)"
         );
     }
 }
 
 impl Drops {
-    /// Listens over host `base..base + len`, calling `on_removed` for each drop there; `None`
+    /// Listens over host `base..base + len`, telling `told` of each drop and unmap there; `None`
     /// where the kernel has no such listener for this process (said once, at debug level).
-    pub(super) fn start(base: usize, len: usize, on_removed: OnRemoved) -> Option<Self> {
-        let events = match UffdEvents::new(false) {
+    pub(super) fn start(base: usize, len: usize, told: Arc<dyn Told>) -> Option<Self> {
+        let events = match UffdEvents::new(true) {
             Ok(e) => Arc::new(e),
             Err(e) => {
                 not_seen(&e);
@@ -77,14 +125,18 @@ impl Drops {
             not_seen(&format_args!("registering the window: {e}"));
             return None;
         }
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let (ev, sn) = (events.clone(), seen.clone());
-        let spawned =
-            std::thread::Builder::new().name("emuhost-drops".into()).spawn(move || listen(&ev, &sn, &on_removed));
+        let shared = Arc::new(Shared::default());
+        let (ev, sh, tl) = (events.clone(), shared.clone(), told.clone());
+        let spawned = std::thread::Builder::new().name("emuhost-drops".into()).spawn(move || listen(&ev, &sh, &*tl));
         match spawned {
-            Ok(thread) => {
-                Some(Self { events, seen, thread: Some(thread), window: (base, base + len), pid: std::process::id() })
-            }
+            Ok(thread) => Some(Self {
+                events,
+                shared,
+                told,
+                thread: Some(thread),
+                window: (base, base + len),
+                pid: std::process::id(),
+            }),
             Err(e) => {
                 // Nobody would read the events: every drop in the window would wait forever.
                 let _ = events.unregister(base, len);
@@ -94,19 +146,46 @@ impl Drops {
         }
     }
 
-    /// Waits for the reader to finish the events it is reading: every drop whose `madvise`
-    /// returned before this call is marked when it returns (see the module's doc).
-    pub(super) fn settle(&self) -> MutexGuard<'_, Seen> {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    /// Waits for the reader to finish the events it is reading: every drop and unmap whose system
+    /// call returned before this call is marked when it returns (see the module's doc). Once per
+    /// collect.
+    pub(super) fn settle(&self) {
+        drop(self.shared.lock());
     }
 
-    /// The space mapped host `start..end` anew: the new mappings are registered too, so drops
-    /// there are seen (a registration takes the memory-map lock for writing, as the remap did).
-    pub(super) fn mapped_anew(&self, start: usize, end: usize) {
+    /// The first foreign host address in `start..end`, if any: an atomic load, and a look into
+    /// the map only where it holds a range (after a [`Drops::settle`], a range the reader
+    /// recorded before it is in the map, and the flag says so).
+    pub(super) fn foreign_in(&self, start: usize, end: usize) -> Option<usize> {
+        if !self.shared.any_foreign.load(SeqCst) {
+            return None;
+        }
+        self.shared.lock().foreign_in(start, end)
+    }
+
+    /// The space committed, protected, released or (`remapped`) mapped anew host `start..end`:
+    /// its pages are its own again. Its own unmaps were read (and marked foreign) before the
+    /// system call that made them returned, which was before this call: under `seen` they are
+    /// marked, and here their pages are the space's again, so what stays foreign is what was
+    /// mapped behind its back. Mappings made anew are registered too, so drops and unmaps there
+    /// are seen (a registration takes the memory-map lock for writing, as the remap did).
+    pub(super) fn owned(&self, start: usize, end: usize, remapped: bool) {
         let (s, e) = (start.max(self.window.0), end.min(self.window.1));
-        if s < e
-            && let Err(err) = self.events.register(s, e - s)
+        if s >= e {
+            return;
+        }
         {
+            let mut seen = self.shared.lock();
+            let (a, b) = (s as u64, e as u64);
+            let pieces: Vec<(u64, u64)> =
+                seen.foreign.overlapping(a, b).map(|(x, y, _)| (x.max(a), y.min(b))).collect();
+            for (x, y) in pieces {
+                self.told.owned(x as usize, y as usize);
+            }
+            seen.foreign.remove(a, b, |_, _, _| ());
+            seen.note_foreign(&self.shared.any_foreign);
+        }
+        if remapped && let Err(err) = self.events.register(s, e - s) {
             tracing::debug!("write tracking (mprotect): drops over {s:#x}..{e:#x} are not seen ({err})");
         }
     }
@@ -114,7 +193,7 @@ impl Drops {
 
 /// The reader: waits for events and handles each batch under `seen`, until stopped; then reads
 /// what is left once more.
-fn listen(events: &UffdEvents, seen: &Mutex<Seen>, on_removed: &OnRemoved) {
+fn listen(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
     let mut errors = 0u32;
     loop {
         let go_on = match events.wait() {
@@ -130,7 +209,7 @@ fn listen(events: &UffdEvents, seen: &Mutex<Seen>, on_removed: &OnRemoved) {
                 true
             }
         };
-        read(events, seen, on_removed);
+        read(events, shared, told);
         if !go_on {
             return;
         }
@@ -138,18 +217,25 @@ fn listen(events: &UffdEvents, seen: &Mutex<Seen>, on_removed: &OnRemoved) {
 }
 
 /// Reads every queued event and handles it, all under `seen` (see the module's doc).
-fn read(events: &UffdEvents, seen: &Mutex<Seen>, on_removed: &OnRemoved) {
-    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-    let Seen { events: buf } = &mut *seen;
+fn read(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
+    let mut seen = shared.lock();
+    let Seen { events: buf, foreign } = &mut *seen;
     buf.clear();
     if let Err(e) = events.read(buf) {
         tracing::warn!("write tracking (mprotect): reading drops failed: {e}");
     }
     for ev in buf.iter() {
-        if let UffdEvent::Removed { start, end } = *ev {
-            on_removed(start, end);
+        match *ev {
+            UffdEvent::Removed { start, end } => told.removed(start, end),
+            UffdEvent::Unmapped { start, end } => {
+                told.unmapped(start, end);
+                let (a, b) = (start as u64, end as u64);
+                foreign.remove(a, b, |_, _, _| ());
+                foreign.insert(a, b, ());
+            }
         }
     }
+    seen.note_foreign(&shared.any_foreign);
 }
 
 impl Drop for Drops {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{Backend, Runs};
 use crate::space::{Prot, Region, Space};
-use crate::sys::guard::{self as segv, ARMED, BUSY_MASK, DIRTY, PROT_MASK, Registration, TableKey, WRITE};
+use crate::sys::guard::{self as segv, ARMED, BUSY_MASK, DIRTY, FOREIGN, PROT_MASK, Registration, TableKey, WRITE};
 use crate::sys::mm::page_size;
 use crate::watch::BackendKind;
 
@@ -34,25 +34,54 @@ pub(super) fn new(kind: BackendKind, space: &Space, install_handler: bool) -> io
     })
 }
 
-/// The listener that marks armed pages dropped behind the space's back written (see `drops`),
-/// where the kernel has it.
+/// The listener that marks armed pages dropped behind the space's back written, and pages
+/// unmapped or mapped over behind its back foreign (see `drops`), where the kernel has it.
 #[cfg(target_os = "linux")]
 fn listen_for_drops(reg: &Arc<Registration>, space: &Space) -> Option<super::drops::Drops> {
-    use std::sync::atomic::Ordering::SeqCst;
     let (base, len) = (space.host_base(), space.window() as usize);
-    let reg = reg.clone();
-    // Armed pages only (a page not armed is not tracked), whatever their protection: their
-    // content is about to change, and the mark makes every reader's next collect report them.
-    let mark = move |start: usize, end: usize| {
+    super::drops::Drops::start(base, len, Arc::new(Marks { reg: reg.clone(), base, end: base + len }))
+}
+
+/// What the listener's events do to the page-state table over host `base..end`.
+#[cfg(target_os = "linux")]
+struct Marks {
+    reg: Arc<Registration>,
+    base: usize,
+    end: usize,
+}
+
+#[cfg(target_os = "linux")]
+impl Marks {
+    /// `f(state)` for each page of host `start..end` inside the window.
+    fn each(&self, start: usize, end: usize, f: impl Fn(u16) -> Option<u16>) {
+        use std::sync::atomic::Ordering::SeqCst;
         let p = page_size();
-        let (s, e) = (start.max(base) & !(p - 1), end.min(base + len));
+        let (s, e) = (start.max(self.base) & !(p - 1), end.min(self.end));
         for a in (s..e).step_by(p) {
-            if let Some(st) = reg.state(a) {
-                let _ = st.fetch_update(SeqCst, SeqCst, |old| (old & ARMED != 0).then_some(old | DIRTY));
+            if let Some(st) = self.reg.state(a) {
+                let _ = st.fetch_update(SeqCst, SeqCst, &f);
             }
         }
-    };
-    super::drops::Drops::start(base, len, Box::new(mark))
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl super::drops::Told for Marks {
+    // Armed pages only (a page not armed is not tracked), whatever their protection: their
+    // content is about to change, and the mark makes every reader's next collect report them.
+    fn removed(&self, start: usize, end: usize) {
+        self.each(start, end, |old| (old & ARMED != 0).then_some(old | DIRTY));
+    }
+
+    // Every page, armed or not (a later arm must not protect it either); a stale claim is
+    // dropped with it.
+    fn unmapped(&self, start: usize, end: usize) {
+        self.each(start, end, |old| Some((old | FOREIGN) & !segv::STALE));
+    }
+
+    fn owned(&self, start: usize, end: usize) {
+        self.each(start, end, |old| (old & FOREIGN != 0).then_some(old & !FOREIGN));
+    }
 }
 
 pub(super) struct GuardBackend {
@@ -102,13 +131,14 @@ impl GuardBackend {
         }
     }
 
-    /// Waits for drops behind the space's back that the kernel told already to be marked (see
-    /// `drops`): one uncontended mutex, taken and let go.
-    fn settle(&self) {
+    /// Fails with [`super::not_ours`] where a page of `start..end` is foreign (see `drops`): one
+    /// atomic load unless foreign code mapped over the window.
+    fn owned_only(&self, _start: usize, _end: usize) -> io::Result<()> {
         #[cfg(target_os = "linux")]
-        if let Some(d) = &self.drops {
-            drop(d.settle());
+        if let Some(a) = self.drops.as_ref().and_then(|d| d.foreign_in(_start, _end)) {
+            return Err(super::not_ours(a));
         }
+        Ok(())
     }
 
     /// Protects runs of equal state (by protection bits) with `f(bits)`.
@@ -151,11 +181,14 @@ impl Backend for GuardBackend {
                             (false, true) => old & DIRTY,
                             (false, false) => 0,
                         };
-                        Some((old & BUSY_MASK) | ARMED | bits | keep)
+                        Some((old & (BUSY_MASK | FOREIGN)) | ARMED | bits | keep)
                     })
                     .expect("always Some");
                 let bits = if old & ARMED != 0 { old & PROT_MASK } else { region_bits };
-                push_run(&mut runs, a, p, bits);
+                // A foreign page is not ours to protect.
+                if old & FOREIGN == 0 {
+                    push_run(&mut runs, a, p, bits);
+                }
             });
         }
         self.protect_runs(&runs, |b| b & !WRITE)
@@ -170,7 +203,7 @@ impl Backend for GuardBackend {
         // (see `segv::STALE`); the other order would leave an unarmed read-only page to it.
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
-            if st & ARMED != 0 {
+            if st & (ARMED | FOREIGN) == ARMED {
                 push_run(&mut runs, a, p, st & PROT_MASK);
             }
         });
@@ -185,7 +218,7 @@ impl Backend for GuardBackend {
 
     fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
-        self.settle();
+        self.owned_only(start, end)?;
         let p = page_size();
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
@@ -198,6 +231,9 @@ impl Backend for GuardBackend {
 
     fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
+        // Foreign pages first: a collect neither takes marks nor protects anything in a span
+        // that holds one (it is reported untracked).
+        self.owned_only(start, end)?;
         // The read of an allocation: probe its first readable page, so memory released behind the
         // space's back fails here (and is not made readable by the re-arm below).
         let mut probe = None;
@@ -209,7 +245,6 @@ impl Backend for GuardBackend {
         if let Some(a) = probe {
             crate::sys::mm::read_host(a, &mut [0u8])?;
         }
-        self.settle();
         let p = page_size();
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let (runs, seen) = &mut *scratch;
@@ -287,7 +322,7 @@ impl Backend for GuardBackend {
         let mut failed = None;
         self.each(start, end, |a, s| {
             let st = s.load(SeqCst);
-            if st & ARMED != 0 && st & WRITE != 0 && !self.reg.unprotect_for_write(a) {
+            if st & (ARMED | WRITE | FOREIGN) == ARMED | WRITE && !self.reg.unprotect_for_write(a) {
                 failed.get_or_insert(a);
             }
         });
@@ -301,10 +336,18 @@ impl Backend for GuardBackend {
         true
     }
 
-    fn mapped_anew(&self, _start: usize, _end: usize) {
+    // A collect made after a drop or unmap behind the space's back returned sees it.
+    fn begin_read(&self) {
         #[cfg(target_os = "linux")]
         if let Some(d) = &self.drops {
-            d.mapped_anew(_start, _end);
+            d.settle();
+        }
+    }
+
+    fn owned(&self, _start: usize, _end: usize, _remapped: bool) {
+        #[cfg(target_os = "linux")]
+        if let Some(d) = &self.drops {
+            d.owned(_start, _end, _remapped);
         }
     }
 

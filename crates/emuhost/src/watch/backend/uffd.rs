@@ -78,6 +78,13 @@ impl UffdBackend {
     }
 }
 
+/// A scan's error: `EPERM` is memory its userfaultfd never registered (`PM_SCAN_CHECK_WPASYNC`),
+/// mapped behind the tracker's back: not ours ([`super::not_ours`]), reported untracked even
+/// where it looks like the space's own (anonymous, private, the same protection).
+fn not_registered(e: io::Error, start: usize) -> io::Error {
+    if e.raw_os_error() == Some(libc::EPERM) { super::not_ours(start) } else { e }
+}
+
 impl Backend for UffdBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Uffd
@@ -95,12 +102,12 @@ impl Backend for UffdBackend {
 
     fn read(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
-        self.uffd.scan_written(start, end, &mut vec, |s, e| out.push(s, e))
+        self.uffd.scan_written(start, end, &mut vec, |s, e| out.push(s, e)).map_err(|e| not_registered(e, start))
     }
 
     fn peek(&self, start: usize, end: usize, out: &mut Runs) -> io::Result<()> {
         let mut vec = self.vec.lock().unwrap_or_else(|p| p.into_inner());
-        self.uffd.peek_written(start, end, &mut vec, |s, e| out.push(s, e))
+        self.uffd.peek_written(start, end, &mut vec, |s, e| out.push(s, e)).map_err(|e| not_registered(e, start))
     }
 
     // mprotect keeps the registration and the write-protect bits of the pages it changes. Pages

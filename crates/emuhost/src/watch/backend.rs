@@ -9,6 +9,8 @@ use crate::sys::guard::TableKey;
 
 #[cfg(target_os = "linux")]
 mod drops;
+#[cfg(target_os = "linux")]
+pub(super) use drops::available as mprotect_listens;
 mod guard;
 #[cfg(target_os = "linux")]
 mod uffd;

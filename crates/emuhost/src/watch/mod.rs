@@ -74,6 +74,16 @@ pub use fault::{FaultHandle, handle_fault};
 pub use host_write::OwnedHostWrite;
 pub use read::{Collected, PageRun};
 
+/// Whether an `mprotect` tracker made now hears of pages dropped (`madvise(MADV_DONTNEED)`),
+/// unmapped or mapped over behind the space's back, and so reports them (docs/watch.md, "Content
+/// the space changed" and "Limits of `mprotect`"): `Err(why not)` where the kernel has no
+/// userfaultfd to listen with (before 5.11, or without the events), or one whose registered
+/// mappings stay split after `mprotect` (Debian 12's 6.1). Opens and closes a userfaultfd.
+#[cfg(target_os = "linux")]
+pub fn mprotect_listens() -> Result<(), String> {
+    backend::mprotect_listens()
+}
+
 use crate::space::ranges::RangeMap;
 use crate::space::{GuestRange, Layout, Observer, Region, Space, page_size};
 use observer::Core;

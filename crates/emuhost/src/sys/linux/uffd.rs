@@ -276,6 +276,13 @@ impl UffdEvents {
                 format!("userfaultfd offers features {available:#x}, not write-protect and the events {wanted:#x}"),
             ));
         }
+        if !registered_mappings_merge() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this kernel does not merge mappings registered with a userfaultfd once mprotect split them \
+                 (each page the mprotect backend unprotects would stay a mapping of its own)",
+            ));
+        }
         // Shared memory (views) can be registered too where the kernel has it (5.19+).
         wanted |= available & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
         let fd = UffdFd::open()?;
@@ -365,6 +372,47 @@ impl UffdEvents {
         let n = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
+}
+
+/// Whether this kernel merges a mapping registered with a userfaultfd again once `mprotect` split
+/// it and gave the split part its protection back, as it does an unregistered one. The mprotect
+/// backend unprotects a page at each first write and protects it again at the next collect: where
+/// the pieces stay apart (Debian 12's 6.1 does so; 6.18 merges them), every page ever written
+/// would stay a mapping of its own, up to `vm.max_map_count`. Tried once per process, the
+/// backend's way, on three pages of a scratch mapping: the answer is `false` where the try fails.
+pub fn registered_mappings_merge() -> bool {
+    static MERGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MERGES.get_or_init(|| match try_merging() {
+        Ok(merged) => merged,
+        Err(e) => {
+            tracing::debug!("userfaultfd: whether registered mappings merge again is unknown ({e})");
+            false
+        }
+    })
+}
+
+fn try_merging() -> io::Result<bool> {
+    use crate::sys::mm::{RawProt, Reservation, page_size};
+    let p = page_size();
+    let (rw, r) = (RawProt { read: true, write: true, exec: false }, RawProt { read: true, write: false, exec: false });
+    let res = Reservation::new(3 * p, 0)?;
+    res.protect(0, 3 * p, rw)?;
+    let touch = |page: usize| {
+        // SAFETY: a page of this function's own scratch mapping, read-write when touched; nothing
+        // else refers to it.
+        unsafe { std::ptr::write_volatile((res.base() + page * p) as *mut u8, 1) }
+    };
+    touch(0);
+    let fd = UffdFd::open()?;
+    fd.api(0)?;
+    fd.register(res.base(), 3 * p, UFFDIO_REGISTER_MODE_WP)?;
+    // An arm, a first write to the middle page, a collect.
+    res.protect(0, 3 * p, r)?;
+    res.protect(p, p, rw)?;
+    touch(1);
+    res.protect(p, p, r)?;
+    let regions = crate::sys::query::Maps::open(false)?.regions(res.base(), res.base() + 3 * p)?;
+    Ok(regions.len() == 1)
 }
 
 /// Asks the kernel not to back `addr..addr + len` with transparent huge pages, so that write

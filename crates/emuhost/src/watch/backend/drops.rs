@@ -98,6 +98,9 @@ pub(super) struct Drops {
     pid: u32,
 }
 
+/// Whether a read of the events failed (said once per process: the reader goes on).
+static READ_FAILED: AtomicBool = AtomicBool::new(false);
+
 /// Whether the debug line saying drops are not seen was written (once per process).
 static SAID: AtomicBool = AtomicBool::new(false);
 
@@ -108,6 +111,12 @@ fn not_seen(why: &dyn std::fmt::Display) {
              drop them through the space (decommit)"
         );
     }
+}
+
+/// Whether an mprotect tracker made now hears of pages dropped, unmapped or mapped over behind
+/// the space's back: `Err(why not)` where this kernel (or this process) has no such listener.
+pub(crate) fn available() -> Result<(), String> {
+    UffdEvents::new(true).map(drop).map_err(|e| e.to_string())
 }
 
 impl Drops {
@@ -127,7 +136,9 @@ impl Drops {
         }
         let shared = Arc::new(Shared::default());
         let (ev, sh, tl) = (events.clone(), shared.clone(), told.clone());
-        let spawned = std::thread::Builder::new().name("emuhost-drops".into()).spawn(move || listen(&ev, &sh, &*tl));
+        let spawned = std::thread::Builder::new()
+            .name("emuhost-drops".into())
+            .spawn(move || listen(&ev, &sh, &*tl, (base, base + len)));
         match spawned {
             Ok(thread) => Some(Self {
                 events,
@@ -193,7 +204,7 @@ impl Drops {
 
 /// The reader: waits for events and handles each batch under `seen`, until stopped; then reads
 /// what is left once more.
-fn listen(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
+fn listen(events: &UffdEvents, shared: &Shared, told: &dyn Told, window: (usize, usize)) {
     let mut errors = 0u32;
     loop {
         let go_on = match events.wait() {
@@ -209,7 +220,7 @@ fn listen(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
                 true
             }
         };
-        read(events, shared, told);
+        read(events, shared, told, window);
         if !go_on {
             return;
         }
@@ -217,21 +228,26 @@ fn listen(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
 }
 
 /// Reads every queued event and handles it, all under `seen` (see the module's doc).
-fn read(events: &UffdEvents, shared: &Shared, told: &dyn Told) {
+fn read(events: &UffdEvents, shared: &Shared, told: &dyn Told, (lo, hi): (usize, usize)) {
     let mut seen = shared.lock();
     let Seen { events: buf, foreign } = &mut *seen;
     buf.clear();
-    if let Err(e) = events.read(buf) {
+    if let Err(e) = events.read(buf)
+        && !READ_FAILED.swap(true, Relaxed)
+    {
         tracing::warn!("write tracking (mprotect): reading drops failed: {e}");
     }
     for ev in buf.iter() {
         match *ev {
             UffdEvent::Removed { start, end } => told.removed(start, end),
             UffdEvent::Unmapped { start, end } => {
-                told.unmapped(start, end);
-                let (a, b) = (start as u64, end as u64);
-                foreign.remove(a, b, |_, _, _| ());
-                foreign.insert(a, b, ());
+                // An unmap's event names the whole call's range, which may run past the window.
+                let (a, b) = (start.max(lo), end.min(hi));
+                if a < b {
+                    told.unmapped(a, b);
+                    foreign.remove(a as u64, b as u64, |_, _, _| ());
+                    foreign.insert(a as u64, b as u64, ());
+                }
             }
         }
     }

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context, bail};
 use emuhost::settings::{self, Settings};
 pub(crate) use emuhost_lab::bench::{ms, quantile};
-use emuhost_lab::replay::{ReplayConfig, ReplayReport, replay_default, replay_file};
+use emuhost_lab::replay::{
+    MAX_REWIND, MAX_SNAPSHOT_EVERY, REWIND_INTERVAL, ReplayConfig, ReplayReport, SnapshotFigures, replay_default,
+    replay_file,
+};
 
 use crate::Outcome;
 
@@ -57,6 +60,17 @@ pub struct Args {
     /// giving it back to the kernel (malloc_trim; on Windows HeapCompact), to see how much it keeps.
     #[arg(long, requires = "soak")]
     pub no_trim: bool,
+    /// Take a snapshot of the guest window at the end of every N frames, on the render thread
+    /// (timed there, against the frame's time in the runtime).
+    #[arg(long, value_name = "N", conflicts_with = "soak",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SNAPSHOT_EVERY))]
+    pub snapshot_every: Option<u64>,
+    /// Every 4·K frames restore the snapshot of K frames back, make those frames again and check
+    /// that the guest's memory matches the first time's (exit 1 if not). K: a multiple of
+    /// --snapshot-every, which it needs.
+    #[arg(long, value_name = "K", requires = "snapshot_every",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_REWIND))]
+    pub rewind: Option<u64>,
 }
 
 impl Args {
@@ -98,6 +112,9 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
     }
     let mut cfg = ReplayConfig::default();
     (cfg.paced, cfg.settings) = (a.paced, settings);
+    (cfg.snapshot_every, cfg.rewind) = (a.snapshot_every, a.rewind);
+    // A rewind that is not a multiple of the snapshots' interval, before the replay.
+    cfg.check().map_err(|e| anyhow::anyhow!("--rewind {}: {e}", a.rewind.unwrap_or(0)))?;
     if let Some(d) = soak {
         return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }
@@ -130,7 +147,31 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
     } else {
         print_table(&report, &s);
     }
-    Ok(if report.lost_writes > 0 { Outcome::CheckFailed } else { Outcome::Ok })
+    let failed = check_failures(&report);
+    for f in &failed {
+        eprintln!("emuhost: check failed: {f}");
+    }
+    Ok(if failed.is_empty() { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+/// The checks the replay failed, each a sentence naming what (exit 1): lost writes, and a rewind
+/// that found the guest's memory other than the first time (naming the frame).
+fn check_failures(r: &ReplayReport) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.lost_writes > 0 {
+        out.push(format!("{} guest writes were lost (no collect after them reported them)", r.lost_writes));
+    }
+    if let Some(sn) = &r.snapshots
+        && sn.mismatched_snapshots > 0
+    {
+        let (frame, when) = sn.first_mismatch.unwrap_or((0, ""));
+        out.push(format!(
+            "the rewind check found the guest's memory at the end of frame {frame} other than the first time {when} \
+             ({} of {} states compared differed, {} bytes in whole pages)",
+            sn.mismatched_snapshots, sn.checks, sn.mismatched_bytes
+        ));
+    }
+    out
 }
 
 fn plot_kind(p: &std::path::Path) -> anyhow::Result<()> {
@@ -236,6 +277,74 @@ pub struct Summary {
     pub low_01pct_fps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worst_frame_ms: Option<f64>,
+    /// `--snapshot-every` alone: its keys are left out of a replay without snapshots' JSON.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<SnapshotSummary>,
+}
+
+/// `replay --json`'s keys of `--snapshot-every` and `--rewind` (docs/replay.md's table).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SnapshotSummary {
+    pub snapshot_every: u64,
+    pub snapshots_taken: u64,
+    pub snapshot_pages_copied: u64,
+    pub snapshot_mib_kept_end: f64,
+    pub snapshot_mib_kept_peak: f64,
+    pub snapshot_take_ms_p50: f64,
+    pub snapshot_take_ms_p99: f64,
+    pub snapshot_take_ms_max: f64,
+    /// Per frame with a take: the take over the frame's time in the runtime, in %.
+    pub snapshot_take_pct_of_runtime_p50: f64,
+    pub snapshot_take_pct_of_runtime_p99: f64,
+    /// Frames with a take and no time in the runtime (left out of the two above).
+    pub snapshot_frames_without_runtime: u64,
+    pub snapshot_restores: u64,
+    pub snapshot_restore_ms_p50: f64,
+    pub snapshot_restore_ms_max: f64,
+    pub rewind: u64,
+    pub rewinds: u64,
+    pub rewind_checks: u64,
+    pub rewind_mismatched_snapshots: u64,
+    pub rewind_mismatched_bytes: u64,
+    /// `null` where none differed.
+    pub rewind_first_mismatch_frame: Option<u64>,
+    pub rewind_import_releases: u64,
+}
+
+/// The snapshots' figures under their JSON keys.
+pub fn snapshot_summary(f: &SnapshotFigures) -> SnapshotSummary {
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let take = sorted(f.takes.iter().map(|t| ms(t.1)).collect());
+    let with_runtime: Vec<_> = f.takes.iter().filter(|t| !t.2.is_zero()).collect();
+    let pct = sorted(with_runtime.iter().map(|t| 100.0 * t.1.as_secs_f64() / t.2.as_secs_f64()).collect());
+    let restore = sorted(f.restores.iter().map(|d| ms(*d)).collect());
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    SnapshotSummary {
+        snapshot_every: f.every,
+        snapshots_taken: f.taken,
+        snapshot_pages_copied: f.pages_copied,
+        snapshot_mib_kept_end: mib(f.bytes_kept_end),
+        snapshot_mib_kept_peak: mib(f.bytes_kept_peak),
+        snapshot_take_ms_p50: quantile(&take, 0.5),
+        snapshot_take_ms_p99: quantile(&take, 0.99),
+        snapshot_take_ms_max: take.last().copied().unwrap_or(0.0),
+        snapshot_take_pct_of_runtime_p50: quantile(&pct, 0.5),
+        snapshot_take_pct_of_runtime_p99: quantile(&pct, 0.99),
+        snapshot_frames_without_runtime: (f.takes.len() - with_runtime.len()) as u64,
+        snapshot_restores: f.restores.len() as u64,
+        snapshot_restore_ms_p50: quantile(&restore, 0.5),
+        snapshot_restore_ms_max: restore.last().copied().unwrap_or(0.0),
+        rewind: f.rewind,
+        rewinds: f.rewinds,
+        rewind_checks: f.checks,
+        rewind_mismatched_snapshots: f.mismatched_snapshots,
+        rewind_mismatched_bytes: f.mismatched_bytes,
+        rewind_first_mismatch_frame: f.first_mismatch.map(|m| m.0),
+        rewind_import_releases: f.import_releases,
+    }
 }
 
 /// The report's figures, with the JSON keys other tools read.
@@ -310,6 +419,7 @@ pub fn summary(r: &ReplayReport) -> Summary {
         low_1pct_fps: paced(low(&present, 0.01)),
         low_01pct_fps: paced(low(&present, 0.001)),
         worst_frame_ms: paced(present.iter().copied().fold(0.0, f64::max)),
+        snapshots: r.snapshots.as_ref().map(snapshot_summary),
     }
 }
 
@@ -448,6 +558,45 @@ fn print_tracking(r: &ReplayReport, s: &Summary) {
             ms(sl.cpu)
         );
     }
+    if let Some(sn) = &s.snapshots {
+        print_snapshots(sn);
+    }
+}
+
+fn print_snapshots(s: &SnapshotSummary) {
+    outln!("snapshots (one at the end of every {} frames, on the render thread)", s.snapshot_every);
+    outln!(
+        "  {} taken, {} pages copied, {:.1} MiB kept at the end ({:.1} MiB at most)",
+        s.snapshots_taken,
+        s.snapshot_pages_copied,
+        s.snapshot_mib_kept_end,
+        s.snapshot_mib_kept_peak
+    );
+    outln!(
+        "  take p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms; of the frame's time in the runtime: p50 {:.1} %   p99 {:.1} %",
+        s.snapshot_take_ms_p50,
+        s.snapshot_take_ms_p99,
+        s.snapshot_take_ms_max,
+        s.snapshot_take_pct_of_runtime_p50,
+        s.snapshot_take_pct_of_runtime_p99
+    );
+    if s.rewind > 0 {
+        outln!(
+            "  rewind {} frames every {} frames: {} rewinds, restore p50 {:.3} ms   max {:.3} ms; imports released {} times",
+            s.rewind,
+            REWIND_INTERVAL * s.rewind,
+            s.rewinds,
+            s.snapshot_restore_ms_p50,
+            s.snapshot_restore_ms_max,
+            s.rewind_import_releases
+        );
+        outln!(
+            "  {} states compared, {} differed ({} bytes)",
+            s.rewind_checks,
+            s.rewind_mismatched_snapshots,
+            s.rewind_mismatched_bytes
+        );
+    }
 }
 
 #[cfg(test)]
@@ -474,8 +623,8 @@ mod tests {
             eprintln!("{path} not found (a packaged build): skipped");
             return;
         };
-        // Paced: the keys of a paced replay are a superset of an unpaced one's.
-        let report = ReplayReport { paced: true, ..Default::default() };
+        // Paced, with snapshots: the keys of such a replay are a superset of any other's.
+        let report = ReplayReport { paced: true, snapshots: Some(SnapshotFigures::default()), ..Default::default() };
         let v = serde_json::to_value(summary(&report)).unwrap();
         let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         let documented = documented_keys(&doc);
@@ -487,6 +636,21 @@ mod tests {
         dup.sort();
         dup.dedup();
         assert_eq!(dup.len(), documented.len(), "a key twice in the table");
+    }
+
+    #[test]
+    fn a_rewind_that_found_other_memory_fails_the_check_naming_the_frame() {
+        let mut sn = SnapshotFigures::default();
+        assert!(check_failures(&ReplayReport { snapshots: Some(sn.clone()), ..Default::default() }).is_empty());
+        (sn.checks, sn.mismatched_snapshots, sn.mismatched_bytes) = (6, 1, 4096);
+        sn.first_mismatch = Some((41, "after the restore"));
+        let failed = check_failures(&ReplayReport { snapshots: Some(sn), lost_writes: 2, ..Default::default() });
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(failed[0].starts_with("2 guest writes were lost"), "{failed:?}");
+        assert!(
+            failed[1].starts_with("the rewind check found the guest's memory at the end of frame 41 other than the first time after the restore (1 of 6 states compared differed, 4096 bytes"),
+            "{failed:?}"
+        );
     }
 
     #[test]

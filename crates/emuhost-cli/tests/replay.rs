@@ -415,3 +415,88 @@ fn plan_prints_a_bindings_pools_or_its_spanned_chunks() {
     assert_eq!(plan("pools"), "0x1021f00000..0x1022100000\n0x1020000000..0x1020100000\n");
     assert_eq!(plan("chunks"), "0x1021000000..0x1023000000\n0x1020000000..0x1021000000\n");
 }
+
+/// Ten frames: two game threads store over the same bytes each frame, a MiB is committed every
+/// third frame and the one before it decommitted, the render thread binds and collects.
+fn rewinding_trace() -> String {
+    let mut t = String::from("emuhost-trace 1 window=0x8000000000\n0 g0 commit 0x1001000000 0x400000 rw-\n");
+    let mut line = 1;
+    let mut push = |s: String| {
+        t.push_str(&format!("{line} {s}\n"));
+        line += 1;
+    };
+    for f in 0..10u64 {
+        push(format!("r frame {f}"));
+        let at = 0x1001000000 + (f % 5) * 0x3000 + 0x123;
+        push(format!("g0 write {at:#x} 0x2100"));
+        push(format!("g1 write {:#x} 0x2000", at + 0x800));
+        let extra = 0x1001800000 + (f / 3) * 0x100000;
+        if f % 3 == 0 {
+            if f > 0 {
+                push(format!("g0 decommit {:#x} 0x100000", extra - 0x100000));
+            }
+            push(format!("g0 commit {extra:#x} 0x100000 rw-"));
+        } else {
+            push(format!("g1 write {:#x} 0x1800", extra + f * 0x1111));
+        }
+        push("r bind 0x1001000100 0x100".into());
+        push("r collect 0x1001000000 0x400000".into());
+    }
+    t.push_str(&format!("end {line}\n"));
+    t
+}
+
+/// `--snapshot-every 1 --rewind 2`: a snapshot at the end of each frame but the last, a rewind at
+/// the end of frame 8 (two frames back, made again), nothing differs; the keys are reported.
+#[test]
+fn replay_with_snapshots_and_rewinds_finds_the_memory_the_same() {
+    let t = trace_file("rewind", &rewinding_trace());
+    let v =
+        json(&emuhost().args(["replay", "--json", "--snapshot-every", "1", "--rewind", "2"]).arg(&t).output().unwrap());
+    let u = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {v}"));
+    assert_eq!((u("snapshot_every"), u("snapshots_taken"), u("rewind")), (1, 9, 2), "{v}");
+    assert_eq!((u("rewinds"), u("snapshot_restores"), u("rewind_checks")), (1, 1, 3), "{v}");
+    assert_eq!((u("rewind_mismatched_snapshots"), u("rewind_mismatched_bytes")), (0, 0), "{v}");
+    assert!(v["rewind_first_mismatch_frame"].is_null(), "{v}");
+    assert_eq!(u("lost_writes"), 0);
+    assert!(u("snapshot_pages_copied") > 0 && u("rewind_import_releases") <= 1, "{v}");
+    for k in [
+        "snapshot_mib_kept_end",
+        "snapshot_mib_kept_peak",
+        "snapshot_take_ms_p50",
+        "snapshot_take_ms_p99",
+        "snapshot_take_ms_max",
+        "snapshot_take_pct_of_runtime_p50",
+        "snapshot_take_pct_of_runtime_p99",
+        "snapshot_restore_ms_p50",
+        "snapshot_restore_ms_max",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {v}");
+    }
+    // The table has them too; a replay without snapshots has none of the keys.
+    let out = emuhost().args(["replay", "--snapshot-every", "3"]).arg(&t).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("snapshots (one at the end of every 3 frames"), "{text}");
+    let v = json(&emuhost().args(["replay", "--json"]).arg(&t).output().unwrap());
+    assert!(v.get("snapshots_taken").is_none() && v.get("rewinds").is_none(), "{v}");
+}
+
+/// Bad `--snapshot-every` and `--rewind` values are refused before the replay (exit 2), naming
+/// the value.
+#[test]
+fn bad_snapshot_flags_exit_2_naming_the_value() {
+    for (args, says) in [
+        (&["--rewind", "2"][..], "--snapshot-every"),
+        (&["--snapshot-every", "0"], "'0'"),
+        (&["--snapshot-every", "18446744073709551615"], "18446744073709551615"),
+        (&["--snapshot-every", "1", "--rewind", "0"], "'0'"),
+        (&["--snapshot-every", "1", "--rewind", "18446744073709551615"], "18446744073709551615"),
+        (&["--snapshot-every", "2", "--rewind", "3"], "--rewind 3: a rewind of 3 frames with a snapshot every 2"),
+        (&["--snapshot-every", "1", "--soak", "1s"], "--soak"),
+    ] {
+        let out = emuhost().arg("replay").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

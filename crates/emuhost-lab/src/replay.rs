@@ -27,6 +27,11 @@ use emuhost::watch::{Tracker, WatchError};
 
 use crate::trace::{Event, FileReader, Header, Record, SleepKind, Thread, TraceError};
 
+mod snapshots;
+
+pub use snapshots::{MAX_REWIND, MAX_SNAPSHOT_EVERY, REWIND_INTERVAL, SnapshotFigures};
+use snapshots::{MemLog, MemOp, SnapRun, page_bounds};
+
 /// What went wrong in a replay. Errors from the trace or from an event name the trace line.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -69,6 +74,25 @@ pub enum ReplayError {
     /// The guest space could not be made (the header's window could not be reserved).
     #[error(transparent)]
     Space(#[from] SpaceError),
+    /// The replay's config asks for what cannot be made ([`ReplayConfig::check`]): the error
+    /// names the value.
+    #[error("{what}")]
+    Config {
+        /// What is wrong, naming the value.
+        what: String,
+    },
+    /// A snapshot, a restore or the rewind check's work at a frame's end failed
+    /// ([`ReplayConfig::snapshot_every`], [`ReplayConfig::rewind`]).
+    #[error("line {line}: {what} failed")]
+    Snapshot {
+        /// The trace line of the `frame` that begins after it.
+        line: u64,
+        /// What failed, naming the frame.
+        what: String,
+        /// The runtime's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The write tracker could not be made.
     #[error(transparent)]
     Watch(#[from] WatchError),
@@ -92,6 +116,42 @@ pub struct ReplayConfig {
     pub settings: Settings,
     /// Counts the frames begun (every thread done with the frame before), for a progress display.
     pub frames_begun: Option<Arc<AtomicU64>>,
+    /// A snapshot of the guest window at the end of every this many frames, taken on the render
+    /// thread while the other threads wait at the frame boundary (1 to [`MAX_SNAPSHOT_EVERY`]).
+    pub snapshot_every: Option<u64>,
+    /// The rewind check: every [`REWIND_INTERVAL`]·K frames, the snapshot taken K frames back is
+    /// restored, those frames' changes of guest memory are made again and the memory is compared
+    /// with the first time's (1 to [`MAX_REWIND`], a multiple of `snapshot_every`, which it needs).
+    pub rewind: Option<u64>,
+    /// Test hook: rewinds do not restore, to show that the check catches it.
+    #[cfg(test)]
+    pub(crate) skip_restore: bool,
+}
+
+impl ReplayConfig {
+    /// Checks the snapshot settings: each error names the value.
+    ///
+    /// # Errors
+    /// [`ReplayError::Config`]: `snapshot_every` or `rewind` 0 or past its cap, `rewind` without
+    /// `snapshot_every` or not a multiple of it.
+    pub fn check(&self) -> Result<(), ReplayError> {
+        let bad = |what: String| Err(ReplayError::Config { what });
+        if let Some(n) = self.snapshot_every
+            && !(1..=MAX_SNAPSHOT_EVERY).contains(&n)
+        {
+            return bad(format!("a snapshot every {n} frames: 1 to {MAX_SNAPSHOT_EVERY} frames"));
+        }
+        match (self.rewind, self.snapshot_every) {
+            (Some(k), _) if !(1..=MAX_REWIND).contains(&k) => {
+                bad(format!("a rewind of {k} frames: 1 to {MAX_REWIND} frames"))
+            }
+            (Some(k), None) => bad(format!("a rewind of {k} frames needs snapshots (snapshot_every)")),
+            (Some(k), Some(n)) if !k.is_multiple_of(n) => bad(format!(
+                "a rewind of {k} frames with a snapshot every {n}: the rewind must be a multiple of it (it restores the snapshot taken {k} frames back)"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One frame's figures.
@@ -109,6 +169,8 @@ pub struct FrameFigures {
     pub present_to_present: Duration,
     /// Imports made during the frame.
     pub imports_made: u32,
+    /// The snapshot's take at the frame's end, on the render thread ([`ReplayConfig::snapshot_every`]).
+    pub snapshot: Duration,
 }
 
 /// Short sleeps of one kind: how many, the time asked, and the CPU time and wall time spent in them.
@@ -232,6 +294,8 @@ pub struct ReplayReport {
     /// from asking for the lock until getting it ([`emuhost::space::lock_waits`]): behind a
     /// commit or an arm that holds it while it waits in the kernel.
     pub render_space_lock_waits: LockWaits,
+    /// The snapshots and the rewind check, where [`ReplayConfig::snapshot_every`] asked for them.
+    pub snapshots: Option<SnapshotFigures>,
 }
 
 impl ReplayReport {
@@ -245,6 +309,13 @@ impl ReplayReport {
 enum Msg {
     Event(u64, Record),
     Sync(SyncSender<()>),
+    /// For the render thread, every thread waiting at the boundary before the `frame` on this
+    /// line: the end of the `b`th frame, a snapshot due.
+    Boundary {
+        line: u64,
+        b: u64,
+        ack: SyncSender<()>,
+    },
 }
 
 /// A collect's first and last page (exclusive) and the pages it reported, sorted.
@@ -273,6 +344,14 @@ struct Shared<'a> {
     worker_stack: Option<usize>,
     /// [`ReplayConfig::frames_begun`].
     frames_begun: Option<Arc<AtomicU64>>,
+    /// The snapshots and the rewind check's state ([`ReplayConfig::snapshot_every`]).
+    snap: Option<Mutex<SnapRun>>,
+    /// [`ReplayConfig::snapshot_every`].
+    snap_every: Option<u64>,
+    /// With [`ReplayConfig::rewind`], every change of guest memory is made and logged under this
+    /// lock, so the log's order is memory's.
+    log: Mutex<MemLog>,
+    logging: bool,
 }
 
 impl<'a> Shared<'a> {
@@ -296,7 +375,17 @@ impl<'a> Shared<'a> {
             committed_peak: AtomicU64::new(0),
             worker_stack,
             frames_begun: cfg.frames_begun.clone(),
+            snap: None,
+            snap_every: cfg.snapshot_every,
+            log: Mutex::new(MemLog::default()),
+            logging: cfg.rewind.is_some(),
         }
+    }
+
+    /// The memory log's lock, where changes are logged (`--rewind`): held across a change and
+    /// its entry.
+    fn logged(&self) -> Option<std::sync::MutexGuard<'_, MemLog>> {
+        self.logging.then(|| self.log.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -327,6 +416,16 @@ fn worker(sh: &Shared<'_>, rx: Receiver<Msg>, thread: Thread) -> ThreadFigures {
     for msg in rx {
         let (line, r) = match msg {
             Msg::Sync(ack) => {
+                let _ = ack.send(());
+                continue;
+            }
+            Msg::Boundary { line, b, ack } => {
+                if !sh.failed.load(SeqCst)
+                    && let Err(e) = w.boundary(line, b)
+                {
+                    sh.failed.store(true, SeqCst);
+                    w.f.error = Some(e);
+                }
                 let _ = ack.send(());
                 continue;
             }
@@ -392,8 +491,14 @@ impl Worker<'_, '_> {
             }
             Event::Commit { lo, size, prot } => {
                 let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
+                let mut log = sh.logged();
                 sh.space.commit(g, prot).map_err(|e| failed(line, r, e))?;
                 sh.tracker.arm(g).map_err(|e| failed(line, r, e))?;
+                if let Some(log) = log.as_mut() {
+                    let (lo, hi) = page_bounds(lo.0, size);
+                    log.push(line, MemOp::Commit { lo, hi, prot });
+                }
+                drop(log);
                 let now = sh.committed.fetch_add(size, SeqCst) + size;
                 sh.committed_peak.fetch_max(now, SeqCst);
             }
@@ -403,6 +508,22 @@ impl Worker<'_, '_> {
             Event::Collect { lo, size } => self.collect(line, r, lo, size)?,
             Event::Sleep { kind, ns, count } => self.sleep(kind, ns, count),
         }
+        Ok(())
+    }
+
+    /// The end of the `b`th frame (the one this thread is in), every other thread waiting: the
+    /// snapshot and the rewind check's work, timed on this thread.
+    fn boundary(&mut self, line: u64, b: u64) -> Result<(), ReplayError> {
+        let sh = self.sh;
+        let (Some(snap), Some(fr)) = (sh.snap.as_ref(), self.frame.as_mut()) else { return Ok(()) };
+        let rt = snapshots::Rt { space: sh.space, tracker: sh.tracker, importer: sh.importer, log: &sh.log };
+        let mut snap = snap.lock().unwrap_or_else(|p| p.into_inner());
+        let took = snap.boundary(&rt, b, fr.index, fr.runtime).map_err(|(what, source)| ReplayError::Snapshot {
+            line,
+            what,
+            source,
+        })?;
+        fr.snapshot += took;
         Ok(())
     }
 
@@ -429,10 +550,11 @@ impl Worker<'_, '_> {
         let sh = self.sh;
         let g = sh.space.range(lo.0, size).map_err(|e| failed(line, r, e))?;
         let _ = sh.committed.fetch_update(SeqCst, SeqCst, |c| Some(c.saturating_sub(size)));
+        let mut log = sh.logged();
         // The space refuses to decommit pages a live GPU import holds, in one step with the
         // check (no binding on the render thread gets in between).
-        match sh.space.decommit(g) {
-            Ok(()) => {}
+        let zeroed = match sh.space.decommit(g) {
+            Ok(()) => false,
             Err(SpaceError::Held { .. }) => {
                 // They stay mapped: zero them instead (a write by the kernel, which armed pages
                 // must be prepared for, with no collect on the render thread arming them again
@@ -440,8 +562,13 @@ impl Worker<'_, '_> {
                 let zeroed = sh.tracker.host_write(g, || sh.space.zero(g));
                 zeroed.map_err(|e| failed(line, r, e))?.map_err(|e| failed(line, r, e))?;
                 self.f.zeroed += 1;
+                true
             }
             Err(e) => return Err(failed(line, r, e)),
+        };
+        if let Some(log) = log.as_mut() {
+            let (lo, hi) = page_bounds(lo.0, size);
+            log.push(line, MemOp::Decommit { lo, hi, zeroed });
         }
         Ok(())
     }
@@ -474,7 +601,12 @@ impl Worker<'_, '_> {
         let sh = self.sh;
         self.pattern = self.pattern.wrapping_add(1);
         let e1 = sh.tracker.collects_started();
+        let mut log = sh.logged();
         store_pattern(sh.space, addr, size, self.pattern).map_err(|e| failed(line, r, e))?;
+        if let Some(log) = log.as_mut() {
+            log.push(line, MemOp::Write { addr: addr.0, size, pattern: self.pattern });
+        }
+        drop(log);
         let e2 = sh.tracker.collects_started();
         let p = page_size();
         for pg in addr.0 / p..(addr.0 + size).div_ceil(p) {
@@ -831,6 +963,7 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
         let mut limits = Limits::default();
         let mut read_error = None;
         let mut events = 0u64;
+        let mut frames_ended = 0u64;
         let sync = |senders: &BTreeMap<Thread, SyncSender<Msg>>| {
             let (tx, rx) = sync_channel(senders.len());
             for s in senders.values() {
@@ -859,6 +992,17 @@ fn dispatch(sh: &Shared<'_>, records: impl Iterator<Item = Result<(u64, Record),
             if let Event::Frame { .. } = r.event {
                 // Every thread finishes the frame before the next starts.
                 sync(&senders);
+                // The frame before has ended: its snapshot is taken on the render thread while
+                // the others wait.
+                if let (Some(n), Some(render)) = (sh.snap_every, senders.get(&Thread::Render))
+                    && SnapRun::due(n, frames_ended)
+                {
+                    let (ack, done) = sync_channel(1);
+                    if render.send(Msg::Boundary { line, b: frames_ended, ack }).is_ok() {
+                        let _ = done.recv();
+                    }
+                }
+                frames_ended += 1;
                 if sh.failed.load(SeqCst) {
                     break;
                 }
@@ -995,6 +1139,7 @@ fn replay_with(
     cfg: &ReplayConfig,
     worker_stack: Option<usize>,
 ) -> Result<ReplayReport, ReplayError> {
+    cfg.check()?;
     let (space, importer, import_backend, tracker) = match runtime(header, cfg) {
         Ok(r) => r,
         // The header's window refused (smaller than the import chunk, or too large to reserve):
@@ -1002,7 +1147,22 @@ fn replay_with(
         Err(e) if refuses_window(&e) => return Err(records.find_map(Result::err).map_or(e, ReplayError::Trace)),
         Err(e) => return Err(e),
     };
-    let sh = Shared::new((&space, &importer, &tracker), cfg, worker_stack);
+    let mut sh = Shared::new((&space, &importer, &tracker), cfg, worker_stack);
+    if let Some(every) = cfg.snapshot_every {
+        let whole = space.range(0, space.window())?;
+        let snaps =
+            emuhost::snapshot::Snapshots::new(&tracker, whole, &cfg.settings.snapshot_config()).map_err(|e| {
+                ReplayError::Snapshot {
+                    line: 1,
+                    what: "making the snapshots of the guest window".into(),
+                    source: Box::new(e),
+                }
+            })?;
+        let run = SnapRun::new(snaps, every, cfg.rewind);
+        #[cfg(test)]
+        let run = run.skipping_restores(cfg.skip_restore);
+        sh.snap = Some(Mutex::new(run));
+    }
     let start = Instant::now();
     let (figures, threads, read_error, events) = dispatch(&sh, records);
     let wall = start.elapsed();
@@ -1041,6 +1201,7 @@ fn replay_with(
     // is held any more, so what merges replaced goes before the figures at the end are read.
     importer.settle();
     importer.handles_done();
+    report.snapshots = sh.snap.map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).finish());
     let collects = sh.collects.into_inner().unwrap_or_else(|p| p.into_inner());
     report.collects = collects.len() as u64;
     report.collect_time = report.frames.iter().map(|f| f.collects).sum();
@@ -1293,6 +1454,92 @@ mod tests {
         let w = render.lock_waits;
         assert!(w.count == 1 && w.longest >= held && w.total == w.longest, "{w:?}");
         assert_eq!(game.lock_waits, LockWaits::default());
+    }
+
+    /// `frames` frames: each, two game threads store over the same bytes (which thread's pattern
+    /// is left depends on how they interleave), a range is committed every third frame and the
+    /// one before it decommitted, and the render thread collects.
+    fn rewinding_trace(frames: u64) -> Vec<(u64, Record)> {
+        use emuhost::space::Prot;
+        let (g0, g1) = (Thread::Game(0), Thread::Game(1));
+        let base = 0x1000_0000u64;
+        let mut out = vec![rec(g0, Event::Commit { lo: GuestAddr(base), size: 0x40_0000, prot: Prot::READ_WRITE })];
+        for f in 0..frames {
+            out.push(rec(Thread::Render, Event::Frame { index: f }));
+            let at = base + (f % 7) * 0x3000 + 0x123;
+            out.push(rec(g0, Event::Write { addr: GuestAddr(at), size: 0x2100 }));
+            out.push(rec(g1, Event::Write { addr: GuestAddr(at + 0x800), size: 0x2000 }));
+            let extra = base + 0x80_0000 + (f / 3) * 0x10_0000;
+            if f % 3 == 0 {
+                if f > 0 {
+                    out.push(rec(g0, Event::Decommit { lo: GuestAddr(extra - 0x10_0000), size: 0x10_0000 }));
+                }
+                out.push(rec(g0, Event::Commit { lo: GuestAddr(extra), size: 0x10_0000, prot: Prot::READ_WRITE }));
+            } else {
+                out.push(rec(g1, Event::Write { addr: GuestAddr(extra + f * 0x1111), size: 0x1800 }));
+            }
+            out.push(rec(Thread::Render, Event::Collect { lo: GuestAddr(base), size: 0x40_0000 }));
+        }
+        out.into_iter().enumerate().map(|(i, r)| (i as u64 + 2, r)).collect()
+    }
+
+    fn snapshot_replay(frames: u64, every: u64, rewind: Option<u64>, skip_restore: bool) -> ReplayReport {
+        let mut cfg = plain_cfg();
+        (cfg.snapshot_every, cfg.rewind, cfg.skip_restore) = (Some(every), rewind, skip_restore);
+        let header = Header { window: 1 << 32, ..Header::default() };
+        replay_with(&header, rewinding_trace(frames).into_iter().map(Ok), &cfg, None).unwrap()
+    }
+
+    #[test]
+    fn snapshots_are_taken_on_the_render_thread_at_the_end_of_every_nth_frame() {
+        let r = snapshot_replay(10, 3, None, false);
+        let s = r.snapshots.unwrap();
+        // Boundaries 3, 6 and 9 (the last frame has none after it).
+        assert_eq!(s.taken, 3);
+        assert_eq!(s.takes.iter().map(|t| t.0).collect::<Vec<_>>(), [2, 5, 8]);
+        assert!(s.takes.iter().all(|t| r.frames[t.0 as usize].snapshot == t.1));
+        assert!(s.pages_copied > 0 && s.bytes_kept_peak > 0);
+        assert_eq!((s.rewinds, s.checks, s.restores.len()), (0, 0, 0));
+        assert_eq!(r.lost_writes, 0);
+    }
+
+    #[test]
+    fn a_rewind_makes_the_frames_again_and_finds_the_memory_the_same() {
+        let r = snapshot_replay(20, 1, Some(2), false);
+        let s = r.snapshots.unwrap();
+        // Rewinds at the end of frames 8 and 16 (boundaries 8 and 16), each comparing the
+        // state restored and the two after it.
+        assert_eq!((s.taken, s.rewinds, s.restores.len(), s.checks), (19, 2, 2, 6), "{s:?}");
+        assert_eq!((s.mismatched_snapshots, s.mismatched_bytes, s.first_mismatch), (0, 0, None), "{s:?}");
+        assert_eq!(r.lost_writes, 0);
+    }
+
+    #[test]
+    fn a_rewind_that_does_not_restore_is_caught() {
+        // One rewind, at the end of frame 8 (a second one would find its stores outside memory
+        // the first left uncommitted: an error, not a mismatch).
+        let s = snapshot_replay(10, 1, Some(2), true).snapshots.unwrap();
+        assert_eq!((s.rewinds, s.checks), (1, 3), "{s:?}");
+        assert!(s.mismatched_snapshots > 0 && s.mismatched_bytes > 0, "{s:?}");
+        let (frame, when) = s.first_mismatch.unwrap();
+        // The state restored is frame 6's (boundary 6): memory is still frame 8's.
+        assert_eq!((frame, when), (5, "after the restore"), "{s:?}");
+    }
+
+    #[test]
+    fn snapshot_settings_are_checked_naming_the_value() {
+        let check = |every, rewind| {
+            let cfg = ReplayConfig { snapshot_every: every, rewind, ..Default::default() };
+            cfg.check().err().map(|e| e.to_string())
+        };
+        assert_eq!(check(Some(1), Some(4)), None);
+        assert_eq!(check(Some(2), Some(4)), None);
+        assert!(check(Some(0), None).unwrap().starts_with("a snapshot every 0 frames"));
+        assert!(check(Some(u64::MAX), None).unwrap().contains("18446744073709551615"));
+        assert!(check(None, Some(2)).unwrap().contains("needs snapshots"));
+        assert!(check(Some(1), Some(0)).unwrap().starts_with("a rewind of 0 frames"));
+        assert!(check(Some(1), Some(u64::MAX)).unwrap().starts_with("a rewind of 18446744073709551615 frames"));
+        assert!(check(Some(3), Some(4)).unwrap().contains("must be a multiple"));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!   beside commits and pins, a small import beside background ones.
 //! - [`prepare`]: the preparation at 1, 2, 4 ... N workers, cold and warm cache.
 //! - [`sched`]: short sleeps by every way to wait, and a frame thread beside sleepers.
+//! - [`snapshot`]: a snapshot's take and restore against a full copy of the committed memory, per
+//!   fraction of pages written.
 //! - [`progress`]: the rounds planned and done, for a progress bar.
 //! - [`workers`]: a compile-like job at 1, 2, 4 ... N workers, round by round (on Windows the CLI
 //!   alternates it with a process on the other heap).
@@ -17,6 +19,7 @@ pub mod import;
 pub mod prepare;
 pub mod progress;
 pub mod sched;
+pub mod snapshot;
 pub mod space;
 pub mod watch;
 pub mod workers;

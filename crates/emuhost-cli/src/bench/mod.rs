@@ -7,6 +7,7 @@ mod chain;
 mod import;
 mod prepare;
 mod sched;
+mod snapshot;
 mod space;
 mod watch;
 mod workers;
@@ -41,6 +42,10 @@ pub enum Which {
     /// `emuhost prepare` at 1, 2, 4 ... N workers, cold and warm cache, each run its own process:
     /// time per phase, speed-up and peak memory, with this build's allocator.
     Prepare(prepare::Args),
+    /// Snapshots: a take and the restore of the previous snapshot against a full copy of the
+    /// committed memory (read into a buffer, written back), per fraction of pages written, with
+    /// the tracker's backend; exit 1 when the memory after a restore differs from the snapshot.
+    Snapshot(snapshot::Args),
 }
 
 pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Result<Outcome> {
@@ -54,6 +59,7 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
         Which::Workers(_) => "workers",
         Which::Import(_) => "import",
         Which::Prepare(_) => "prepare",
+        Which::Snapshot(_) => "snapshot",
     };
     let _bar = (name != "import").then(|| {
         let rounds = emuhost_lab::bench::progress::rounds;
@@ -69,6 +75,7 @@ pub fn run(which: Which, settings: &emuhost::settings::Settings) -> anyhow::Resu
         Which::Workers(a) => workers::run(a),
         Which::Import(a) => import::run(a, settings),
         Which::Prepare(a) => prepare::run(a),
+        Which::Snapshot(a) => snapshot::run(a, settings),
     }
 }
 

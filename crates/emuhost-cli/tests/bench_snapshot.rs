@@ -46,6 +46,7 @@ fn json_has_each_fractions_medians_and_ratio_with_the_backend_and_no_mismatch() 
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!((v["schema"].as_u64(), v["bench"].as_str()), (Some(1), Some("snapshot")), "{v}");
         assert_eq!(v["backend"], backend, "{v}");
+        assert_eq!(v["wine"].as_str(), emuhost::probe::wine_version().as_deref(), "{v}");
         assert_eq!((v["committed_mib"].as_u64(), v["pages"].as_u64()), (Some(4), Some(pages)), "{v}");
         assert_eq!((v["rounds"].as_u64(), v["mismatched_rounds"].as_u64()), (Some(2), Some(0)), "{v}");
         let results = v["results"].as_array().unwrap();
@@ -80,8 +81,14 @@ fn text_names_the_backend_prints_the_ratio_and_counts_the_rounds_checked() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     let backend = emuhost::watch::BackendKind::AUTO.into_iter().find(|&k| emuhost::watch::self_test(k).is_ok());
     let head = format!("snapshots over 4 MiB committed ({} pages), ", (4 << 20) / emuhost::space::page_size());
-    assert!(stdout.starts_with(&head), "{stdout}");
-    assert!(stdout.lines().next().unwrap().contains(&format!("{} backend, 2 rounds", backend.unwrap().name())));
+    let first = stdout.lines().find(|l| l.starts_with("snapshots over ")).unwrap_or_default();
+    assert!(first.starts_with(&head), "{stdout}");
+    assert!(first.contains(&format!("{} backend, 2 rounds", backend.unwrap().name())), "{stdout}");
+    // Under Wine the figures are said to be Wine's.
+    let wine = emuhost::probe::wine_version().map(|v| format!("under Wine {v}: these figures are Wine's"));
+    let note = stdout.lines().next().filter(|l| l.starts_with("under Wine "));
+    assert_eq!(note.is_some(), wine.is_some(), "{stdout}");
+    assert!(note.zip(wine).is_none_or(|(l, w)| l.starts_with(&w)), "{stdout}");
     // The default fractions: 0.1, 1 and 10 %, each a comparison with its ratio.
     for pct in ["0.1 %", "1 %", "10 %"] {
         assert!(stdout.contains(&format!("\n{pct} of pages written (")), "{pct}: {stdout}");

@@ -136,11 +136,21 @@ fn json(a: &Args, r: &SnapshotReport) -> serde_json::Value {
         "target_ratio_at_1pct": TARGET_RATIO,
         "results": results,
         "mismatched_rounds": r.mismatched_rounds(),
+        "wine": emuhost::probe::wine_version(),
+        "figures": wine_note(),
     })
+}
+
+/// Under Wine, what its figures are: Wine's, never Windows'.
+fn wine_note() -> Option<String> {
+    emuhost::probe::wine_version().map(|v| format!("under Wine {v}: these figures are Wine's, not Windows' timings"))
 }
 
 fn print(a: &Args, r: &SnapshotReport) {
     let ms = |arm: &Arm| format!("{:.3} ms", arm.median_ms());
+    if let Some(note) = wine_note() {
+        outln!("{note}");
+    }
     outln!(
         "snapshots over {} MiB committed ({} pages), {} backend, {} rounds (medians)",
         a.committed_mib,

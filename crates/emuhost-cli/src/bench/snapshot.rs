@@ -23,8 +23,8 @@ pub struct Args {
     /// Rounds (each measures both arms at every fraction).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10000))]
     rounds: u32,
-    /// Memory committed, in MiB (a run needs about three times as much: the memory, the full
-    /// copy's buffer and the snapshot's copy).
+    /// Memory committed, in MiB (a run needs about four times as much: the memory, the full
+    /// copy's buffer, the snapshots' copy and the buffer they read it through).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     committed_mib: u64,
     /// The shares of pages written, in percent, comma-separated (each more than 0, at most 100).
@@ -60,9 +60,9 @@ fn check_memory(b: &SnapshotBench) -> anyhow::Result<()> {
     };
     anyhow::ensure!(
         needed <= available,
-        "--committed-mib {} needs about {} MiB of memory (the committed memory, the full copy's buffer and the \
-         snapshot's copy of every page, plus the pages written), and {} MiB are available: use a smaller \
-         --committed-mib",
+        "--committed-mib {} needs about {} MiB of memory (four times the committed memory: the memory, the full \
+         copy's buffer, the snapshots' copy of every page and the buffer they read it through; twice the pages \
+         written), and {} MiB are available: use a smaller --committed-mib",
         b.committed_mib,
         needed >> 20,
         available >> 20

@@ -58,14 +58,16 @@ impl SnapshotBench {
         SnapshotBench { rounds, committed_mib, percents, tracker, seed }
     }
 
-    /// The memory a run needs, in bytes, about: the committed memory, the full copy's buffer, the
-    /// base snapshot (every page) and the pages the largest fraction writes (the snapshot taken
-    /// after them), with 64 MiB to spare.
+    /// The memory a run needs, in bytes, about: four times the committed memory (the memory, the
+    /// full copy's buffer, the base snapshot's copy of every page and the buffer the snapshots
+    /// read it through), twice the pages the largest fraction writes (the take after them), and
+    /// 64 MiB to spare. Measured: the peak resident memory of a run over 256 or 512 MiB is 4.1 to
+    /// 4.2 times the committed memory.
     pub fn memory_needed(&self) -> u64 {
         let committed = self.committed_mib.saturating_mul(1 << 20);
         let most = self.percents.iter().copied().fold(0.0, f64::max).clamp(0.0, 100.0);
         let written = (committed as f64 * most / 100.0).ceil() as u64;
-        committed.saturating_mul(3).saturating_add(written).saturating_add(64 << 20)
+        committed.saturating_mul(4).saturating_add(written.saturating_mul(2)).saturating_add(64 << 20)
     }
 }
 
@@ -336,9 +338,9 @@ mod tests {
     }
 
     #[test]
-    fn the_memory_needed_is_three_copies_and_the_largest_share_written() {
+    fn the_memory_needed_is_four_copies_and_twice_the_largest_share_written() {
         let b = SnapshotBench::new(1, 4096, vec![0.1, 10.0, 1.0], TrackerConfig::default(), 1);
-        assert_eq!(b.memory_needed() >> 20, 3 * 4096 + 409 + 64); // 409.6 MiB written, in whole MiB
+        assert_eq!(b.memory_needed() >> 20, 4 * 4096 + 819 + 64); // 2 x 409.6 MiB written, in whole MiB
         let huge = SnapshotBench::new(1, u64::MAX, vec![100.0], TrackerConfig::default(), 1);
         assert_eq!(huge.memory_needed(), u64::MAX);
     }

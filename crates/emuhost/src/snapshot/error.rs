@@ -1,6 +1,6 @@
 //! What went wrong with a snapshot.
 
-use super::SnapshotId;
+use super::{SnapshotId, SnapshotMode};
 use crate::space::{GuestAddr, GuestRange, SpaceError};
 use crate::watch::WatchError;
 
@@ -57,6 +57,17 @@ pub enum SnapshotError {
         addr: GuestAddr,
         /// The snapshots' range.
         range: GuestRange,
+    },
+    /// The snapshots' [`SnapshotMode`] cannot work with the tracker's backend (copy before write
+    /// needs a protection backend, whose fault handler sees each first write): `why` says more.
+    #[error("snapshot mode `{mode}` cannot work with the `{backend}` write-tracking backend: {why}")]
+    Mode {
+        /// The mode asked for.
+        mode: SnapshotMode,
+        /// The tracker's backend.
+        backend: &'static str,
+        /// Why.
+        why: String,
     },
     /// A call of the space failed (a range outside the window, a mapping the space did not make,
     /// an OS failure): its error names the range.

@@ -57,6 +57,7 @@
 //! ```
 
 mod config;
+mod cow;
 mod error;
 mod pages;
 mod store;
@@ -65,7 +66,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub use config::SnapshotConfig;
+pub use config::{SnapshotConfig, SnapshotMode};
 pub use error::SnapshotError;
 
 use crate::space::{GuestAddr, GuestRange, Prot, Space};
@@ -151,6 +152,8 @@ struct State {
     words: Vec<u64>,
     scratch: Vec<u8>,
     stats: SnapshotStats,
+    /// Copy before write's machinery ([`SnapshotMode::CopyBeforeWrite`]).
+    cow: Option<cow::Cow>,
 }
 
 /// Snapshots of one guest range of a tracker's space (see the [module docs](self)). `Send +
@@ -183,6 +186,10 @@ impl Snapshots {
         let range = space.range(range.start().0, range.len())?;
         let consumer = tracker.consumer();
         tracker.arm(range)?;
+        let cow = match config.mode {
+            SnapshotMode::CopyBeforeWrite => Some(cow::Cow::new(tracker, range)?),
+            _ => None,
+        };
         let state = State {
             last: 0,
             store: Store::default(),
@@ -192,6 +199,7 @@ impl Snapshots {
             words: vec![0; range.pages().div_ceil(64) as usize],
             scratch: Vec::new(),
             stats: SnapshotStats::default(),
+            cow,
         };
         Ok(Snapshots { tracker: tracker.clone(), space, range, config: *config, state: Mutex::new(state) })
     }
@@ -247,7 +255,14 @@ impl Snapshots {
         let mut guard = self.state();
         let st = &mut *guard;
         self.no_views()?;
+        if let Some(c) = &mut st.cow {
+            c.begin_take();
+        }
         let mut changed = self.collect(st)?;
+        if let Some(Err(e)) = st.cow.as_ref().map(|c| c.after_collect(self.range)) {
+            st.dirty.or(&changed);
+            return Err(e.into());
+        }
         changed.or(&st.dirty);
         // After a restore, the pages whose newest version is not the restored snapshot's.
         if let Some(k) = st.base {
@@ -264,8 +279,12 @@ impl Snapshots {
         st.dirty.clear();
         st.base = None;
         st.last = epoch;
+        let pending = self.pending_of(st, &take, epoch);
         st.store.takes.insert(epoch, take);
         st.store.live.insert(epoch);
+        if let Some(c) = &mut st.cow {
+            c.taken(epoch, pending, &changed, &mut st.store);
+        }
         if let Some(old) = st.store.head.replace(epoch).filter(|h| !st.store.live.contains(h)) {
             st.store.unpin(old);
         }
@@ -308,7 +327,7 @@ impl Snapshots {
                 }
             }
         }
-        let copies = self.read_pages(&copy, &runs, &mut st.scratch)?;
+        let copies = self.copies(st, copy, &runs)?;
         gone.sort_unstable();
         gone.dedup();
         st.stats.pages_copied += copies.len() as u64;
@@ -401,6 +420,7 @@ impl Snapshots {
             _ => return Err(SnapshotError::UnknownSnapshot(id)),
         };
         self.no_views()?;
+        self.settle(st);
         let collected = self.collect(st)?;
         st.dirty.or(&collected);
         let now = self.space.protections(self.range);
@@ -417,6 +437,7 @@ impl Snapshots {
         if let Some((range, held)) = decommit.iter().find_map(|&r| self.space.held(r).map(|h| (r, h))) {
             return Err(SnapshotError::Held { id, range, held });
         }
+        self.resolve(st, k, set.iter().filter(|&i| prot_at(&k_runs, self.addr(i)).is_some()))?;
         // Everything the restore may change counts as changed from here on, whatever happens.
         let mut touched = set.clone();
         for r in &decommit {
@@ -436,6 +457,7 @@ impl Snapshots {
             touched.set_run(index(r.start().0), index(r.end().0));
         }
         st.stats.pages_restored += out.pages;
+        self.settle(st);
         let raced = self.raced(st, k, &k_runs, &content, &touched);
         st.stats.restore_time += started.elapsed();
         match raced? {
@@ -542,6 +564,7 @@ impl Snapshots {
         if !st.store.live.remove(&id.0) {
             return Err(SnapshotError::UnknownSnapshot(id));
         }
+        self.settle(st);
         self.forget(st, id.0);
         st.stats.released += 1;
         st.stats.live = st.store.live.len() as u64;
@@ -557,7 +580,8 @@ impl Snapshots {
     /// [`SnapshotError::NoBytes`] naming the first byte outside the range or on a page not
     /// committed at the take (`buf` is then filled up to it).
     pub fn read(&self, id: SnapshotId, addr: GuestAddr, buf: &mut [u8]) -> Result<(), SnapshotError> {
-        let st = self.state();
+        let mut st = self.state();
+        self.settle(&mut st);
         let k = id.0;
         let runs = match st.store.takes.get(&k).and_then(|t| t.runs.as_ref()) {
             Some(runs) if st.store.live.contains(&k) => runs,
@@ -575,6 +599,12 @@ impl Snapshots {
             let bytes = st.store.bytes_at(i, k).ok_or(no)?;
             let off = (at % p) as usize;
             let n = (p as usize - off).min(buf.len() - done);
+            if bytes.is_empty() {
+                // Pending (copy before write): the page's bytes in memory are the snapshot's.
+                self.space.read(GuestAddr(at), &mut buf[done..done + n])?;
+                done += n;
+                continue;
+            }
             buf[done..done + n].copy_from_slice(&bytes[off..off + n]);
             done += n;
         }

@@ -36,10 +36,11 @@
 //! racing a write) keeps its mark, since the handler is about to make it writable.
 
 use std::io;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 
 use super::RawProt;
+use super::cow::CowArena;
 use super::trap;
 
 /// Page state bits (a `u16` per page).
@@ -82,6 +83,8 @@ pub struct Table {
     states: *mut AtomicU16,
     /// Its registration was dropped: only its stale pages are claimed.
     dead: std::sync::atomic::AtomicBool,
+    /// The copy-before-write hook (`Arc::into_raw`; null: none): see [`copy_hook`].
+    cow: AtomicPtr<CowArena>,
 }
 
 // SAFETY: the table's bytes are atomics, and its pointer stays valid until the `Registration` that
@@ -144,7 +147,8 @@ impl Registration {
         let states = trap::alloc_states(pages.max(1) * 2)? as *mut AtomicU16;
         let id = IDS.fetch_add(1, SeqCst) + 1;
         let dead = std::sync::atomic::AtomicBool::new(false);
-        let table = Box::new(Table { id, base, pages, shift: page.trailing_zeros(), states, dead });
+        let cow = AtomicPtr::new(std::ptr::null_mut());
+        let table = Box::new(Table { id, base, pages, shift: page.trailing_zeros(), states, dead, cow });
         let _guard = REGISTER.lock().unwrap_or_else(|p| p.into_inner());
         // Under REGISTER, so the slot found stays free until it is published below: an empty
         // one, else the one of a dead table (whose stale pages are then forgotten).
@@ -204,6 +208,37 @@ impl Registration {
         mprotect(addr, len, bits)
     }
 
+    /// Sets the copy-before-write hook (`None`: takes it away): before a handler (or a host write's
+    /// preparation) makes an armed page writable, the hook's arena copies it
+    /// ([`CowArena::before_write`]). Returns false where another hook is set.
+    pub fn set_copy_hook(&self, hook: Option<&Arc<CowArena>>) -> bool {
+        let t = self.table();
+        match hook {
+            Some(h) => {
+                let raw = Arc::into_raw(h.clone()) as *mut CowArena;
+                let set = t.cow.compare_exchange(std::ptr::null_mut(), raw, SeqCst, SeqCst).is_ok();
+                if !set {
+                    // SAFETY: from `Arc::into_raw` just above, never published.
+                    drop(unsafe { Arc::from_raw(raw) });
+                }
+                set
+            }
+            None => {
+                let old = t.cow.swap(std::ptr::null_mut(), SeqCst);
+                // A handler that loaded the pointer before the swap has ACTIVE raised until done.
+                while ACTIVE.load(SeqCst) != 0 {
+                    std::hint::spin_loop();
+                }
+                if !old.is_null() {
+                    // SAFETY: from `Arc::into_raw` in the set above; out of the table, and no
+                    // handler holds it.
+                    drop(unsafe { Arc::from_raw(old) });
+                }
+                true
+            }
+        }
+    }
+
     /// [`Registration::protect`] for a collect's re-protection: `Ok(false)` where the kernel
     /// refused it for want of a mapping to split (`ENOMEM` at `vm.max_map_count`, every page of
     /// the range mapped); the caller then keeps the pages' marks (they stay writable and are
@@ -233,6 +268,7 @@ impl Drop for Registration {
     /// The table stays in the registry, dead: a write that faulted on a page before the tracker
     /// gave it back may reach the handler after this (see the module's doc).
     fn drop(&mut self) {
+        self.set_copy_hook(None);
         self.table().dead.store(true, SeqCst);
     }
 }
@@ -305,6 +341,17 @@ fn mark_busy(state: &AtomicU16, want: Option<u16>) -> Option<u16> {
     }
 }
 
+/// Copies the page at `page` (marked busy, about to be made writable with protection `bits`)
+/// into the table's copy-before-write arena, if it has one. Async-signal-safe.
+fn copy_hook(table: &Table, page: usize, bits: u16) {
+    ACTIVE.fetch_add(1, SeqCst);
+    // SAFETY: the arena stays alive while ACTIVE is raised (see `Registration::set_copy_hook`).
+    if let Some(arena) = unsafe { table.cow.load(SeqCst).as_ref() } {
+        arena.before_write(page, bits & READ != 0);
+    }
+    ACTIVE.fetch_sub(1, SeqCst);
+}
+
 /// Pages of the block a handler unprotects at once when the kernel refuses to split its mappings
 /// further (`ENOMEM`: one page in two written leaves as many mappings as pages, past
 /// `vm.max_map_count`): 2 MiB.
@@ -319,6 +366,7 @@ fn unprotect(table: &Table, page: usize) -> bool {
     let len = 1usize << table.shift;
     let Some(state) = table.slot(page) else { return false };
     let Some(bits) = mark_busy(state, None) else { return false };
+    copy_hook(table, page, bits);
     let ok = mprotect(page, len, bits).is_ok();
     state.fetch_sub(BUSY_ONE, SeqCst);
     if ok {
@@ -351,6 +399,7 @@ fn unprotect_run(table: &Table, page: usize, bits: u16, first: usize, last: usiz
         if mark_busy(state, Some(bits)).is_none() {
             break;
         }
+        copy_hook(table, a, bits);
         marked += 1;
         a += len;
     }

@@ -27,6 +27,7 @@
 #![allow(unsafe_code)]
 
 mod counts;
+pub mod cow;
 pub mod cpu;
 pub mod guard;
 pub mod hooks;

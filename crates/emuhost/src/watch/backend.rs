@@ -65,6 +65,12 @@ pub(super) trait Backend: Send + Sync {
     fn needs_host_write_prepare(&self) -> bool {
         false
     }
+    /// Sets (or, `None`, takes away) the copy-before-write hook of `snapshot`'s copy-before-write
+    /// mode: its arena copies each armed page before the fault handler makes it writable.
+    /// `Unsupported` where this backend's writes never reach a handler of ours.
+    fn copy_hook(&self, _hook: Option<&std::sync::Arc<crate::sys::cow::CowArena>>) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "no fault handler of ours sees this backend's writes"))
+    }
 }
 
 /// A backend's read of pages that are not the tracker's: mapped or unmapped behind the space's

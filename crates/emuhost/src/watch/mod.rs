@@ -260,6 +260,23 @@ impl Tracker {
         &self.space
     }
 
+    /// Sets (or, `None`, takes away) the copy-before-write hook of `snapshot`'s copy-before-write
+    /// mode (the protection backends only: `Unsupported` for the others; `AlreadyExists` where a
+    /// hook is set).
+    pub(crate) fn copy_hook(&self, hook: Option<&Arc<crate::sys::cow::CowArena>>) -> io::Result<()> {
+        self.core.backend.copy_hook(hook)
+    }
+
+    /// The guest runs of `range` the backend holds marked written now (a protection backend:
+    /// writable until a collect protects them again), without taking the marks.
+    pub(crate) fn marked(&self, range: GuestRange) -> io::Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        let base = self.space.host_base();
+        let (s, e) = (self.host(range.start().0), self.host(range.end().0));
+        self.core.backend.peek(s, e, &mut backend::Runs::new(&mut out, base as u64, 0, None))?;
+        Ok(out)
+    }
+
     /// The backend in use.
     pub fn kind(&self) -> BackendKind {
         self.core.backend.kind()

@@ -42,6 +42,7 @@ mod import_cap;
 mod logs;
 mod sched;
 mod snapshot;
+mod snapshot_cow;
 mod space;
 #[path = "../support/vulkan.rs"]
 mod vulkan_gate;

@@ -354,4 +354,12 @@ impl Backend for GuardBackend {
     fn needs_host_write_prepare(&self) -> bool {
         true
     }
+
+    fn copy_hook(&self, hook: Option<&std::sync::Arc<crate::sys::cow::CowArena>>) -> io::Result<()> {
+        if self.reg.set_copy_hook(hook) {
+            Ok(())
+        } else {
+            Err(io::Error::new(io::ErrorKind::AlreadyExists, "another copy-before-write hook is set on this tracker"))
+        }
+    }
 }

@@ -1,0 +1,310 @@
+//! Copy before write ([`SnapshotMode::CopyBeforeWrite`]): a take keeps no bytes; the pages it
+//! would have copied get a *pending* version (bytes to come), and the first write to each page
+//! after the take copies it just before the write, in the protection backend's fault handler
+//! (`sys::cow`). A background thread copies the pending pages ahead of the writes while they are
+//! still protected, and moves the copies out of the arena; the next take (or a restore, a read)
+//! puts them into their pending versions.
+//!
+//! The store holds exactly what copy at take would hold (the same versions at the same takes), so
+//! releases, the budget and restores work unchanged: a version pending at take `e` is the page's
+//! bytes at `e`, which are its bytes until its first write after `e`, whose copy (tagged with the
+//! arena epoch of the take before it) fills the version. A page not written since keeps its bytes
+//! in memory, where a restore or a read finds them. See docs/snapshot_cow.md.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+
+use super::pages::{PageSet, Runs, prot_at};
+use super::store::Store;
+use super::{SnapshotError, SnapshotMode};
+use crate::space::{Change, GuestRange, Observer, Space};
+use crate::sys::cow::CowArena;
+use crate::watch::{Tracker, WatchError};
+
+/// A copy out of the arena: page, arena epoch, bytes.
+type Copied = (u64, u64, Box<[u8]>);
+
+/// What the background copier and the snapshots share.
+struct Shared {
+    arena: Arc<CowArena>,
+    /// The pages to copy ahead (the latest take's pending pages), the stop flag.
+    work: Mutex<(Vec<u64>, bool)>,
+    wake: Condvar,
+    /// Copies moved out of the arena, not yet in the store.
+    out: Mutex<Vec<Copied>>,
+    /// One harvester at a time.
+    harvest: Mutex<()>,
+}
+
+impl Shared {
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the arena's copies out, into `out`.
+    fn harvest(&self) {
+        let _one = Self::lock(&self.harvest);
+        let mut got = Vec::new();
+        self.arena.harvest(|i, e, b| got.push((i as u64, e, Box::from(b))));
+        Self::lock(&self.out).extend(got);
+    }
+
+    /// The copier: copies the pages it is given ahead of their writes, and harvests.
+    fn run(&self) {
+        loop {
+            let pages = {
+                let mut w = Self::lock(&self.work);
+                while w.0.is_empty() && !w.1 {
+                    // Wakes now and then to move copies the handler made out of the arena.
+                    let (g, _) = self
+                        .wake
+                        .wait_timeout(w, std::time::Duration::from_millis(4))
+                        .unwrap_or_else(|p| p.into_inner());
+                    w = g;
+                    if w.0.is_empty() && !w.1 {
+                        drop(w);
+                        self.harvest();
+                        w = Self::lock(&self.work);
+                    }
+                }
+                if w.1 {
+                    return;
+                }
+                std::mem::take(&mut w.0)
+            };
+            for (n, &i) in pages.iter().enumerate() {
+                self.arena.copy_now(i as usize, false);
+                if n % 256 == 255 {
+                    self.harvest();
+                }
+            }
+            self.harvest();
+        }
+    }
+}
+
+/// Copies the pending pages of a range the space is about to change (protect, commit, release):
+/// their bytes may change without a write fault after it.
+struct Watcher {
+    arena: Arc<CowArena>,
+}
+
+impl Observer for Watcher {
+    fn changed(&self, space: &Space, change: Change) {
+        if let Change::Changing { range, .. } | Change::Releasing { range } = change {
+            let host = |a: u64| space.host_base() + a as usize;
+            self.arena.copy_pending(host(range.start().0), host(range.end().0));
+        }
+    }
+}
+
+/// The copy-before-write machinery of one [`Snapshots`](super::Snapshots).
+pub(super) struct Cow {
+    tracker: Arc<Tracker>,
+    shared: Arc<Shared>,
+    _watcher: Arc<Watcher>,
+    copier: Option<JoinHandle<()>>,
+    /// The arena's epoch of the take being made or made last.
+    epoch: u64,
+    /// Each successful take's arena epoch, to its id.
+    takes: BTreeMap<u64, u64>,
+}
+
+impl Cow {
+    /// The machinery over `range`, or the error that says why the tracker cannot have it.
+    pub(super) fn new(tracker: &Arc<Tracker>, range: GuestRange) -> Result<Cow, SnapshotError> {
+        let space = tracker.space();
+        let refuse = |why: String| SnapshotError::Mode {
+            mode: SnapshotMode::CopyBeforeWrite,
+            backend: tracker.kind().name(),
+            why,
+        };
+        if tracker.kind() == crate::watch::BackendKind::Uffd {
+            return Err(refuse(
+                "it write-protects with UFFD_FEATURE_WP_ASYNC, where the kernel resolves each first write itself and \
+                 tells nobody, so nothing can copy a page before its write (a range has one userfaultfd, and \
+                 PAGEMAP_SCAN's write-protect needs the async mode); use the mprotect backend \
+                 (EMUHOST_WATCH=mprotect) or copy at take (EMUHOST_SNAPSHOT_MODE=take)"
+                    .into(),
+            ));
+        }
+        let host = space.host_base() + range.start().0 as usize;
+        let arena = Arc::new(CowArena::new(host, range.pages() as usize).map_err(|e| refuse(e.to_string()))?);
+        tracker.copy_hook(Some(&arena)).map_err(|e| refuse(e.to_string()))?;
+        let watcher = Arc::new(Watcher { arena: arena.clone() });
+        let weak: Weak<dyn Observer> = Arc::downgrade(&(watcher.clone() as Arc<dyn Observer>));
+        space.observe(weak);
+        let shared = Arc::new(Shared {
+            arena,
+            work: Mutex::default(),
+            wake: Condvar::new(),
+            out: Mutex::default(),
+            harvest: Mutex::default(),
+        });
+        let s = shared.clone();
+        let copier = std::thread::Builder::new().name("emuhost-snapcopy".into()).spawn(move || s.run());
+        let copier = match copier {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let _ = tracker.copy_hook(None);
+                return Err(refuse(e.to_string()));
+            }
+        };
+        Ok(Cow { tracker: tracker.clone(), shared, _watcher: watcher, copier, epoch: 0, takes: BTreeMap::new() })
+    }
+
+    /// A take begins: from now on first writes copy their page first.
+    pub(super) fn begin_take(&mut self) {
+        self.epoch += 1;
+        self.shared.arena.set_epoch(self.epoch);
+    }
+
+    /// After the take's collect: the pages still writable without a fault (a handler busy with
+    /// them at the collect, a protection refused at the map limit) are copied now.
+    pub(super) fn after_collect(&self, range: GuestRange) -> Result<(), WatchError> {
+        let base = range.start().0;
+        let p = crate::space::page_size();
+        let marked = self.tracker.marked(range).map_err(|source| WatchError::Os {
+            op: "copy-before-write: read the pages still writable",
+            range,
+            backend: self.tracker.kind().name(),
+            source,
+        })?;
+        for (s, e) in marked {
+            for a in (s.max(base)..e.min(range.end().0)).step_by(p as usize) {
+                self.shared.arena.copy_now(((a - base) / p) as usize, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// Take `id` succeeded with `pending` pages to come: marks them pending, fills the versions
+    /// the copies made so far complete, and hands the pages to the copier.
+    /// Those of them `written` since the previous take (likely to be written again) go to the
+    /// copier, which copies them ahead of the writes.
+    pub(super) fn taken(&mut self, id: u64, pending: Vec<u64>, written: &PageSet, store: &mut Store) {
+        self.takes.insert(self.epoch, id);
+        for &i in &pending {
+            self.shared.arena.set_pending(i as usize);
+        }
+        self.fill(store);
+        let ahead: Vec<u64> = pending.into_iter().filter(|&i| written.has(i)).collect();
+        if !ahead.is_empty() {
+            Shared::lock(&self.shared.work).0 = ahead;
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Puts every copy made so far into its pending version (a restore, a read: all of them).
+    pub(super) fn settle(&self, store: &mut Store) {
+        self.shared.harvest();
+        self.fill(store);
+    }
+
+    /// Puts the copies moved out of the arena into the versions they complete: a copy tagged with
+    /// arena epoch `a` holds the page's bytes at the take of the newest epoch at or before `a`,
+    /// and fills the page's newest version at or before that take where it is pending (else the
+    /// store has the bytes already, and the copy goes).
+    fn fill(&self, store: &mut Store) {
+        let got = std::mem::take(&mut *Shared::lock(&self.shared.out));
+        for (i, a, bytes) in got {
+            let Some((_, &k)) = self.takes.range(..=a).next_back() else { continue };
+            fill(store, i, k, bytes);
+        }
+    }
+}
+
+/// Fills page `i`'s version covering take `k` with `bytes` where it is pending.
+pub(super) fn fill(store: &mut Store, i: u64, k: u64, bytes: Box<[u8]>) {
+    let Some(chain) = store.versions.get_mut(&i) else { return };
+    let n = chain.partition_point(|v| v.epoch <= k);
+    let Some(v) = n.checked_sub(1).and_then(|at| chain.get_mut(at)) else { return };
+    if v.bytes.as_ref().is_some_and(|b| b.is_empty()) {
+        store.bytes += bytes.len() as u64;
+        v.bytes = Some(bytes);
+    }
+}
+
+/// A pending version's bytes (none yet: the page's bytes in memory are its bytes).
+pub(super) fn pending() -> Box<[u8]> {
+    Box::from(&[][..])
+}
+
+impl Drop for Cow {
+    fn drop(&mut self) {
+        Shared::lock(&self.shared.work).1 = true;
+        self.shared.wake.notify_one();
+        if let Some(c) = self.copier.take() {
+            let _ = c.join();
+        }
+        let _ = self.tracker.copy_hook(None);
+    }
+}
+
+impl super::Snapshots {
+    /// A take's copies of the pages of `set`: read now (copy at take), or, with copy before
+    /// write, pending for the readable pages (their first write copies them) and read now for the
+    /// others (no fault handler may read them).
+    pub(super) fn copies(
+        &self,
+        st: &mut super::State,
+        set: PageSet,
+        runs: &Runs,
+    ) -> Result<Vec<super::PageCopy>, SnapshotError> {
+        if st.cow.is_none() {
+            return self.read_pages(&set, runs, &mut st.scratch);
+        }
+        let mut now = PageSet::new(self.range.pages());
+        let mut out = Vec::new();
+        for i in set.iter() {
+            if prot_at(runs, self.addr(i)).is_some_and(|p| p.read) {
+                out.push((i, pending()));
+            } else {
+                now.set(i);
+            }
+        }
+        out.extend(self.read_pages(&now, runs, &mut st.scratch)?);
+        out.sort_unstable_by_key(|c| c.0);
+        Ok(out)
+    }
+
+    /// The pages take `epoch` left pending.
+    pub(super) fn pending_of(&self, st: &super::State, take: &super::Take, epoch: u64) -> Vec<u64> {
+        if st.cow.is_none() {
+            return Vec::new();
+        }
+        take.copied.iter().copied().filter(|&i| st.store.bytes_at(i, epoch).is_some_and(<[u8]>::is_empty)).collect()
+    }
+
+    /// Puts every copy made so far into its pending version.
+    pub(super) fn settle(&self, st: &mut super::State) {
+        if let Some(c) = &st.cow {
+            c.settle(&mut st.store);
+            st.stats.bytes_kept = st.store.bytes;
+        }
+    }
+
+    /// Fills the versions of snapshot `k` of `pages` still pending, from memory: a page whose
+    /// version is pending once every copy made is in the store was not written since (nor
+    /// protected, released or restored: each copies it first), so memory holds its bytes.
+    pub(super) fn resolve(
+        &self,
+        st: &mut super::State,
+        k: u64,
+        pages: impl Iterator<Item = u64>,
+    ) -> Result<(), SnapshotError> {
+        if st.cow.is_none() {
+            return Ok(());
+        }
+        let p = crate::space::page_size() as usize;
+        for i in pages {
+            if st.store.bytes_at(i, k).is_some_and(<[u8]>::is_empty) {
+                let mut b = vec![0u8; p].into_boxed_slice();
+                self.space.read(crate::space::GuestAddr(self.addr(i)), &mut b)?;
+                fill(&mut st.store, i, k, b);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,304 @@
+//! Snapshots in copy-before-write mode (`SnapshotMode::CopyBeforeWrite`): round trips against
+//! full copies on the protection backend (Linux `mprotect`, Windows `guard`), several snapshots
+//! back, release and the budget, writes racing takes, the copy before the first write, and the
+//! refusal of backends whose writes no handler sees.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+
+use emuhost::rng::Rng;
+use emuhost::snapshot::{SnapshotConfig, SnapshotError, SnapshotId, SnapshotMode, Snapshots};
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
+
+use crate::watch_gate::usable;
+
+fn p() -> u64 {
+    page_size()
+}
+
+const PAGES: u64 = 64;
+
+/// The platform's protection backend.
+fn guard_kind() -> BackendKind {
+    if cfg!(windows) { BackendKind::Guard } else { BackendKind::Mprotect }
+}
+
+fn setup_with(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
+    if !usable(kind) {
+        return None;
+    }
+    let s = Arc::new(Space::with_window(64 << 20).unwrap());
+    let t = Tracker::new(&s, &TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
+    let r = s.range(16 * p(), PAGES * p()).unwrap();
+    s.commit(r, Prot::READ_WRITE).unwrap();
+    Some((s, t, r))
+}
+
+fn setup() -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
+    setup_with(guard_kind())
+}
+
+fn cow() -> SnapshotConfig {
+    SnapshotConfig::default().mode(SnapshotMode::CopyBeforeWrite)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Full(Vec<(Option<Prot>, Vec<u8>)>);
+
+fn full(s: &Space, r: GuestRange) -> Full {
+    let prots = s.protections(r);
+    let mut pages = Vec::new();
+    for i in 0..r.pages() {
+        let at = r.start().0 + i * p();
+        let prot = prots.iter().find(|(run, _)| run.contains(GuestAddr(at))).map(|&(_, prot)| prot);
+        let mut bytes = vec![0; p() as usize];
+        if prot.is_some_and(|p| p.read) {
+            s.read(GuestAddr(at), &mut bytes).unwrap();
+        }
+        pages.push((prot, bytes));
+    }
+    Full(pages)
+}
+
+/// A store by the CPU (the fault handler's path), or through the kernel (`Space::store`).
+fn store(s: &Space, at: u64, v: u64, cpu: bool) {
+    if cpu {
+        // SAFETY: the tests store only into committed writable (armed) pages, and no thread
+        // decommits or protects them meanwhile.
+        unsafe { s.store_unchecked(GuestAddr(at), &v.to_le_bytes()) }.unwrap();
+    } else {
+        s.store(GuestAddr(at), &v.to_le_bytes()).unwrap();
+    }
+}
+
+/// `n` random stores of 8 bytes into the range's writable pages.
+fn scribble(s: &Space, r: GuestRange, rng: &mut Rng, n: u64) {
+    let writable: Vec<u64> = s
+        .protections(r)
+        .iter()
+        .filter(|(_, p)| p.write)
+        .flat_map(|(run, _)| (0..run.pages()).map(move |i| run.start().0 + i * page_size()))
+        .collect();
+    for _ in 0..n {
+        let at = rng.pick(&writable) + rng.below(p() / 8) * 8;
+        let cpu = rng.below(2) == 0;
+        store(s, at, rng.next_u64(), cpu);
+    }
+}
+
+/// The first take keeps no bytes; the first write after it, by the CPU, copies its page before
+/// it lands, so the snapshot holds the bytes before the write (read back, and restored).
+#[test]
+fn cow_copies_a_page_before_its_first_write_after_a_take() {
+    let Some((s, t, r)) = setup() else { return };
+    let snaps = Snapshots::new(&t, r, &cow()).unwrap();
+    for i in 0..PAGES {
+        store(&s, r.start().0 + i * p(), i + 1, false);
+    }
+    let id = snaps.take().unwrap();
+    let want = full(&s, r);
+    // No copy at the take (every page is pending).
+    assert_eq!(snaps.stats().bytes_kept, 0, "{:?}", snaps.stats());
+    // Right after the take, each page's first write: by the CPU, and through the kernel.
+    for i in 0..PAGES {
+        store(&s, r.start().0 + i * p(), 1000 + i, i % 2 == 0);
+    }
+    for i in 0..PAGES {
+        let mut b = [0u8; 8];
+        snaps.read(id, GuestAddr(r.start().0 + i * p()), &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), i + 1, "page {i}: the snapshot holds the bytes before the write");
+    }
+    assert!(full(&s, r) != want);
+    snaps.restore(id).unwrap();
+    assert!(full(&s, r) == want);
+    assert_eq!(snaps.stats().bytes_kept, PAGES * p(), "{:?}", snaps.stats());
+}
+
+/// Several snapshots back, in any order, each against the full copy made at its take; then
+/// releases free what only they kept, and releasing all frees everything.
+#[test]
+fn cow_restores_several_snapshots_back_and_releases() {
+    let Some((s, t, r)) = setup() else { return };
+    let snaps = Snapshots::new(&t, r, &cow()).unwrap();
+    let mut rng = Rng::new(39);
+    let mut copies = Vec::new();
+    for _ in 0..6 {
+        scribble(&s, r, &mut rng, 40);
+        let id = snaps.take().unwrap();
+        copies.push((id, full(&s, r)));
+    }
+    scribble(&s, r, &mut rng, 40);
+    for &k in &[0usize, 5, 2, 4, 1, 3, 0] {
+        let (id, want) = &copies[k];
+        snaps.restore(*id).unwrap();
+        assert!(full(&s, r) == *want, "restore of {id}");
+        scribble(&s, r, &mut rng, 10);
+    }
+    snaps.release(copies[2].0).unwrap();
+    for (id, want) in [&copies[1], &copies[3], &copies[5]] {
+        snaps.restore(*id).unwrap();
+        assert!(full(&s, r) == *want, "restore of {id} after a release");
+    }
+    for (id, _) in &copies {
+        let _ = snaps.release(*id);
+    }
+    assert_eq!((snaps.live().len(), snaps.stats().bytes_kept), (0, 0));
+    // And again from nothing.
+    let id = snaps.take().unwrap();
+    let want = full(&s, r);
+    scribble(&s, r, &mut rng, 40);
+    snaps.restore(id).unwrap();
+    assert!(full(&s, r) == want);
+}
+
+/// A random run of writes (CPU and kernel), commits, decommits, protections, takes, restores,
+/// reads and releases under a budget: every restore and read matches the full copy at the take.
+#[test]
+fn cow_random_takes_restores_and_releases_match_full_copies() {
+    let Some((s, t, r)) = setup() else { return };
+    let budget = (PAGES + 40) * p();
+    let snaps = Snapshots::new(&t, r, &cow().budget_bytes(Some(budget))).unwrap();
+    let mut rng = Rng::new(7);
+    let mut copies: HashMap<SnapshotId, Full> = HashMap::new();
+    let part = |first: u64, n: u64| s.range(r.start().0 + first * p(), n * p()).unwrap();
+    for step in 0..500 {
+        match rng.below(10) {
+            0..=3 => {
+                let n = rng.below(8) + 1;
+                scribble(&s, r, &mut rng, n);
+            }
+            4 => {
+                let id = snaps.take().unwrap();
+                copies.insert(id, full(&s, r));
+            }
+            5 | 6 => {
+                let live = snaps.live();
+                if live.is_empty() {
+                    continue;
+                }
+                let id = rng.pick(&live);
+                snaps.restore(id).unwrap();
+                assert!(full(&s, r) == copies[&id], "step {step}: restore of {id}");
+            }
+            7 => {
+                let live = snaps.live();
+                if live.len() > 1 {
+                    snaps.release(rng.pick(&live)).unwrap();
+                }
+            }
+            8 => {
+                let (first, n) = (rng.below(PAGES - 4), rng.below(4) + 1);
+                match rng.below(3) {
+                    0 => s.decommit(part(first, n)).unwrap(),
+                    1 => drop(s.commit(part(first, n), Prot::READ_WRITE).unwrap()),
+                    _ => s
+                        .commit(part(first, n), rng.pick(&[Prot::READ, Prot::NONE, Prot::READ_WRITE]))
+                        .map(drop)
+                        .unwrap(),
+                }
+            }
+            _ => {
+                let live = snaps.live();
+                if live.is_empty() {
+                    continue;
+                }
+                let id = rng.pick(&live);
+                let i = rng.below(PAGES);
+                let (prot, want) = &copies[&id].0[i as usize];
+                let mut buf = vec![0; p() as usize];
+                let got = snaps.read(id, GuestAddr(r.start().0 + i * p()), &mut buf);
+                match prot {
+                    Some(prot) => {
+                        assert!(got.is_ok(), "step {step}: {got:?}");
+                        assert!(!prot.read || buf == *want, "step {step}: read of page {i} of {id}");
+                    }
+                    None => assert!(matches!(got, Err(SnapshotError::NoBytes { .. })), "step {step}: {got:?}"),
+                }
+            }
+        }
+    }
+    let st = snaps.stats();
+    assert!(st.taken > 20 && st.dropped_for_budget > 0 && st.released > 0, "{st:?}");
+}
+
+/// Writers on several threads store rising values by the CPU while takes run: each snapshot
+/// holds, for each writer's page, a value the writer stored no earlier than the last one it
+/// finished before the take began, and no later than the first one after the take returned.
+#[test]
+fn cow_writes_racing_takes_are_in_the_snapshot_or_the_next() {
+    let Some((s, t, r)) = setup() else { return };
+    let snaps = Snapshots::new(&t, r, &cow()).unwrap();
+    const WRITERS: u64 = 4;
+    const VALUES: u64 = 3000;
+    let done: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let page_of = |w: u64| r.start().0 + (1 + w * 7) * p();
+    let mut threads = Vec::new();
+    for w in 0..WRITERS {
+        let (s, done, stop) = (s.clone(), done.clone(), stop.clone());
+        let at = page_of(w);
+        threads.push(std::thread::spawn(move || {
+            for v in 1..=VALUES {
+                if stop.load(SeqCst) {
+                    break;
+                }
+                // One byte at a time, low first: a value read whole was stored whole (a torn one
+                // is caught by the bounds below only if it falls outside them).
+                store(&s, at, v, true);
+                done[w as usize].store(v, SeqCst);
+            }
+        }));
+    }
+    let mut takes = Vec::new();
+    while takes.len() < 200 && done.iter().any(|d| d.load(SeqCst) < VALUES) {
+        let before: Vec<u64> = done.iter().map(|d| d.load(SeqCst)).collect();
+        let id = snaps.take().unwrap();
+        let after: Vec<u64> = done.iter().map(|d| d.load(SeqCst)).collect();
+        takes.push((id, before, after));
+    }
+    stop.store(true, SeqCst);
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    for (id, before, after) in &takes {
+        for w in 0..WRITERS {
+            let mut b = [0u8; 8];
+            snaps.read(*id, GuestAddr(page_of(w)), &mut b).unwrap();
+            let v = u64::from_le_bytes(b);
+            let (lo, hi) = (before[w as usize], after[w as usize] + 1);
+            assert!(lo <= v && v <= hi, "snapshot {id}, writer {w}: {v} outside {lo}..={hi}");
+        }
+    }
+    // Quiet now: the last snapshot round-trips exactly.
+    let id = snaps.take().unwrap();
+    let want = full(&s, r);
+    for w in 0..WRITERS {
+        store(&s, page_of(w), 0, true);
+    }
+    snaps.restore(id).unwrap();
+    assert!(full(&s, r) == want);
+}
+
+/// A backend whose first writes reach no handler of ours is refused, naming it.
+#[test]
+fn cow_is_refused_where_no_handler_sees_the_writes() {
+    let kind = if cfg!(windows) { BackendKind::WriteWatch } else { BackendKind::Uffd };
+    let Some((_s, t, r)) = setup_with(kind) else { return };
+    let err = Snapshots::new(&t, r, &cow()).unwrap_err();
+    assert!(matches!(err, SnapshotError::Mode { mode: SnapshotMode::CopyBeforeWrite, .. }), "{err:?}");
+    assert!(err.to_string().contains(kind.name()), "{err}");
+    // Copy at take works there.
+    Snapshots::new(&t, r, &SnapshotConfig::default()).unwrap();
+}
+
+/// A second copy-before-write set of snapshots on one tracker is refused (one hook per table);
+/// once the first goes, a new one may come.
+#[test]
+fn cow_one_set_per_tracker() {
+    let Some((_s, t, r)) = setup() else { return };
+    let first = Snapshots::new(&t, r, &cow()).unwrap();
+    let err = Snapshots::new(&t, r, &cow()).unwrap_err();
+    assert!(matches!(err, SnapshotError::Mode { .. }), "{err:?}");
+    drop(first);
+    Snapshots::new(&t, r, &cow()).unwrap();
+}

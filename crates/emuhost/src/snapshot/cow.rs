@@ -11,7 +11,6 @@
 //! arena epoch of the take before it) fills the version. A page not written since keeps its bytes
 //! in memory, where a restore or a read finds them. See docs/snapshot_cow.md.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
@@ -107,8 +106,12 @@ pub(super) struct Cow {
     copier: Option<JoinHandle<()>>,
     /// The arena's epoch of the take being made or made last.
     epoch: u64,
-    /// Each successful take's arena epoch, to its id.
-    takes: BTreeMap<u64, u64>,
+    /// Whether the take of `epoch` has begun and not succeeded (yet).
+    open: bool,
+    /// The arena epochs of the takes that failed, in order: a take's id is its arena epoch less
+    /// the failed ones before it (a copy tagged with a failed take's epoch holds the bytes at the
+    /// take before it, which it maps to).
+    failed: Vec<u64>,
 }
 
 impl Cow {
@@ -151,11 +154,15 @@ impl Cow {
                 return Err(refuse(e.to_string()));
             }
         };
-        Ok(Cow { tracker: tracker.clone(), shared, _watcher: watcher, copier, epoch: 0, takes: BTreeMap::new() })
+        Ok(Cow { tracker: tracker.clone(), shared, _watcher: watcher, copier, epoch: 0, open: false, failed: Vec::new() })
     }
 
     /// A take begins: from now on first writes copy their page first.
     pub(super) fn begin_take(&mut self) {
+        if self.open {
+            self.failed.push(self.epoch);
+        }
+        self.open = true;
         self.epoch += 1;
         self.shared.arena.set_epoch(self.epoch);
     }
@@ -184,7 +191,8 @@ impl Cow {
     /// Those of them `written` since the previous take (likely to be written again) go to the
     /// copier, which copies them ahead of the writes.
     pub(super) fn taken(&mut self, id: u64, pending: Vec<u64>, written: &PageSet, store: &mut Store) {
-        self.takes.insert(self.epoch, id);
+        debug_assert_eq!(id, self.epoch - self.failed.len() as u64);
+        self.open = false;
         for &i in &pending {
             self.shared.arena.set_pending(i as usize);
         }
@@ -209,7 +217,7 @@ impl Cow {
     fn fill(&self, store: &mut Store) {
         let got = std::mem::take(&mut *Shared::lock(&self.shared.out));
         for (i, a, bytes) in got {
-            let Some((_, &k)) = self.takes.range(..=a).next_back() else { continue };
+            let k = a - self.failed.partition_point(|&f| f <= a) as u64;
             fill(store, i, k, bytes);
         }
     }

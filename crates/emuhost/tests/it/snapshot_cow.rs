@@ -302,3 +302,73 @@ fn cow_one_set_per_tracker() {
     drop(first);
     Snapshots::new(&t, r, &cow()).unwrap();
 }
+
+/// The costs of both modes on the protection backend, printed (no timing is asserted): 1 GiB
+/// committed and populated, 1 % and 10 % of its pages written by the CPU at random between takes;
+/// the medians over the rounds of the time in `take` and in a restore of the previous snapshot,
+/// on the caller's thread, and of the guest's writes (where copy before write puts its copies).
+/// `cargo test --release -p emuhost --test it cow_costs -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run it by name, in a release build"]
+fn cow_costs() {
+    use std::time::{Duration, Instant};
+    const GIB: u64 = 1 << 30;
+    const ROUNDS: usize = 9;
+    if !usable(guard_kind()) {
+        return;
+    }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    for percent in [1u64, 10] {
+        for mode in [SnapshotMode::CopyAtTake, SnapshotMode::CopyBeforeWrite] {
+            let s = Arc::new(Space::with_window(2 * GIB).unwrap());
+            let r = s.range(0, GIB).unwrap();
+            s.commit(r, Prot::READ_WRITE).unwrap();
+            let chunk = vec![1u8; 64 << 20];
+            for at in (0..GIB).step_by(chunk.len()) {
+                s.write(GuestAddr(at), &chunk).unwrap();
+            }
+            let cfg = TrackerConfig::default().backend(Some(guard_kind())).skip_self_test(true);
+            let t = Tracker::new(&s, &cfg).unwrap();
+            let snaps = Snapshots::new(&t, r, &SnapshotConfig::default().mode(mode)).unwrap();
+            let mut rng = Rng::new(percent);
+            let pages = r.pages();
+            let n = pages * percent / 100;
+            let (mut takes, mut restores, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+            let mut ids = vec![snaps.take().unwrap()];
+            for round in 0..ROUNDS + 1 {
+                let started = Instant::now();
+                for _ in 0..n {
+                    let at = rng.below(pages) * p() + rng.below(p() / 8) * 8;
+                    store(&s, at, rng.next_u64(), true);
+                }
+                let wrote = started.elapsed();
+                let started = Instant::now();
+                ids.push(snaps.take().unwrap());
+                let took = started.elapsed();
+                // Restore the previous snapshot, then come back to the newest (untimed).
+                let started = Instant::now();
+                snaps.restore(ids[ids.len() - 2]).unwrap();
+                let restored = started.elapsed();
+                snaps.restore(ids[ids.len() - 1]).unwrap();
+                while ids.len() > 2 {
+                    snaps.release(ids.remove(0)).unwrap();
+                }
+                if round > 0 {
+                    takes.push(took);
+                    restores.push(restored);
+                    writes.push(wrote);
+                }
+            }
+            println!(
+                "{} {percent}% ({n} pages): take {:?}, restore of the previous {:?}, the writes {:?} (medians of {ROUNDS})",
+                mode.name(),
+                median(takes),
+                median(restores),
+                median(writes),
+            );
+        }
+    }
+}

@@ -154,7 +154,15 @@ impl Cow {
                 return Err(refuse(e.to_string()));
             }
         };
-        Ok(Cow { tracker: tracker.clone(), shared, _watcher: watcher, copier, epoch: 0, open: false, failed: Vec::new() })
+        Ok(Cow {
+            tracker: tracker.clone(),
+            shared,
+            _watcher: watcher,
+            copier,
+            epoch: 0,
+            open: false,
+            failed: Vec::new(),
+        })
     }
 
     /// A take begins: from now on first writes copy their page first.

@@ -457,7 +457,6 @@ impl Snapshots {
             touched.set_run(index(r.start().0), index(r.end().0));
         }
         st.stats.pages_restored += out.pages;
-        self.settle(st);
         let raced = self.raced(st, k, &k_runs, &content, &touched);
         st.stats.restore_time += started.elapsed();
         match raced? {

@@ -30,6 +30,11 @@ pub const CHUNK_SLOTS: usize = 256;
 /// needs a chunk past it waits for the harvester.
 const CHUNKS: usize = 4096;
 
+/// Chunks mapped (and touched) when the arena is made, and the most a harvester keeps mapped
+/// ahead of the copies for reuse (a chunk read through is reused for a chunk to come, so copies
+/// land in memory the kernel has paged in already).
+const POOL: usize = 8;
+
 const COPYING: u64 = 1;
 const PENDING: u64 = 2;
 
@@ -51,6 +56,8 @@ pub struct CowArena {
     harvested: AtomicU64,
     /// Threads looking at a chunk pointer (a chunk is freed only when none is).
     users: AtomicUsize,
+    /// The next chunk number a harvester may map ahead (the harvester's own).
+    ahead: AtomicU64,
 }
 
 // SAFETY: the states and chunks are shared through atomics (a slot's bytes are written by the one
@@ -70,7 +77,7 @@ impl CowArena {
         let page = super::mm::page_size();
         let states = trap::alloc_states(pages.max(1) * 8)? as *mut AtomicU64;
         let chunks = (0..CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect();
-        Ok(CowArena {
+        let arena = CowArena {
             base,
             pages,
             shift: page.trailing_zeros(),
@@ -80,7 +87,41 @@ impl CowArena {
             next: AtomicU64::new(0),
             harvested: AtomicU64::new(0),
             users: AtomicUsize::new(0),
-        })
+            ahead: AtomicU64::new(0),
+        };
+        for _ in 0..POOL {
+            let Ok(c) = trap::alloc_states(chunk_bytes(page)) else { break };
+            // Touched now, so the first copies into it take no page fault.
+            (0..CHUNK_SLOTS).for_each(|at| {
+                // SAFETY: a fresh read-write mapping of `chunk_bytes` bytes, ours alone.
+                unsafe { c.add(at * page).write_volatile(0) }
+            });
+            arena.reuse(c);
+        }
+        Ok(arena)
+    }
+
+    /// A chunk's number (its last word: written before it is published).
+    fn number(&self, c: *mut u8) -> &AtomicU64 {
+        // SAFETY: `c` is a live chunk of `chunk_bytes` bytes, 8-aligned.
+        unsafe { &*(c.add(chunk_bytes(self.page()) - 8) as *const AtomicU64) }
+    }
+
+    /// Gives the chunk `c`, read through (its log entries zero), to a chunk to come, or unmaps it
+    /// where [`POOL`] chunks wait ahead already. The harvester's (or the maker's) own.
+    fn reuse(&self, c: *mut u8) {
+        let claiming = self.next.load(SeqCst) as usize / CHUNK_SLOTS;
+        let mut m = (self.ahead.load(SeqCst) as usize).max(claiming);
+        while m < claiming + POOL {
+            self.number(c).store(m as u64, SeqCst);
+            if self.chunks[m % CHUNKS].compare_exchange(std::ptr::null_mut(), c, SeqCst, SeqCst).is_ok() {
+                self.ahead.store(m as u64 + 1, SeqCst);
+                return;
+            }
+            m += 1;
+        }
+        // SAFETY: not published (or no longer: see `harvest`): ours alone.
+        unsafe { trap::free_states(c, chunk_bytes(self.page())) };
     }
 
     fn page(&self) -> usize {
@@ -286,14 +327,17 @@ impl CowArena {
                     let b = unsafe { std::slice::from_raw_parts(c.add(at * page), page) };
                     f(p as usize - 1, log[1].load(SeqCst), b);
                 }
+                // For the chunk's reuse.
+                log[0].store(0, SeqCst);
+                log[1].store(0, SeqCst);
                 if at == CHUNK_SLOTS - 1 {
                     entry.store(std::ptr::null_mut(), SeqCst);
                     while self.users.load(SeqCst) != 0 {
                         std::hint::spin_loop();
                     }
-                    // SAFETY: every slot of the chunk is read, it left the table, and no thread
-                    // looks at a chunk pointer any more.
-                    unsafe { trap::free_states(c, bytes) };
+                    // Every slot of the chunk is read, it left the table, and no thread looks at a
+                    // chunk pointer any more.
+                    self.reuse(c);
                 }
             }
             s += 1;

@@ -104,13 +104,12 @@ pub(super) struct Cow {
     shared: Arc<Shared>,
     _watcher: Arc<Watcher>,
     copier: Option<JoinHandle<()>>,
-    /// The arena's epoch of the take being made or made last.
-    epoch: u64,
-    /// Whether the take of `epoch` has begun and not succeeded (yet).
+    /// Takes begun (successful or not): take attempt `a` runs with arena epoch `2a - 1` until its
+    /// collect has protected the pages it reports, then `2a` (see [`Cow::take_of`]).
+    attempt: u64,
+    /// Whether take attempt `attempt` has begun and not succeeded (yet).
     open: bool,
-    /// The arena epochs of the takes that failed, in order: a take's id is its arena epoch less
-    /// the failed ones before it (a copy tagged with a failed take's epoch holds the bytes at the
-    /// take before it, which it maps to).
+    /// The take attempts that failed, in order.
     failed: Vec<u64>,
 }
 
@@ -159,7 +158,7 @@ impl Cow {
             shared,
             _watcher: watcher,
             copier,
-            epoch: 0,
+            attempt: 0,
             open: false,
             failed: Vec::new(),
         })
@@ -168,16 +167,30 @@ impl Cow {
     /// A take begins: from now on first writes copy their page first.
     pub(super) fn begin_take(&mut self) {
         if self.open {
-            self.failed.push(self.epoch);
+            self.failed.push(self.attempt);
         }
         self.open = true;
-        self.epoch += 1;
-        self.shared.arena.set_epoch(self.epoch);
+        self.attempt += 1;
+        self.shared.arena.set_epoch(2 * self.attempt - 1);
     }
 
-    /// After the take's collect: the pages still writable without a fault (a handler busy with
-    /// them at the collect, a protection refused at the map limit) are copied now.
+    /// The take whose bytes a copy tagged with arena epoch `t` holds. A copy made during take
+    /// attempt `a`'s collect (`2a - 1`) is of a page not written since the take before (it had
+    /// no copy since): that take's bytes; a write it let through races take `a`, whose collect
+    /// reports the page, and whose version of it takes the page's next copy, made after the
+    /// collect (`2a`), which holds the bytes at take `a` (or, where `a` failed, at the take
+    /// before: such a copy only finds versions filled already, unless the page was not written
+    /// since, and then its bytes are that take's).
+    fn take_of(&self, t: u64) -> u64 {
+        let a = t.div_ceil(2) - (t % 2);
+        a - self.failed.partition_point(|&f| f <= a) as u64
+    }
+
+    /// After the take's collect: from now on first writes copy the bytes at this take; the pages
+    /// still writable without a fault (a handler busy with them at the collect, a protection
+    /// refused at the map limit) are copied now.
     pub(super) fn after_collect(&self, range: GuestRange) -> Result<(), WatchError> {
+        self.shared.arena.set_epoch(2 * self.attempt);
         let base = range.start().0;
         let p = crate::space::page_size();
         let marked = self.tracker.marked(range).map_err(|source| WatchError::Os {
@@ -199,7 +212,7 @@ impl Cow {
     /// Those of them `written` since the previous take (likely to be written again) go to the
     /// copier, which copies them ahead of the writes.
     pub(super) fn taken(&mut self, id: u64, pending: Vec<u64>, written: &PageSet, store: &mut Store) {
-        debug_assert_eq!(id, self.epoch - self.failed.len() as u64);
+        debug_assert_eq!(id, self.attempt - self.failed.len() as u64);
         self.open = false;
         for &i in &pending {
             self.shared.arena.set_pending(i as usize);
@@ -218,15 +231,13 @@ impl Cow {
         self.fill(store);
     }
 
-    /// Puts the copies moved out of the arena into the versions they complete: a copy tagged with
-    /// arena epoch `a` holds the page's bytes at the take of the newest epoch at or before `a`,
-    /// and fills the page's newest version at or before that take where it is pending (else the
-    /// store has the bytes already, and the copy goes).
+    /// Puts the copies moved out of the arena into the versions they complete: a copy holds the
+    /// page's bytes at a take ([`Cow::take_of`]), and fills the page's newest version at or before
+    /// that take where it is pending (else the store has the bytes already, and the copy goes).
     fn fill(&self, store: &mut Store) {
         let got = std::mem::take(&mut *Shared::lock(&self.shared.out));
         for (i, a, bytes) in got {
-            let k = a - self.failed.partition_point(|&f| f <= a) as u64;
-            fill(store, i, k, bytes);
+            fill(store, i, self.take_of(a), bytes);
         }
     }
 }

@@ -126,6 +126,8 @@ pub struct Settings {
     /// `EMUHOST_SNAPSHOT_BUDGET_MB`, in bytes: the most bytes of page copies snapshots keep
     /// ([`Settings::snapshot_config`]); `None`: no limit.
     pub snapshot_budget: Option<u64>,
+    /// `EMUHOST_SNAPSHOT_MODE`: how snapshots keep the bytes ([`Settings::snapshot_config`]).
+    pub snapshot_mode: crate::snapshot::SnapshotMode,
 }
 
 impl Default for Settings {
@@ -140,6 +142,7 @@ impl Default for Settings {
             import: ImportSettings::default(),
             faults: FaultSettings::default(),
             snapshot_budget: None,
+            snapshot_mode: crate::snapshot::SnapshotMode::default(),
         }
     }
 }
@@ -403,6 +406,20 @@ pub const SETTINGS: &[Switch] = &[
         },
     },
     Switch {
+        name: "EMUHOST_SNAPSHOT_MODE",
+        default: "`take`",
+        doc: "snapshots: `take` (a take copies the pages written since the previous one) or `cow` (copy before write: a take copies nothing, each page is copied before its first write after it; the `mprotect` and `guard` backends only)",
+        apply: |s, v| {
+            use crate::snapshot::SnapshotMode;
+            s.snapshot_mode = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "take" => SnapshotMode::CopyAtTake,
+                "cow" => SnapshotMode::CopyBeforeWrite,
+                _ => return Err(format!("EMUHOST_SNAPSHOT_MODE={v:?}: expected take or cow")),
+            };
+            Ok(())
+        },
+    },
+    Switch {
         name: crate::faults::IMPORT_SWITCH,
         default: "unset",
         doc: "faults: which imports fail (a schedule)",
@@ -504,9 +521,10 @@ impl Settings {
             .published_layout(self.watch_published_layout)
     }
 
-    /// The snapshots' config these settings make (`EMUHOST_SNAPSHOT_BUDGET_MB`).
+    /// The snapshots' config these settings make (`EMUHOST_SNAPSHOT_BUDGET_MB`,
+    /// `EMUHOST_SNAPSHOT_MODE`).
     pub fn snapshot_config(&self) -> crate::snapshot::SnapshotConfig {
-        crate::snapshot::SnapshotConfig::default().budget_bytes(self.snapshot_budget)
+        crate::snapshot::SnapshotConfig::default().budget_bytes(self.snapshot_budget).mode(self.snapshot_mode)
     }
 
     /// The short-sleep builder these settings make (`EMUHOST_SHORT_SLEEP_TIMER`).
@@ -878,6 +896,7 @@ mod tests {
             ),
             ("EMUHOST_IMPORT_MAX_LIVE", "16", "0", "EMUHOST_IMPORT_MAX_LIVE=\"0\": at least 1 live import"),
             ("EMUHOST_SNAPSHOT_BUDGET_MB", "64", "1G", "EMUHOST_SNAPSHOT_BUDGET_MB=\"1G\": an unsigned integer"),
+            ("EMUHOST_SNAPSHOT_MODE", "cow", "uffd", "EMUHOST_SNAPSHOT_MODE=\"uffd\": expected take or cow"),
             ("EMUHOST_IMPORT_WAIT_US", "1000", "1ms", "EMUHOST_IMPORT_WAIT_US=\"1ms\": an unsigned integer"),
             ("EMUHOST_IMPORT_AHEAD_THREADS", "2", "65", "EMUHOST_IMPORT_AHEAD_THREADS=\"65\": at most 64"),
             (
@@ -952,6 +971,7 @@ mod tests {
                     "EMUHOST_IMPORT_WAIT_US" => "250",
                     "EMUHOST_IMPORT_COST_US" => " 30, 370 ,50",
                     "EMUHOST_SNAPSHOT_BUDGET_MB" => " 64 ",
+                    "EMUHOST_SNAPSHOT_MODE" => " COW ",
                     _ => return None,
                 }
                 .to_string(),
@@ -971,6 +991,7 @@ mod tests {
         assert_eq!(s.import.policy, ImportPolicyName::Chunks);
         assert_eq!(s.import.pools.wait, std::time::Duration::from_micros(250));
         assert_eq!((s.snapshot_budget, s.snapshot_config().budget_bytes), (Some(64 << 20), Some(64 << 20)));
+        assert_eq!(s.snapshot_config().mode, crate::snapshot::SnapshotMode::CopyBeforeWrite);
         let us = std::time::Duration::from_micros;
         let cost = crate::import::ImportCost { fixed: us(30), untouched_per_mib: us(370), populated_per_mib: us(50) };
         assert_eq!((s.import.pools.cost, import_cost_value(&cost)), (Some(cost), "30,370,50".to_string()));

@@ -313,7 +313,7 @@ fn cow_one_set_per_tracker() {
 fn cow_costs() {
     use std::time::{Duration, Instant};
     const GIB: u64 = 1 << 30;
-    const ROUNDS: usize = 9;
+    const ROUNDS: usize = 15;
     if !usable(guard_kind()) {
         return;
     }

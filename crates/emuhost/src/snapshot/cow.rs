@@ -225,6 +225,11 @@ impl Cow {
         }
     }
 
+    /// Copies page `i` now if it has no copy since the newest take (see `Snapshots::resolve`).
+    pub(super) fn copy_now(&self, i: u64) {
+        self.shared.arena.copy_now(i as usize, false);
+    }
+
     /// Puts every copy made so far into its pending version (a restore, a read: all of them).
     pub(super) fn settle(&self, store: &mut Store) {
         self.shared.harvest();
@@ -312,25 +317,33 @@ impl super::Snapshots {
         }
     }
 
-    /// Fills the versions of snapshot `k` of `pages` still pending, from memory: a page whose
-    /// version is pending once every copy made is in the store was not written since (nor
-    /// protected, released or restored: each copies it first), so memory holds its bytes.
+    /// Fills the versions of snapshot `k` of `pages` still pending. Every copy made is put into
+    /// its version first; a version still pending then is of a page not written since its take
+    /// (nor protected, released or restored: each copies it first), so memory holds its bytes:
+    /// the page is copied through the arena (a guest write beside it waits for the copy, or its
+    /// own copy comes first), and put in. Where that copy cannot be made (no read access), the
+    /// bytes are read from memory.
     pub(super) fn resolve(
         &self,
         st: &mut super::State,
         k: u64,
         pages: impl Iterator<Item = u64>,
     ) -> Result<(), SnapshotError> {
-        if st.cow.is_none() {
+        let Some(cow) = &st.cow else { return Ok(()) };
+        cow.settle(&mut st.store);
+        let pending = |st: &super::State, i: u64| st.store.bytes_at(i, k).is_some_and(<[u8]>::is_empty);
+        let wanted: Vec<u64> = pages.filter(|&i| pending(st, i)).collect();
+        if wanted.is_empty() {
             return Ok(());
         }
+        wanted.iter().for_each(|&i| cow.copy_now(i));
+        self.settle(st);
         let p = crate::space::page_size() as usize;
-        for i in pages {
-            if st.store.bytes_at(i, k).is_some_and(<[u8]>::is_empty) {
-                let mut b = vec![0u8; p].into_boxed_slice();
-                self.space.read(crate::space::GuestAddr(self.addr(i)), &mut b)?;
-                fill(&mut st.store, i, k, b);
-            }
+        let left: Vec<u64> = wanted.into_iter().filter(|&i| pending(st, i)).collect();
+        for i in left {
+            let mut b = vec![0u8; p].into_boxed_slice();
+            self.space.read(crate::space::GuestAddr(self.addr(i)), &mut b)?;
+            fill(&mut st.store, i, k, b);
         }
         Ok(())
     }

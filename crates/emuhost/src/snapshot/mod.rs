@@ -580,8 +580,12 @@ impl Snapshots {
     /// committed at the take (`buf` is then filled up to it).
     pub fn read(&self, id: SnapshotId, addr: GuestAddr, buf: &mut [u8]) -> Result<(), SnapshotError> {
         let mut st = self.state();
-        self.settle(&mut st);
         let k = id.0;
+        if st.store.live.contains(&k) {
+            let (a, b) = (self.range.start().0, self.range.end().0);
+            let (from, to) = (addr.0.clamp(a, b), addr.0.saturating_add(buf.len() as u64).clamp(a, b));
+            self.resolve(&mut st, k, (from - a) / page()..(to - a).div_ceil(page()))?;
+        }
         let runs = match st.store.takes.get(&k).and_then(|t| t.runs.as_ref()) {
             Some(runs) if st.store.live.contains(&k) => runs,
             _ => return Err(SnapshotError::UnknownSnapshot(id)),

@@ -251,23 +251,28 @@ fn cow_writes_racing_takes_are_in_the_snapshot_or_the_next() {
             }
         }));
     }
+    let check = |id: SnapshotId, before: &[u64], after: &[u64]| {
+        for w in 0..WRITERS {
+            let mut b = [0u8; 8];
+            snaps.read(id, GuestAddr(page_of(w)), &mut b).unwrap();
+            let v = u64::from_le_bytes(b);
+            let (lo, hi) = (before[w as usize], after[w as usize] + 1);
+            assert!(lo <= v && v <= hi, "snapshot {id}, writer {w}: {v} outside {lo}..={hi}");
+        }
+    };
     let mut takes = Vec::new();
     while takes.len() < 200 && done.iter().any(|d| d.load(SeqCst) < VALUES) {
         let before: Vec<u64> = done.iter().map(|d| d.load(SeqCst)).collect();
         let id = snaps.take().unwrap();
         let after: Vec<u64> = done.iter().map(|d| d.load(SeqCst)).collect();
+        // A read while the writers run (its pages may be pending: read through the arena).
+        check(id, &before, &after);
         takes.push((id, before, after));
     }
     stop.store(true, SeqCst);
     threads.into_iter().for_each(|t| t.join().unwrap());
     for (id, before, after) in &takes {
-        for w in 0..WRITERS {
-            let mut b = [0u8; 8];
-            snaps.read(*id, GuestAddr(page_of(w)), &mut b).unwrap();
-            let v = u64::from_le_bytes(b);
-            let (lo, hi) = (before[w as usize], after[w as usize] + 1);
-            assert!(lo <= v && v <= hi, "snapshot {id}, writer {w}: {v} outside {lo}..={hi}");
-        }
+        check(*id, before, after);
     }
     // Quiet now: the last snapshot round-trips exactly.
     let id = snaps.take().unwrap();

@@ -66,6 +66,18 @@ unsafe impl Send for CowArena {}
 // SAFETY: as above.
 unsafe impl Sync for CowArena {}
 
+/// One step of a wait for another thread's copy (a few microseconds): spins, then gives the CPU up
+/// (`sched_yield`, `SwitchToThread`: async-signal-safe), so a handler waiting for a thread that
+/// is not running lets it run.
+fn wait(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 /// A chunk's bytes: its slots' pages, then a log entry (page + 1, epoch) per slot, then its number.
 fn chunk_bytes(page: usize) -> usize {
     CHUNK_SLOTS * page + CHUNK_SLOTS * 16 + 8
@@ -162,9 +174,10 @@ impl CowArena {
             return None;
         }
         let mut s = st.load(SeqCst);
+        let mut spins = 0u32;
         loop {
             if s & COPYING != 0 {
-                std::hint::spin_loop();
+                wait(&mut spins);
                 s = st.load(SeqCst);
                 continue;
             }
@@ -207,6 +220,7 @@ impl CowArena {
         let (n, at) = (s / CHUNK_SLOTS, s % CHUNK_SLOTS);
         let entry = &self.chunks[n % CHUNKS];
         let bytes = chunk_bytes(self.page());
+        let mut spins = 0u32;
         let number = |c: *mut u8| {
             // SAFETY: a chunk's last word holds its number (written before it was published).
             unsafe { &*(c.add(bytes - 8) as *const AtomicU64) }
@@ -230,7 +244,7 @@ impl CowArena {
                 return Some((c, at));
             }
             // An older chunk still being harvested (past CHUNKS chunks of copies in flight).
-            std::hint::spin_loop();
+            wait(&mut spins);
         }
     }
 
@@ -332,8 +346,9 @@ impl CowArena {
                 log[1].store(0, SeqCst);
                 if at == CHUNK_SLOTS - 1 {
                     entry.store(std::ptr::null_mut(), SeqCst);
+                    let mut spins = 0u32;
                     while self.users.load(SeqCst) != 0 {
-                        std::hint::spin_loop();
+                        wait(&mut spins);
                     }
                     // Every slot of the chunk is read, it left the table, and no thread looks at a
                     // chunk pointer any more.

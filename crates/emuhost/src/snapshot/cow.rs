@@ -217,6 +217,7 @@ impl Cow {
         for &i in &pending {
             self.shared.arena.set_pending(i as usize);
         }
+        self.shared.arena.all_pending();
         self.fill(store);
         let ahead: Vec<u64> = pending.into_iter().filter(|&i| written.has(i)).collect();
         if !ahead.is_empty() {

@@ -58,6 +58,9 @@ pub struct CowArena {
     users: AtomicUsize,
     /// The next chunk number a harvester may map ahead (the harvester's own).
     ahead: AtomicU64,
+    /// The epoch up to which every page a snapshot needs is marked pending
+    /// ([`CowArena::all_pending`]): from it on, only pending pages are copied.
+    flagged: AtomicU64,
 }
 
 // SAFETY: the states and chunks are shared through atomics (a slot's bytes are written by the one
@@ -100,6 +103,7 @@ impl CowArena {
             harvested: AtomicU64::new(0),
             users: AtomicUsize::new(0),
             ahead: AtomicU64::new(0),
+            flagged: AtomicU64::new(0),
         };
         for _ in 0..POOL {
             let Ok(c) = trap::alloc_states(chunk_bytes(page)) else { break };
@@ -164,15 +168,26 @@ impl CowArena {
         }
     }
 
+    /// Every page a snapshot needs as it is now is marked pending ([`CowArena::set_pending`]) for
+    /// the current epoch: from now on a page not pending is not copied. (A copy fills the version
+    /// of the page at the take it belongs to where that version waits for bytes; such a version
+    /// keeps its page pending until the page's next copy, so a page not pending needs none.)
+    pub fn all_pending(&self) {
+        self.flagged.store(self.epoch.load(SeqCst), SeqCst);
+    }
+
     /// Claims page `i` for a copy at the current epoch: `Some((epoch, old state))` where it has no
-    /// copy at this epoch (and `pending_only` is false, or it is pending); `None` where it has one
-    /// (after waiting for a copy in progress) or copies are off.
+    /// copy at this epoch (and it is pending, where `pending_only` or where every page needed is
+    /// marked: see [`CowArena::all_pending`]; an odd epoch, a take's collect, copies bytes of the
+    /// take before); `None` where it has one (after waiting for a copy in progress), it need not
+    /// be copied, or copies are off.
     fn claim(&self, i: usize, pending_only: bool) -> Option<(u64, u64)> {
         let e = self.epoch.load(SeqCst);
         let st = self.state(i)?;
         if e == 0 {
             return None;
         }
+        let pending_only = pending_only || self.flagged.load(SeqCst) + (e % 2) >= e;
         let mut s = st.load(SeqCst);
         let mut spins = 0u32;
         loop {

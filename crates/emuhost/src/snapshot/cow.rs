@@ -15,14 +15,19 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
 use super::pages::{PageSet, Runs, prot_at};
-use super::store::Store;
+use super::store::{PENDING, Store};
 use super::{SnapshotError, SnapshotMode};
 use crate::space::{Change, GuestRange, Observer, Space};
 use crate::sys::cow::CowArena;
 use crate::watch::{Tracker, WatchError};
 
-/// A copy out of the arena: page, arena epoch, bytes.
-type Copied = (u64, u64, Box<[u8]>);
+/// Copies moved out of the arena: each page with its arena epoch, and their bytes one after the
+/// other (one buffer, reused: no allocation per copy).
+#[derive(Default)]
+struct Copied {
+    pages: Vec<(u64, u64)>,
+    bytes: Vec<u8>,
+}
 
 /// What the background copier and the snapshots share.
 struct Shared {
@@ -31,8 +36,8 @@ struct Shared {
     work: Mutex<(Vec<u64>, bool)>,
     wake: Condvar,
     /// Copies moved out of the arena, not yet in the store.
-    out: Mutex<Vec<Copied>>,
-    /// One harvester at a time.
+    out: Mutex<Copied>,
+    /// One harvester at a time (taken before `out`).
     harvest: Mutex<()>,
 }
 
@@ -44,9 +49,12 @@ impl Shared {
     /// Moves the arena's copies out, into `out`.
     fn harvest(&self) {
         let _one = Self::lock(&self.harvest);
-        let mut got = Vec::new();
-        self.arena.harvest(|i, e, b| got.push((i as u64, e, Box::from(b))));
-        Self::lock(&self.out).extend(got);
+        let mut out = Self::lock(&self.out);
+        let out = &mut *out;
+        self.arena.harvest(|i, e, b| {
+            out.pages.push((i as u64, e));
+            out.bytes.extend_from_slice(b);
+        });
     }
 
     /// The copier: copies the pages it is given ahead of their writes, and harvests.
@@ -241,27 +249,27 @@ impl Cow {
     /// page's bytes at a take ([`Cow::take_of`]), and fills the page's newest version at or before
     /// that take where it is pending (else the store has the bytes already, and the copy goes).
     fn fill(&self, store: &mut Store) {
-        let got = std::mem::take(&mut *Shared::lock(&self.shared.out));
-        for (i, a, bytes) in got {
+        let mut out = Shared::lock(&self.shared.out);
+        let out = &mut *out;
+        let p = crate::space::page_size() as usize;
+        for (&(i, a), bytes) in out.pages.iter().zip(out.bytes.chunks_exact(p)) {
             fill(store, i, self.take_of(a), bytes);
         }
+        out.pages.clear();
+        out.bytes.clear();
     }
 }
 
-/// Fills page `i`'s version covering take `k` with `bytes` where it is pending.
-pub(super) fn fill(store: &mut Store, i: u64, k: u64, bytes: Box<[u8]>) {
+/// Fills page `i`'s version covering take `k` with `bytes` (a page) where it is pending: the
+/// bytes go into a slot of the store's slab.
+pub(super) fn fill(store: &mut Store, i: u64, k: u64, bytes: &[u8]) {
     let Some(chain) = store.versions.get_mut(&i) else { return };
     let n = chain.partition_point(|v| v.epoch <= k);
     let Some(v) = n.checked_sub(1).and_then(|at| chain.get_mut(at)) else { return };
-    if v.bytes.as_ref().is_some_and(|b| b.is_empty()) {
+    if v.bytes == Some(PENDING) {
+        v.bytes = Some(store.slab.put(bytes));
         store.bytes += bytes.len() as u64;
-        v.bytes = Some(bytes);
     }
-}
-
-/// A pending version's bytes (none yet: the page's bytes in memory are its bytes).
-pub(super) fn pending() -> Box<[u8]> {
-    Box::from(&[][..])
 }
 
 impl Drop for Cow {
@@ -276,28 +284,28 @@ impl Drop for Cow {
 }
 
 impl super::Snapshots {
-    /// A take's copies of the pages of `set`: read now (copy at take), or, with copy before
-    /// write, pending for the readable pages (their first write copies them) and read now for the
-    /// others (no fault handler may read them).
+    /// A take's copies of the pages of `set`, each page with its slab slot: read now (copy at
+    /// take), or, with copy before write, pending for the readable pages ([`PENDING`]: their
+    /// first write copies them) and read now for the others (no fault handler may read them).
     pub(super) fn copies(
         &self,
         st: &mut super::State,
         set: PageSet,
         runs: &Runs,
-    ) -> Result<Vec<super::PageCopy>, SnapshotError> {
+    ) -> Result<Vec<(u64, usize)>, SnapshotError> {
         if st.cow.is_none() {
-            return self.read_pages(&set, runs, &mut st.scratch);
+            return self.read_pages(&set, runs, st);
         }
         let mut now = PageSet::new(self.range.pages());
         let mut out = Vec::new();
         for i in set.iter() {
             if prot_at(runs, self.addr(i)).is_some_and(|p| p.read) {
-                out.push((i, pending()));
+                out.push((i, PENDING));
             } else {
                 now.set(i);
             }
         }
-        out.extend(self.read_pages(&now, runs, &mut st.scratch)?);
+        out.extend(self.read_pages(&now, runs, st)?);
         out.sort_unstable_by_key(|c| c.0);
         Ok(out)
     }
@@ -307,7 +315,7 @@ impl super::Snapshots {
         if st.cow.is_none() {
             return Vec::new();
         }
-        take.copied.iter().copied().filter(|&i| st.store.bytes_at(i, epoch).is_some_and(<[u8]>::is_empty)).collect()
+        take.copied.iter().copied().filter(|&i| st.store.slot_at(i, epoch) == Some(PENDING)).collect()
     }
 
     /// Puts every copy made so far into its pending version.
@@ -332,7 +340,7 @@ impl super::Snapshots {
     ) -> Result<(), SnapshotError> {
         let Some(cow) = &st.cow else { return Ok(()) };
         cow.settle(&mut st.store);
-        let pending = |st: &super::State, i: u64| st.store.bytes_at(i, k).is_some_and(<[u8]>::is_empty);
+        let pending = |st: &super::State, i: u64| st.store.slot_at(i, k) == Some(PENDING);
         let wanted: Vec<u64> = pages.filter(|&i| pending(st, i)).collect();
         if wanted.is_empty() {
             return Ok(());
@@ -341,10 +349,10 @@ impl super::Snapshots {
         self.settle(st);
         let p = crate::space::page_size() as usize;
         let left: Vec<u64> = wanted.into_iter().filter(|&i| pending(st, i)).collect();
+        let mut b = vec![0u8; p];
         for i in left {
-            let mut b = vec![0u8; p].into_boxed_slice();
             self.space.read(crate::space::GuestAddr(self.addr(i)), &mut b)?;
-            fill(&mut st.store, i, k, b);
+            fill(&mut st.store, i, k, &b);
         }
         Ok(())
     }

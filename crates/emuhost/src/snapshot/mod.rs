@@ -60,6 +60,7 @@ mod config;
 mod cow;
 mod error;
 mod pages;
+mod slab;
 mod store;
 
 use std::fmt;
@@ -133,9 +134,6 @@ pub struct SnapshotStats {
     /// Time spent in restores, on the callers' threads.
     pub restore_time: Duration,
 }
-
-/// A page's bytes copied by a take: its index in the range, and the bytes.
-type PageCopy = (u64, Box<[u8]>);
 
 struct State {
     /// The last id given.
@@ -332,8 +330,8 @@ impl Snapshots {
         gone.dedup();
         st.stats.pages_copied += copies.len() as u64;
         let mut copied = Vec::with_capacity(copies.len() + gone.len());
-        for (i, bytes) in copies {
-            st.store.push(i, epoch, Some(bytes));
+        for (i, slot) in copies {
+            st.store.push(i, epoch, Some(slot));
             copied.push(i);
         }
         for i in gone {
@@ -344,12 +342,14 @@ impl Snapshots {
         Ok(Take { runs: Some(runs), copied })
     }
 
-    /// The bytes of the pages of `set`, committed as `runs` say: one read per run of pages of
-    /// one protection; pages without read access are given it for the copy and their protection
-    /// back after it.
-    fn read_pages(&self, set: &PageSet, runs: &Runs, buf: &mut Vec<u8>) -> Result<Vec<PageCopy>, SnapshotError> {
-        let p = page() as usize;
-        let mut out = Vec::new();
+    /// Copies the pages of `set`, committed as `runs` say, into slots of the store's slab: each
+    /// page with its slot, in order. The readable runs of pages of one protection are read
+    /// together, in as few kernel calls as the OS allows ([`Space::read_runs`]); pages without
+    /// read access are given it for the copy and their protection back after it, a run at a time.
+    /// Where it fails, the slots go back and nothing is kept.
+    fn read_pages(&self, set: &PageSet, runs: &Runs, st: &mut State) -> Result<Vec<(u64, usize)>, SnapshotError> {
+        // The runs of pages of one protection, in order.
+        let mut spans: Vec<(u64, u64, Prot)> = Vec::new();
         let mut pages = set.iter().peekable();
         while let Some(first) = pages.next() {
             let prot = prot_at(runs, self.addr(first)).unwrap_or(Prot::NONE);
@@ -357,19 +357,39 @@ impl Snapshots {
             while pages.next_if(|&i| i == end && prot_at(runs, self.addr(i)) == Some(prot)).is_some() {
                 end += 1;
             }
-            let run = self.pages(first, end);
-            buf.resize(run.len() as usize, 0);
-            if prot.read {
-                self.space.read(run.start(), buf)?;
-            } else {
-                self.space.protect(run, Prot { read: true, ..prot })?;
-                let read = self.space.read(run.start(), buf);
-                self.space.protect(run, prot)?;
-                read?;
-            }
-            out.extend(buf.chunks_exact(p).zip(first..end).map(|(b, i)| (i, Box::from(b))));
+            spans.push((first, end, prot));
         }
-        Ok(out)
+        let n = spans.iter().map(|&(a, b, _)| b - a).sum::<u64>() as usize;
+        let slots = st.store.slab.alloc(n);
+        let read = self.read_spans(&spans, &slots, &mut st.store);
+        if let Err(e) = read {
+            slots.iter().for_each(|&s| st.store.slab.release(s));
+            return Err(e);
+        }
+        Ok(spans.iter().flat_map(|&(a, b, _)| a..b).zip(slots).collect())
+    }
+
+    /// Reads the `spans` of pages (in order) into the slab's `slots` (ascending, one per page,
+    /// in the same order): the readable spans together, the others a span at a time with read
+    /// access given for the copy.
+    fn read_spans(&self, spans: &[(u64, u64, Prot)], slots: &[usize], store: &mut Store) -> Result<(), SnapshotError> {
+        let mut bufs = store.slab.slices_mut(slots).into_iter();
+        for group in spans.chunk_by(|a, b| a.2.read && b.2.read) {
+            let ranges: Vec<GuestRange> = group.iter().map(|&(a, b, _)| self.pages(a, b)).collect();
+            let pages = group.iter().map(|&(a, b, _)| b - a).sum::<u64>() as usize;
+            let mut into: Vec<&mut [u8]> = bufs.by_ref().take(pages).collect();
+            match group {
+                [(_, _, prot)] if !prot.read => {
+                    let (run, prot) = (ranges[0], *prot);
+                    self.space.protect(run, Prot { read: true, ..prot })?;
+                    let read = self.space.read_runs(&ranges, &mut into);
+                    self.space.protect(run, prot)?;
+                    read?;
+                }
+                _ => self.space.read_runs(&ranges, &mut into)?,
+            }
+        }
+        Ok(())
     }
 
     /// Drops the oldest snapshots while the bytes kept pass the budget, never the newest.
@@ -450,14 +470,20 @@ impl Snapshots {
             out.decommitted += r.pages();
         }
         let content: Vec<u64> = set.iter().filter(|&i| prot_at(&k_runs, self.addr(i)).is_some()).collect();
-        self.write_back(st, k, &content, &now)?;
+        let slots: Vec<usize> = content
+            .iter()
+            .map(|&i| st.store.slot_at(i, k).expect("a page committed at a take has a version by then"))
+            .collect();
+        // `resolve` filled every pending version of `content` (copy before write).
+        debug_assert!(!slots.contains(&store::PENDING));
+        self.write_back(st, &content, &slots, &now)?;
         out.pages = content.len() as u64;
         for (r, prot) in differing(&k_runs, &self.space.protections(self.range)) {
             self.space.protect(r, prot)?;
             touched.set_run(index(r.start().0), index(r.end().0));
         }
         st.stats.pages_restored += out.pages;
-        let raced = self.raced(st, k, &k_runs, &content, &touched);
+        let raced = self.raced(st, k, &k_runs, (&content, &slots), &touched);
         st.stats.restore_time += started.elapsed();
         match raced? {
             None => Ok(out),
@@ -467,28 +493,36 @@ impl Snapshots {
         }
     }
 
-    /// Writes snapshot `k`'s bytes of the `content` pages (in order) back, a run of consecutive
-    /// pages at a time, each made committed and writable first where it is not (`now`).
-    fn write_back(&self, st: &mut State, k: u64, content: &[u64], now: &Runs) -> Result<(), SnapshotError> {
-        let p = page() as usize;
-        let mut at = 0;
-        while at < content.len() {
-            let mut end = at + 1;
-            while end < content.len() && content[end] == content[end - 1] + 1 {
-                end += 1;
+    /// Writes the `content` pages (in order) back from their `slots` (snapshot `k`'s bytes of
+    /// each), runs of consecutive
+    /// pages together ([`Space::write_runs`], straight from the slab), each run made committed
+    /// and writable first where it is not (`now`) and written inside [`Tracker::host_write`].
+    fn write_back(&self, st: &mut State, content: &[u64], slots: &[usize], now: &Runs) -> Result<(), SnapshotError> {
+        /// Runs per batch: each is a host write in flight until the batch is written (with the
+        /// mprotect backend a tracker keeps those in a list it searches).
+        const BATCH: usize = 256;
+        let runs: Vec<&[u64]> = content.chunk_by(|a, b| *b == a + 1).collect();
+        let mut slots = slots.iter();
+        for batch in runs.chunks(BATCH) {
+            let ranges: Vec<GuestRange> = batch.iter().map(|r| self.pages(r[0], r[r.len() - 1] + 1)).collect();
+            for &run in &ranges {
+                if !writable(now, run.start().0, run.end().0) {
+                    self.space.commit(run, Prot::READ_WRITE)?;
+                }
             }
-            let run = self.pages(content[at], content[end - 1] + 1);
-            if !writable(now, run.start().0, run.end().0) {
-                self.space.commit(run, Prot::READ_WRITE)?;
-            }
-            st.scratch.clear();
-            for &i in &content[at..end] {
-                let bytes = st.store.bytes_at(i, k).expect("a page committed at a take has a version by then");
-                debug_assert_eq!(bytes.len(), p);
-                st.scratch.extend_from_slice(bytes);
-            }
-            self.tracker.host_write(run, || self.space.write(run.start(), &st.scratch))??;
-            at = end;
+            let pages = batch.iter().map(|r| r.len()).sum();
+            let data: Vec<&[u8]> = slots.by_ref().take(pages).map(|&s| st.store.slab.get(s)).collect();
+            // One host write per run where the backend prepares the pages (it makes them
+            // writable and reports them); else one over the batch's pages, which only checks.
+            let hosted = match ranges.as_slice() {
+                [first, .., last] if !self.tracker.host_write_prepares() => {
+                    vec![GuestRange::from_bounds(first.start().0, last.end().0).expect("runs in order")]
+                }
+                _ => ranges.clone(),
+            };
+            let _writes: Vec<_> =
+                hosted.iter().map(|&run| self.tracker.host_write_owned(run)).collect::<Result<_, _>>()?;
+            self.space.write_runs(&ranges, &data)?;
         }
         Ok(())
     }
@@ -503,26 +537,51 @@ impl Snapshots {
         st: &mut State,
         k: u64,
         k_runs: &Runs,
-        content: &[u64],
+        (content, slots): (&[u64], &[usize]),
         touched: &PageSet,
     ) -> Result<Option<(u64, u64)>, SnapshotError> {
         let collected = self.collect(st)?;
         let mut raced = PageSet::new(self.range.pages());
         collected.iter().filter(|&i| !touched.has(i)).for_each(|i| raced.set(i));
         let mut checked = PageSet::new(self.range.pages());
-        let readable: Vec<u64> =
-            content.iter().copied().filter(|&i| prot_at(k_runs, self.addr(i)).is_some_and(|p| p.read)).collect();
+        // The readable pages, each with the slot of its bytes at `k`.
+        let readable: Vec<(u64, usize)> = content
+            .iter()
+            .copied()
+            .zip(slots.iter().copied())
+            .filter(|&(i, _)| prot_at(k_runs, self.addr(i)).is_some_and(|p| p.read))
+            .collect();
         let mut buf = std::mem::take(&mut st.scratch);
         let p = page() as usize;
-        // One read per run of consecutive pages.
-        for run in readable.chunk_by(|a, b| b == &(a + 1)) {
-            buf.resize(run.len() * p, 0);
-            let read = self.space.read(GuestAddr(self.addr(run[0])), &mut buf);
-            for (&i, got) in run.iter().zip(buf.chunks_exact(p)) {
-                if read.is_err() || st.store.bytes_at(i, k) != Some(got) {
-                    raced.set(i);
+        let runs: Vec<&[(u64, usize)]> = readable.chunk_by(|a, b| b.0 == a.0 + 1).collect();
+        // Batches of runs of up to BATCH pages (a longer run alone), each read in as few calls
+        // as the OS allows into a buffer that stays in the caches for the comparison; where a
+        // batch fails (a page taken away meanwhile), one read per run, as a run that fails
+        // counts as raced.
+        const BATCH: usize = 64;
+        let mut from = 0;
+        while from < runs.len() {
+            let (mut to, mut pages) = (from, 0);
+            while to < runs.len() && (to == from || pages + runs[to].len() <= BATCH) {
+                pages += runs[to].len();
+                to += 1;
+            }
+            let batch = &runs[from..to];
+            from = to;
+            let ranges: Vec<GuestRange> = batch.iter().map(|r| self.pages(r[0].0, r[r.len() - 1].0 + 1)).collect();
+            buf.resize(buf.len().max(pages * p), 0);
+            let together = self.space.read_runs(&ranges, &mut [&mut buf[..pages * p]]).is_ok();
+            let mut at = 0;
+            for (run, range) in batch.iter().zip(&ranges) {
+                let got = &mut buf[at..at + run.len() * p];
+                at += got.len();
+                let read = together || self.space.read(range.start(), got).is_ok();
+                for (&(i, slot), got) in run.iter().zip(got.chunks_exact(p)) {
+                    if !read || st.store.slab.get(slot) != got {
+                        raced.set(i);
+                    }
+                    checked.set(i);
                 }
-                checked.set(i);
             }
         }
         st.scratch = buf;

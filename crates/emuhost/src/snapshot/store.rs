@@ -11,7 +11,10 @@
 //! epoch: so what a release frees costs what was written around it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
+use super::pages::page;
+use super::slab::Slab;
 use crate::space::{GuestRange, Prot};
 
 /// One take: its runs (kept while its epoch is pinned) and the pages it copied (kept while a
@@ -23,30 +26,78 @@ pub(super) struct Take {
     pub(super) copied: Vec<u64>,
 }
 
-/// One version of a page: its bytes at the takes from `epoch` on (`None`: not committed).
+/// One version of a page: its bytes at the takes from `epoch` on, a slot of the slab (`None`:
+/// not committed; [`PENDING`]: bytes to come, copy before write).
 pub(super) struct Version {
     pub(super) epoch: u64,
-    pub(super) bytes: Option<Box<[u8]>>,
+    pub(super) bytes: Option<usize>,
+}
+
+/// The slot of a pending version (copy before write): no slot yet, no bytes kept; the page's
+/// first copy after the take is written into a slot of its own (`cow::fill`).
+pub(super) const PENDING: usize = usize::MAX;
+
+/// Hashes a page index with one multiply: the keys are the range's own page indices, and the
+/// default hasher (SipHash) cost as much as the rest of a lookup.
+#[derive(Default)]
+pub(super) struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64((self.0 << 8) | u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let m = u128::from(n ^ self.0) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
 }
 
 /// The kept pages, the takes and which are live.
-#[derive(Default)]
 pub(super) struct Store {
     pub(super) takes: BTreeMap<u64, Take>,
-    pub(super) versions: HashMap<u64, Vec<Version>>,
+    pub(super) versions: HashMap<u64, Vec<Version>, BuildHasherDefault<PageHasher>>,
     pub(super) live: BTreeSet<u64>,
     /// The newest take's epoch, pinned as the base of the next take; `None`: nothing kept.
     pub(super) head: Option<u64>,
     /// Bytes of versions kept.
     pub(super) bytes: u64,
+    /// The versions' bytes.
+    pub(super) slab: Slab,
+}
+
+impl Default for Store {
+    fn default() -> Store {
+        Store {
+            takes: BTreeMap::new(),
+            versions: HashMap::default(),
+            live: BTreeSet::new(),
+            head: None,
+            bytes: 0,
+            slab: Slab::new(page() as usize),
+        }
+    }
 }
 
 impl Store {
-    /// Snapshot `k`'s bytes of page `i` (the last version at or before `k`, if it has bytes).
+    /// Snapshot `k`'s bytes of page `i` (the last version at or before `k`, if it has bytes;
+    /// empty where it is pending).
     pub(super) fn bytes_at(&self, i: u64, k: u64) -> Option<&[u8]> {
+        self.slot_at(i, k).map(|s| if s == PENDING { &[][..] } else { self.slab.get(s) })
+    }
+
+    /// The slab slot of snapshot `k`'s bytes of page `i`, as [`Store::bytes_at`] ([`PENDING`]
+    /// where it is pending).
+    pub(super) fn slot_at(&self, i: u64, k: u64) -> Option<usize> {
         let chain = self.versions.get(&i)?;
         let n = chain.partition_point(|v| v.epoch <= k);
-        chain.get(n.checked_sub(1)?)?.bytes.as_deref()
+        chain.get(n.checked_sub(1)?)?.bytes
     }
 
     /// The pages of the takes after epoch `k` up to `upto` (`None`: the newest), each once per
@@ -62,9 +113,10 @@ impl Store {
         self.versions.get(&i).and_then(|c| c.last()).is_some_and(|v| v.bytes.is_some())
     }
 
-    /// Adds a version of page `i` at `epoch` (the newest).
-    pub(super) fn push(&mut self, i: u64, epoch: u64, bytes: Option<Box<[u8]>>) {
-        self.bytes += bytes.as_ref().map_or(0, |b| b.len() as u64);
+    /// Adds a version of page `i` at `epoch` (the newest), its bytes in slab slot `bytes` (a
+    /// pending one keeps none yet).
+    pub(super) fn push(&mut self, i: u64, epoch: u64, bytes: Option<usize>) {
+        self.bytes += bytes.filter(|&s| s != PENDING).map_or(0, |_| page());
         self.versions.entry(i).or_default().push(Version { epoch, bytes });
     }
 
@@ -106,7 +158,10 @@ impl Store {
         let next_by_after = chain.get(at + 1).is_some_and(|v| v.epoch <= after);
         if starts_after_before && next_by_after {
             let v = chain.remove(at);
-            self.bytes -= v.bytes.map_or(0, |b| b.len() as u64);
+            if let Some(s) = v.bytes.filter(|&s| s != PENDING) {
+                self.bytes -= page();
+                self.slab.release(s);
+            }
         }
         // A tombstone first says nothing.
         while chain.first().is_some_and(|v| v.bytes.is_none()) {
@@ -128,8 +183,11 @@ impl Store {
         }
     }
 
-    /// Frees everything: the next take copies the whole range again.
+    /// Frees everything: the next take copies the whole range again, into the slab's memory
+    /// (kept: the next takes fault none of it in again).
     pub(super) fn clear(&mut self) {
-        *self = Store { live: std::mem::take(&mut self.live), ..Store::default() };
+        let mut slab = std::mem::replace(&mut self.slab, Slab::new(page() as usize));
+        slab.release_all();
+        *self = Store { live: std::mem::take(&mut self.live), slab, ..Store::default() };
     }
 }

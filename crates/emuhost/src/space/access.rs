@@ -87,6 +87,53 @@ impl Space {
         self.res.read(addr.0 as usize, buf).map_err(|e| self.failed("read", addr.0, len, e, |p| p.read))
     }
 
+    /// Copies the guest `runs`, one after the other, into `bufs`, filled in turn (their lengths
+    /// add up to the runs'), in as few kernel calls as the OS allows (a snapshot's take). The
+    /// errors of [`Space::read`] over the first run that failed, from the byte where the
+    /// copy stopped, naming its first pages not committed or not readable (the runs and bytes
+    /// before it are copied).
+    pub(crate) fn read_runs(&self, runs: &[GuestRange], bufs: &mut [&mut [u8]]) -> Result<(), SpaceError> {
+        let offs = self.run_offsets(runs)?;
+        self.res.read_runs(&offs, bufs).map_err(|e| self.runs_failed("read", runs, e, |p| p.read))
+    }
+
+    /// Copies `data`, taken in turn, into the guest `runs` one after the other (their lengths
+    /// add up), in as few kernel calls as the OS allows (a snapshot's restore). The errors of
+    /// [`Space::write`] over the first run that failed, from the byte where the copy
+    /// stopped (the runs and bytes before it are written).
+    pub(crate) fn write_runs(&self, runs: &[GuestRange], data: &[&[u8]]) -> Result<(), SpaceError> {
+        let offs = self.run_offsets(runs)?;
+        self.res.write_runs(&offs, data).map_err(|e| self.runs_failed("write", runs, e, |p| p.write))
+    }
+
+    /// The runs as offsets and lengths in the reservation, each checked inside the window.
+    fn run_offsets(&self, runs: &[GuestRange]) -> Result<Vec<(usize, usize)>, SpaceError> {
+        runs.iter()
+            .map(|r| {
+                self.check_bytes(r.start(), r.len())?;
+                Ok((r.start().0 as usize, r.len() as usize))
+            })
+            .collect()
+    }
+
+    /// The error of a copy of `runs` that stopped as `e` says: [`Space::failed`] over the bytes
+    /// of the run that refused from where the copy stopped (those before are copied).
+    fn runs_failed(
+        &self,
+        op: &'static str,
+        runs: &[GuestRange],
+        e: crate::sys::RunsError,
+        allows: fn(Prot) -> bool,
+    ) -> SpaceError {
+        match runs.get(e.run) {
+            Some(r) => {
+                let done = (e.done as u64).min(r.len());
+                self.failed(op, r.start().0 + done, r.len() - done, e.error, allows)
+            }
+            None => SpaceError::os(op, 0, 0, e.error),
+        }
+    }
+
     /// The first run of pages of `range` the space has not committed (reserved: never committed,
     /// or decommitted), if any. Committed pages of any protection (`---` too) and shared views
     /// count as committed.
@@ -148,5 +195,99 @@ impl Space {
             Some(end) if end <= self.window() => Ok(()),
             _ => Err(SpaceError::OutOfWindow { addr: addr.0, len, window: self.window() }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(space: &Space, a: u64, b: u64) -> GuestRange {
+        let p = page_size();
+        space.range(a * p, (b - a) * p).unwrap()
+    }
+
+    /// More runs than one kernel call takes (on either side), and buffers that split across runs
+    /// and pages anywhere: every byte lands where it belongs, both ways.
+    #[test]
+    fn runs_are_copied_across_calls_and_any_split_of_the_buffers() {
+        let p = page_size();
+        let space = Space::with_window(24 << 20).unwrap();
+        let n = (24 << 20) / p;
+        space.commit(pages(&space, 0, n), Prot::READ_WRITE).unwrap();
+        // Every other page, with a run of three pages now and then: well over 2 * 1024 runs.
+        let runs: Vec<GuestRange> =
+            (0..n / 2 - 2).map(|i| pages(&space, 2 * i, 2 * i + if i % 100 == 7 { 2 } else { 1 })).collect();
+        assert!(runs.len() > 2 * 1024 + 2);
+        let total: usize = runs.iter().map(|r| r.len() as usize).sum();
+        let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4093) as u8).collect();
+        // Written from pieces of 3000 bytes (across pages and runs), read back into pages.
+        let pieces: Vec<&[u8]> = data.chunks(3000).collect();
+        space.write_runs(&runs, &pieces).unwrap();
+        let mut at = 0;
+        for r in &runs {
+            let mut got = vec![0; r.len() as usize];
+            space.read(r.start(), &mut got).unwrap();
+            assert_eq!(got, data[at..at + got.len()], "run at {:#x}", r.start().0);
+            at += got.len();
+        }
+        let mut back = vec![0u8; total];
+        let mut bufs: Vec<&mut [u8]> = back.chunks_mut(p as usize + 5).collect();
+        space.read_runs(&runs, &mut bufs).unwrap();
+        assert!(back == data);
+        // The pages between the runs were not touched.
+        let mut gap = vec![1u8; p as usize];
+        space.read(GuestAddr(p), &mut gap).unwrap();
+        assert!(gap.iter().all(|&b| b == 0));
+    }
+
+    /// A run with a page the copy cannot use: the error names its pages as `Space::read` and
+    /// `Space::write` do, every run before it is copied and none after.
+    #[test]
+    fn a_copy_of_runs_stops_at_the_first_run_that_fails_naming_its_pages() {
+        let p = page_size();
+        let space = Space::with_window(1 << 20).unwrap();
+        space.commit(pages(&space, 0, 16), Prot::READ_WRITE).unwrap();
+        space.decommit(pages(&space, 5, 6)).unwrap();
+        space.protect(pages(&space, 9, 10), Prot::READ).unwrap();
+        for i in [0, 2, 4, 7] {
+            space.write(GuestAddr(i * p), &vec![i as u8 + 1; p as usize]).unwrap();
+        }
+        let runs = [pages(&space, 0, 1), pages(&space, 2, 3), pages(&space, 4, 6), pages(&space, 7, 8)];
+        let mut buf = vec![0xee; 5 * p as usize];
+        let err = space.read_runs(&runs, &mut [&mut buf[..]]).unwrap_err();
+        match err {
+            SpaceError::NotCommitted { op: "read", addr, lo, hi, .. } => {
+                assert_eq!((lo, hi), (5 * p, 6 * p));
+                assert!((4 * p..=5 * p).contains(&addr), "{addr:#x}");
+            }
+            e => panic!("{e}"),
+        }
+        let up = p as usize;
+        assert!(buf[..up].iter().all(|&b| b == 1) && buf[up..2 * up].iter().all(|&b| b == 3));
+        assert!(buf[2 * up..3 * up].iter().all(|&b| b == 5), "the run's pages before the one that failed");
+        assert!(buf[4 * up..].iter().all(|&b| b == 0xee), "nothing after the run that failed");
+
+        // Writes: a page committed read-only is a protection error; the runs before are written.
+        let runs = [pages(&space, 0, 1), pages(&space, 9, 10), pages(&space, 7, 8)];
+        let data = vec![0x42u8; 3 * up];
+        match space.write_runs(&runs, &[&data]).unwrap_err() {
+            SpaceError::Protection { op: "write", lo, hi, prot, .. } => {
+                assert_eq!((lo, hi, prot), (9 * p, 10 * p, Prot::READ));
+            }
+            e => panic!("{e}"),
+        }
+        let mut got = vec![0; up];
+        space.read(GuestAddr(0), &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x42));
+        space.read(GuestAddr(7 * p), &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 8), "nothing after the run that failed");
+
+        // Out of the window, or lengths that do not add up: refused before any copy.
+        let outside = [pages(&space, 0, 1), GuestRange::from_bounds(1 << 20, (1 << 20) + p).unwrap()];
+        assert!(matches!(space.read_runs(&outside, &mut [&mut buf[..2 * up]]), Err(SpaceError::OutOfWindow { .. })));
+        assert!(space.write_runs(&runs[..1], &[&data[..up - 1]]).is_err());
+        space.read(GuestAddr(0), &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x42));
     }
 }

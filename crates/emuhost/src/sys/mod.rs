@@ -86,6 +86,16 @@ pub struct RawProt {
     pub exec: bool,
 }
 
+/// Where a copy of many runs of guest memory in one go (`Reservation::read_runs`/`write_runs`)
+/// stopped: the index of the run whose pages refused it, the bytes of that run copied before
+/// (every earlier run was copied whole, no later one touched), and the OS error.
+#[derive(Debug)]
+pub struct RunsError {
+    pub run: usize,
+    pub done: usize,
+    pub error: std::io::Error,
+}
+
 /// The platform's error codes the layers above tell apart, and the errors they make.
 pub mod codes {
     use std::io;

@@ -58,6 +58,13 @@ impl Tracker {
         Ok(OwnedHostWrite { tracker: self.clone(), range })
     }
 
+    /// Whether a host write over armed pages needs [`Tracker::host_write`]'s preparation with
+    /// this backend (mprotect's and guard's write protection); with the others it only checks
+    /// the range and the process.
+    pub(crate) fn host_write_prepares(&self) -> bool {
+        self.core.backend.needs_host_write_prepare()
+    }
+
     /// Prepares `range` for a host write where the backend needs it: the range to end then.
     fn begin_host_write(&self, range: GuestRange) -> Result<Option<GuestRange>, WatchError> {
         self.same_process()?;

@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 
+use crate::sys::RunsError;
 use crate::sys::counters::{Call, count};
 
 /// Whether the kernel knows `MADV_POPULATE_WRITE` (5.14+), asked once.
@@ -426,6 +427,169 @@ impl Reservation {
         // SAFETY: `local` points to `len` bytes the caller borrowed mutably; the remote range was
         // checked to lie inside this reservation, and a read changes none of it.
         unsafe { vm_copy(local, self.base + off, len, false, &mut 0) }
+    }
+}
+
+impl Reservation {
+    /// Copies the runs `runs` (`(offset, len)` in the reservation, in any order) one after the
+    /// other into `bufs`, filled in turn (their lengths add up to the runs'), with as few
+    /// `process_vm_readv` as [`IOV_MAX`] iovecs a side allow. Fails, never faults, where a page
+    /// is not readable: the error names the run that refused and the bytes of it copied before
+    /// (every earlier run was copied whole). `EINVAL` (nothing copied) for a run outside the
+    /// reservation or lengths that do not add up.
+    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
+        self.check_runs(runs, bufs.iter().map(|b| b.len()))?;
+        let local: Vec<libc::iovec> =
+            bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
+        // SAFETY: every local iovec is a live slice borrowed mutably for the call; the runs were
+        // checked to lie inside this reservation, and a read changes none of them.
+        unsafe { vm_runs(&local, self.base, runs, false) }
+    }
+
+    /// [`Reservation::read_runs`] the other way: copies `data`, taken in turn, into the runs one
+    /// after the other with as few `process_vm_writev` as possible. Fails with `EFAULT`, never
+    /// faults, where a page is not writable: the error names the run and the bytes of it
+    /// written before (every earlier run was written whole, no later one touched).
+    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
+        self.check_runs(runs, data.iter().map(|b| b.len()))?;
+        let local: Vec<libc::iovec> =
+            data.iter().map(|b| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() }).collect();
+        // SAFETY: every local iovec is a live slice (only read from); the runs were checked to
+        // lie inside this reservation, guest memory no Rust reference points into.
+        unsafe { vm_runs(&local, self.base, runs, true) }
+    }
+
+    /// Checks that every run lies inside the reservation and that the buffers' `lens` add up to
+    /// the runs' length.
+    fn check_runs(&self, runs: &[(usize, usize)], lens: impl Iterator<Item = usize>) -> Result<(), RunsError> {
+        let mut total = 0usize;
+        for (run, &(off, len)) in runs.iter().enumerate() {
+            match off.checked_add(len) {
+                Some(end) if end <= self.len => total += len,
+                _ => return Err(RunsError { run, done: 0, error: einval() }),
+            }
+        }
+        if lens.sum::<usize>() != total {
+            return Err(RunsError { run: 0, done: 0, error: einval() });
+        }
+        Ok(())
+    }
+}
+
+/// The most iovecs one `process_vm_readv`/`process_vm_writev` takes on either side (Linux's
+/// `UIO_MAXIOV`).
+pub const IOV_MAX: usize = 1024;
+
+/// A cursor over a list of spans (`(start, len)`): the span it is in and the bytes of it passed.
+#[derive(Clone, Copy, Default)]
+struct Cursor {
+    at: usize,
+    off: usize,
+}
+
+impl Cursor {
+    /// Moves past spans it has finished (and empty ones).
+    fn settle(&mut self, lens: impl Fn(usize) -> Option<usize>) {
+        while lens(self.at).is_some_and(|len| self.off >= len) {
+            self.at += 1;
+            self.off = 0;
+        }
+    }
+
+    /// Moves `n` bytes on.
+    fn advance(&mut self, mut n: usize, lens: impl Fn(usize) -> Option<usize>) {
+        while n > 0 {
+            let Some(len) = lens(self.at) else { return };
+            let room = len - self.off;
+            if n < room {
+                self.off += n;
+                return;
+            }
+            n -= room;
+            self.at += 1;
+            self.off = 0;
+        }
+    }
+
+    /// Up to [`IOV_MAX`] iovecs from here, of `len`s at `start`s, into `out`, adding up to at
+    /// most `limit` bytes: their total.
+    fn iovecs(
+        &self,
+        count: usize,
+        span: impl Fn(usize) -> (usize, usize),
+        limit: usize,
+        out: &mut Vec<libc::iovec>,
+    ) -> usize {
+        out.clear();
+        let mut total = 0;
+        for i in self.at..count {
+            if out.len() == IOV_MAX || total == limit {
+                break;
+            }
+            let (start, len) = span(i);
+            let skip = if i == self.at { self.off } else { 0 };
+            let n = (len - skip).min(limit - total);
+            if n > 0 {
+                out.push(libc::iovec { iov_base: (start + skip) as *mut libc::c_void, iov_len: n });
+                total += n;
+            }
+        }
+        total
+    }
+}
+
+/// Copies between the `local` iovecs, taken in turn, and the `runs` (`(offset, len)` from host
+/// address `base`) of this process, one after the other, through the page tables, up to
+/// [`IOV_MAX`] iovecs a side per call. The kernel stops a call at the first remote byte it
+/// cannot copy and returns the bytes copied: both cursors move on by exactly that, and a call
+/// that copies nothing is the failure of the run the remote cursor is in (`EFAULT` where the
+/// kernel returned 0).
+///
+/// # Safety
+/// Every local iovec must point to that many bytes valid for the copy's direction, adding up to
+/// the runs' length. For a write, the runs must be memory no Rust reference points into (guest
+/// memory of a reservation).
+unsafe fn vm_runs(local: &[libc::iovec], base: usize, runs: &[(usize, usize)], write: bool) -> Result<(), RunsError> {
+    let (mut r, mut l) = (Cursor::default(), Cursor::default());
+    let run_len = |i: usize| runs.get(i).map(|&(_, len)| len);
+    let local_len = |i: usize| local.get(i).map(|v| v.iov_len);
+    let (mut r_iov, mut l_iov) = (Vec::new(), Vec::new());
+    let pid = std::process::id() as libc::pid_t;
+    loop {
+        r.settle(run_len);
+        l.settle(local_len);
+        if r.at == runs.len() {
+            return Ok(());
+        }
+        let want = r.iovecs(runs.len(), |i| (base + runs[i].0, runs[i].1), usize::MAX, &mut r_iov);
+        let got = l.iovecs(local.len(), |i| (local[i].iov_base as usize, local[i].iov_len), want, &mut l_iov);
+        let want = r.iovecs(runs.len(), |i| (base + runs[i].0, runs[i].1), got, &mut r_iov);
+        let fail = |error| RunsError { run: r.at, done: r.off, error };
+        if want == 0 {
+            // The local side ran out before the runs: lengths that do not add up.
+            return Err(fail(einval()));
+        }
+        count(Call::Copy);
+        let (lp, ln, rp, rn) =
+            (l_iov.as_ptr(), l_iov.len() as libc::c_ulong, r_iov.as_ptr(), r_iov.len() as libc::c_ulong);
+        // SAFETY: the caller's contract covers both sides (the iovecs are pieces of its spans);
+        // the kernel copies through the page tables, not through a Rust reference, and fails on
+        // a page the protection forbids instead of faulting.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(pid, lp, ln, rp, rn, 0)
+            } else {
+                libc::process_vm_readv(pid, lp, ln, rp, rn, 0)
+            }
+        };
+        match n {
+            n if n < 0 => return Err(fail(io::Error::last_os_error())),
+            0 => return Err(fail(io::Error::from_raw_os_error(libc::EFAULT))),
+            n => {
+                r.advance(n as usize, run_len);
+                l.advance(n as usize, local_len);
+            }
+        }
     }
 }
 

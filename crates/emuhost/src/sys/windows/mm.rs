@@ -57,6 +57,7 @@ use windows_sys::Win32::System::SystemServices::MEM_WRITE_WATCH;
 use windows_sys::Win32::System::Threading::GetCurrentProcess;
 
 pub use crate::sys::RawProt;
+use crate::sys::RunsError;
 use crate::sys::counters::{Call, count};
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -996,6 +997,68 @@ impl Reservation {
         // SAFETY: the bytes lie inside the window (checked above); no Rust reference points into
         // them, and they are writable (or their fault handled) by the caller's contract.
         unsafe { crate::sys::cpu::store(self.base + off, data) };
+        Ok(())
+    }
+
+    /// Copies the runs `runs` (`(offset, len)` in the window, in any order) one after the other
+    /// into `bufs`, filled in turn (their lengths add up to the runs'): one [`Reservation::read`]
+    /// per piece. Fails, never faults, where a page is not readable: the error names the run that
+    /// refused and the bytes of it copied before at least (every earlier run was copied whole).
+    /// `EINVAL` (nothing copied) for a run outside the window or lengths that do not add up.
+    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
+        self.check_runs(runs, bufs.iter().map(|b| b.len()))?;
+        let (mut b, mut b_off) = (0, 0);
+        for (run, &(off, len)) in runs.iter().enumerate() {
+            let mut done = 0;
+            while done < len {
+                while bufs[b].len() == b_off {
+                    (b, b_off) = (b + 1, 0);
+                }
+                let n = (len - done).min(bufs[b].len() - b_off);
+                self.read(off + done, &mut bufs[b][b_off..b_off + n]).map_err(|error| RunsError {
+                    run,
+                    done,
+                    error,
+                })?;
+                (done, b_off) = (done + n, b_off + n);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Reservation::read_runs`] the other way: copies `data`, taken in turn, into the runs one
+    /// after the other, one [`Reservation::write`] per piece; the error names the run that
+    /// refused and the bytes of it written before at least.
+    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
+        self.check_runs(runs, data.iter().map(|b| b.len()))?;
+        let (mut b, mut b_off) = (0, 0);
+        for (run, &(off, len)) in runs.iter().enumerate() {
+            let mut done = 0;
+            while done < len {
+                while data[b].len() == b_off {
+                    (b, b_off) = (b + 1, 0);
+                }
+                let n = (len - done).min(data[b].len() - b_off);
+                self.write(off + done, &data[b][b_off..b_off + n]).map_err(|error| RunsError { run, done, error })?;
+                (done, b_off) = (done + n, b_off + n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every run lies inside the window and that the buffers' `lens` add up to the
+    /// runs' length.
+    fn check_runs(&self, runs: &[(usize, usize)], lens: impl Iterator<Item = usize>) -> Result<(), RunsError> {
+        let mut total = 0usize;
+        for (run, &(off, len)) in runs.iter().enumerate() {
+            match off.checked_add(len) {
+                Some(end) if end <= self.len => total += len,
+                _ => return Err(RunsError { run, done: 0, error: einval() }),
+            }
+        }
+        if lens.sum::<usize>() != total {
+            return Err(RunsError { run: 0, done: 0, error: einval() });
+        }
         Ok(())
     }
 

@@ -493,10 +493,10 @@ impl Snapshots {
         }
     }
 
-    /// Writes the `content` pages (in order) back from their `slots` (snapshot `k`'s bytes of
-    /// each), runs of consecutive
-    /// pages together ([`Space::write_runs`], straight from the slab), each run made committed
-    /// and writable first where it is not (`now`) and written inside [`Tracker::host_write`].
+    /// Writes the `content` pages (in order) back from their `slots` (the snapshot's bytes of
+    /// each), runs of consecutive pages together ([`Space::write_runs`], straight from the
+    /// slab), each run made committed and writable first where it is not (`now`) and written
+    /// inside [`Tracker::host_write`].
     fn write_back(&self, st: &mut State, content: &[u64], slots: &[usize], now: &Runs) -> Result<(), SnapshotError> {
         /// Runs per batch: each is a host write in flight until the batch is written (with the
         /// mprotect backend a tracker keeps those in a list it searches).

@@ -191,3 +191,31 @@ impl Store {
         *self = Store { live: std::mem::take(&mut self.live), slab, ..Store::default() };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_version_counts_no_bytes_and_frees_no_slot() {
+        let mut s = Store::default();
+        s.takes.insert(1, Take { runs: Some(Vec::new()), copied: vec![0] });
+        s.push(0, 1, Some(PENDING));
+        s.live.insert(1);
+        s.head = Some(1);
+        assert_eq!(s.bytes, 0);
+        let slot = s.slab.alloc(1)[0];
+        s.takes.insert(2, Take { runs: Some(Vec::new()), copied: vec![0] });
+        s.push(0, 2, Some(slot));
+        s.live.insert(2);
+        s.head = Some(2);
+        assert_eq!(s.bytes, page());
+        // Releasing take 1 frees its version of page 0, still pending (a copy not harvested yet).
+        s.live.remove(&1);
+        s.unpin(1);
+        assert_eq!((s.bytes, s.versions[&0].len()), (page(), 1));
+        // No slot was freed for it: the next one handed out is a real slot.
+        let next = s.slab.put(&vec![7; page() as usize]);
+        assert_eq!(s.slab.get(next)[0], 7);
+    }
+}

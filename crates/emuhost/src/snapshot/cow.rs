@@ -37,8 +37,10 @@ struct Shared {
     wake: Condvar,
     /// Copies moved out of the arena, not yet in the store.
     out: Mutex<Copied>,
-    /// One harvester at a time (taken before `out`).
-    harvest: Mutex<()>,
+    /// One harvester at a time, with the buffer it moves copies into before handing them to
+    /// `out` (taken before `out`; `out` is held only for the hand-over, so a take's fill does
+    /// not wait for a harvest).
+    harvest: Mutex<Copied>,
 }
 
 impl Shared {
@@ -48,13 +50,24 @@ impl Shared {
 
     /// Moves the arena's copies out, into `out`.
     fn harvest(&self) {
-        let _one = Self::lock(&self.harvest);
-        let mut out = Self::lock(&self.out);
-        let out = &mut *out;
+        let mut got = Self::lock(&self.harvest);
+        let got = &mut *got;
         self.arena.harvest(|i, e, b| {
-            out.pages.push((i as u64, e));
-            out.bytes.extend_from_slice(b);
+            got.pages.push((i as u64, e));
+            got.bytes.extend_from_slice(b);
         });
+        if got.pages.is_empty() {
+            return;
+        }
+        let mut out = Self::lock(&self.out);
+        if out.pages.is_empty() {
+            // The buffers trade places: both keep their memory.
+            std::mem::swap(&mut *out, got);
+        } else {
+            out.pages.append(&mut got.pages);
+            out.bytes.extend_from_slice(&got.bytes);
+            got.bytes.clear();
+        }
     }
 
     /// The copier: copies the pages it is given ahead of their writes, and harvests.

@@ -83,7 +83,7 @@ fn text_names_the_backend_prints_the_ratio_and_counts_the_rounds_checked() {
     let head = format!("snapshots over 4 MiB committed ({} pages), ", (4 << 20) / emuhost::space::page_size());
     let first = stdout.lines().find(|l| l.starts_with("snapshots over ")).unwrap_or_default();
     assert!(first.starts_with(&head), "{stdout}");
-    assert!(first.contains(&format!("{} backend, 2 rounds", backend.unwrap().name())), "{stdout}");
+    assert!(first.contains(&format!("{} backend, mode take, 2 rounds", backend.unwrap().name())), "{stdout}");
     // Under Wine the figures are said to be Wine's.
     let wine = emuhost::probe::wine_version().map(|v| format!("under Wine {v}: these figures are Wine's"));
     let note = stdout.lines().next().filter(|l| l.starts_with("under Wine "));
@@ -131,4 +131,30 @@ fn more_memory_than_is_available_is_exit_2_naming_what_is_needed_before_any_is_t
     let needed = (1u64 << 20) * 4 + (1 << 20) / 5 + 64;
     assert!(line.contains(&format!("--committed-mib 1048576 needs about {needed} MiB of memory")), "{stderr}");
     assert!(line.contains(" MiB are available: use a smaller --committed-mib"), "{stderr}");
+}
+
+/// `EMUHOST_SNAPSHOT_MODE` reaches the bench: copy before write on a protection backend is
+/// measured and named (and checked like copy at take), and on uffd it is refused, naming the mode.
+#[test]
+fn the_snapshot_mode_switch_is_measured_and_named() {
+    let guard = if cfg!(windows) { "guard" } else { "mprotect" };
+    let mut c = Command::new(env!("CARGO_BIN_EXE_emuhost"));
+    c.args(["bench", "snapshot", "--committed-mib", "4", "--rounds", "2", "--percents", "1", "--json"]);
+    let out =
+        c.args(["--watch", guard]).env("EMUHOST_LOG", "warn").env("EMUHOST_SNAPSHOT_MODE", "cow").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((v["mode"].as_str(), v["mismatched_rounds"].as_u64()), (Some("cow"), Some(0)), "{v}");
+    let out = bench_snapshot(&["--json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&out).0).unwrap();
+    assert_eq!(v["mode"].as_str(), Some("take"), "{v}");
+    if cfg!(target_os = "linux") && emuhost::watch::self_test(emuhost::watch::BackendKind::Uffd).is_ok() {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_emuhost"));
+        c.args(["bench", "snapshot", "--committed-mib", "4", "--rounds", "1", "--watch", "uffd"]);
+        let out = c.env("EMUHOST_LOG", "warn").env("EMUHOST_SNAPSHOT_MODE", "cow").output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+        assert!(stderr.contains("snapshot mode `cow`") && stderr.contains("uffd"), "{stderr}");
+    }
 }

@@ -78,7 +78,8 @@ pub fn run(a: Args, settings: &emuhost::settings::Settings) -> anyhow::Result<Ou
     if let Some(v) = &a.watch {
         crate::switches::set(&mut settings, emuhost::settings::WATCH_SWITCH, v).context("--watch")?;
     }
-    let b = SnapshotBench::new(a.rounds, a.committed_mib, a.percents.clone(), settings.tracker_config(), a.seed);
+    let b = SnapshotBench::new(a.rounds, a.committed_mib, a.percents.clone(), settings.tracker_config(), a.seed)
+        .mode(settings.snapshot_config().mode);
     check_memory(&b)?;
     let r = emuhost_lab::bench::snapshot::run(&b)?;
     if a.json {
@@ -128,6 +129,7 @@ fn json(a: &Args, r: &SnapshotReport) -> serde_json::Value {
         "schema": super::SCHEMA,
         "bench": "snapshot",
         "backend": r.backend.name(),
+        "mode": r.mode.name(),
         "committed_mib": a.committed_mib,
         "pages": r.pages,
         "page_size": emuhost::space::page_size(),
@@ -152,10 +154,11 @@ fn print(a: &Args, r: &SnapshotReport) {
         outln!("{note}");
     }
     outln!(
-        "snapshots over {} MiB committed ({} pages), {} backend, {} rounds (medians)",
+        "snapshots over {} MiB committed ({} pages), {} backend, mode {}, {} rounds (medians)",
         a.committed_mib,
         r.pages,
         r.backend.name(),
+        r.mode,
         a.rounds
     );
     for f in &r.fractions {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use emuhost::rng::Rng;
-use emuhost::snapshot::{SnapshotConfig, Snapshots};
+use emuhost::snapshot::{SnapshotConfig, SnapshotMode, Snapshots};
 use emuhost::space::{GuestAddr, Prot, Space, page_size};
 use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
 
@@ -50,12 +50,21 @@ pub struct SnapshotBench {
     pub tracker: TrackerConfig,
     /// The seed of the pages drawn and the bytes written.
     pub seed: u64,
+    /// How the snapshots keep the bytes ([`SnapshotMode`]; [`SnapshotBench::mode`]). Their
+    /// budget is never applied: it would drop the round's base snapshot.
+    pub mode: SnapshotMode,
 }
 
 impl SnapshotBench {
     /// The bench with these fields (see each field).
     pub fn new(rounds: u32, committed_mib: u64, percents: Vec<f64>, tracker: TrackerConfig, seed: u64) -> Self {
-        SnapshotBench { rounds, committed_mib, percents, tracker, seed }
+        SnapshotBench { rounds, committed_mib, percents, tracker, seed, mode: SnapshotMode::default() }
+    }
+
+    /// Sets [`SnapshotBench::mode`].
+    pub fn mode(mut self, mode: SnapshotMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The memory a run needs, in bytes, about: four times the committed memory (the memory, the
@@ -105,6 +114,8 @@ pub struct FractionReport {
 pub struct SnapshotReport {
     /// The tracker's backend.
     pub backend: BackendKind,
+    /// How the snapshots kept the bytes.
+    pub mode: SnapshotMode,
     /// The pages committed.
     pub pages: u64,
     /// Each fraction's rounds, in the order asked.
@@ -168,7 +179,7 @@ pub fn run(a: &SnapshotBench) -> Result<SnapshotReport, BenchError> {
             b.round(r, f)?;
         }
     }
-    Ok(SnapshotReport { backend: b.backend, pages, fractions })
+    Ok(SnapshotReport { backend: b.backend, mode: a.mode, pages, fractions })
 }
 
 impl FractionReport {
@@ -224,7 +235,7 @@ impl Bench {
         space.commit(range, Prot::READ_WRITE)?;
         space.populate(range)?;
         let tracker = Tracker::new(&space, &a.tracker)?;
-        let snaps = Snapshots::new(&tracker, range, &SnapshotConfig::default())
+        let snaps = Snapshots::new(&tracker, range, &SnapshotConfig::default().mode(a.mode))
             .map_err(|e| BenchError::doing(format!("making the snapshots of {range}"), e))?;
         let len = size as usize;
         let mut buf = Vec::new();

@@ -309,7 +309,7 @@ impl super::Snapshots {
         if st.cow.is_none() {
             return self.read_pages(&set, runs, st);
         }
-        let mut now = PageSet::new(self.range.pages());
+        let mut now = PageSet::new();
         let mut out = Vec::new();
         for i in set.iter() {
             if prot_at(runs, self.addr(i)).is_some_and(|p| p.read) {

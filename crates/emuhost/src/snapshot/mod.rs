@@ -193,7 +193,7 @@ impl Snapshots {
             store: Store::default(),
             consumer,
             base: None,
-            dirty: PageSet::new(range.pages()),
+            dirty: PageSet::new(),
             words: vec![0; range.pages().div_ceil(64) as usize],
             scratch: Vec::new(),
             stats: SnapshotStats::default(),
@@ -231,9 +231,13 @@ impl Snapshots {
 
     /// The pages of the range this consumer's collect reports (written since its last).
     fn collect(&self, st: &mut State) -> Result<PageSet, SnapshotError> {
-        st.words.fill(0);
-        st.consumer.collect_into(self.range, page(), &mut st.words)?;
-        Ok(PageSet { words: st.words.clone() })
+        // `words` is all zero between collects (taken into the set); a failed collect may
+        // leave bits in it.
+        if let Err(e) = st.consumer.collect_into(self.range, page(), &mut st.words) {
+            st.words.fill(0);
+            return Err(e.into());
+        }
+        Ok(PageSet::take_dense(&mut st.words))
     }
 
     /// Takes a snapshot of the range: which pages are committed, with their protections, and
@@ -302,7 +306,7 @@ impl Snapshots {
         let runs = self.space.protections(self.range);
         let base = self.range.start().0;
         let index = |a: u64| (a - base) / page();
-        let mut copy = PageSet::new(self.range.pages());
+        let mut copy = PageSet::new();
         let mut gone = Vec::new();
         // The runs the content derives from: the restored snapshot's, or the newest take's.
         let from = st.base.or(st.store.head);
@@ -541,9 +545,9 @@ impl Snapshots {
         touched: &PageSet,
     ) -> Result<Option<(u64, u64)>, SnapshotError> {
         let collected = self.collect(st)?;
-        let mut raced = PageSet::new(self.range.pages());
+        let mut raced = PageSet::new();
         collected.iter().filter(|&i| !touched.has(i)).for_each(|i| raced.set(i));
-        let mut checked = PageSet::new(self.range.pages());
+        let mut checked = PageSet::new();
         // The readable pages, each with the slot of its bytes at `k`.
         let readable: Vec<(u64, usize)> = content
             .iter()

@@ -496,3 +496,40 @@ fn bad_ids_are_refused_naming_them(kind: BackendKind) {
     assert!(matches!(snaps.restore(SnapshotId::new(u64::MAX)), Err(SnapshotError::UnknownSnapshot(_))));
     assert_eq!(snaps.stats().pages_restored, 0);
 }
+
+/// Not a check: the cost of a take over a large, sparsely committed window (the default 512 GiB
+/// reserved, as the built-in trace's; 256 MiB committed in 64 scattered allocations), ~150 random pages written between takes, as
+/// `emuhost replay --snapshot-every 1` takes them. Prints the median and p99 of the takes.
+/// `cargo test --release -p emuhost --test it take_cost_over_a_large_window -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, not a check"]
+fn take_cost_over_a_large_window() {
+    let s = Arc::new(Space::with_window(512 << 30).unwrap());
+    let t = Tracker::new(&s, &TrackerConfig::default().skip_self_test(true)).unwrap();
+    let mut rng = Rng::new(39);
+    let mut pages = Vec::new();
+    for k in 0..64u64 {
+        let at = k * (8 << 30) + rng.below(256) * p();
+        let r = s.range(at, 4 << 20).unwrap();
+        s.commit(r, Prot::READ_WRITE).unwrap();
+        pages.extend((0..r.pages()).map(|i| at + i * p()));
+    }
+    let snaps = Snapshots::new(&t, s.range(0, s.window()).unwrap(), &SnapshotConfig::default()).unwrap();
+    snaps.take().unwrap();
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        for _ in 0..150 {
+            s.store(GuestAddr(rng.pick(&pages)), &rng.next_u64().to_le_bytes()).unwrap();
+        }
+        let started = std::time::Instant::now();
+        let id = snaps.take().unwrap();
+        times.push(started.elapsed());
+        snaps.release(id).unwrap();
+    }
+    times.sort_unstable();
+    println!(
+        "take over a 512 GiB window: median {:?}, p99 {:?}",
+        times[times.len() / 2],
+        times[times.len() * 99 / 100]
+    );
+}

@@ -96,6 +96,30 @@ pub struct RunsError {
     pub error: std::io::Error,
 }
 
+impl RunsError {
+    /// Checks that every run of `runs` lies inside `0..len` (a reservation's or a window's
+    /// bytes) and that the buffers' `lens` add up to the runs' length; `invalid` makes the
+    /// platform's error for a bad argument.
+    pub fn check(
+        len: usize,
+        runs: &[(usize, usize)],
+        lens: impl Iterator<Item = usize>,
+        invalid: fn() -> std::io::Error,
+    ) -> Result<(), RunsError> {
+        let mut total = 0usize;
+        for (run, &(off, n)) in runs.iter().enumerate() {
+            match off.checked_add(n) {
+                Some(end) if end <= len => total += n,
+                _ => return Err(RunsError { run, done: 0, error: invalid() }),
+            }
+        }
+        if lens.sum::<usize>() != total {
+            return Err(RunsError { run: 0, done: 0, error: invalid() });
+        }
+        Ok(())
+    }
+}
+
 /// The platform's error codes the layers above tell apart, and the errors they make.
 pub mod codes {
     use std::io;

@@ -438,7 +438,7 @@ impl Reservation {
     /// (every earlier run was copied whole). `EINVAL` (nothing copied) for a run outside the
     /// reservation or lengths that do not add up.
     pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
-        self.check_runs(runs, bufs.iter().map(|b| b.len()))?;
+        RunsError::check(self.len, runs, bufs.iter().map(|b| b.len()), einval)?;
         let local: Vec<libc::iovec> =
             bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
         // SAFETY: every local iovec is a live slice borrowed mutably for the call; the runs were
@@ -451,28 +451,12 @@ impl Reservation {
     /// faults, where a page is not writable: the error names the run and the bytes of it
     /// written before (every earlier run was written whole, no later one touched).
     pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
-        self.check_runs(runs, data.iter().map(|b| b.len()))?;
+        RunsError::check(self.len, runs, data.iter().map(|b| b.len()), einval)?;
         let local: Vec<libc::iovec> =
             data.iter().map(|b| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() }).collect();
         // SAFETY: every local iovec is a live slice (only read from); the runs were checked to
         // lie inside this reservation, guest memory no Rust reference points into.
         unsafe { vm_runs(&local, self.base, runs, true) }
-    }
-
-    /// Checks that every run lies inside the reservation and that the buffers' `lens` add up to
-    /// the runs' length.
-    fn check_runs(&self, runs: &[(usize, usize)], lens: impl Iterator<Item = usize>) -> Result<(), RunsError> {
-        let mut total = 0usize;
-        for (run, &(off, len)) in runs.iter().enumerate() {
-            match off.checked_add(len) {
-                Some(end) if end <= self.len => total += len,
-                _ => return Err(RunsError { run, done: 0, error: einval() }),
-            }
-        }
-        if lens.sum::<usize>() != total {
-            return Err(RunsError { run: 0, done: 0, error: einval() });
-        }
-        Ok(())
     }
 }
 

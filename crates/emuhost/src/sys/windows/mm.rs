@@ -1006,7 +1006,7 @@ impl Reservation {
     /// refused and the bytes of it copied before at least (every earlier run was copied whole).
     /// `EINVAL` (nothing copied) for a run outside the window or lengths that do not add up.
     pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
-        self.check_runs(runs, bufs.iter().map(|b| b.len()))?;
+        RunsError::check(self.len, runs, bufs.iter().map(|b| b.len()), einval)?;
         let (mut b, mut b_off) = (0, 0);
         for (run, &(off, len)) in runs.iter().enumerate() {
             let mut done = 0;
@@ -1030,7 +1030,7 @@ impl Reservation {
     /// after the other, one [`Reservation::write`] per piece; the error names the run that
     /// refused and the bytes of it written before at least.
     pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
-        self.check_runs(runs, data.iter().map(|b| b.len()))?;
+        RunsError::check(self.len, runs, data.iter().map(|b| b.len()), einval)?;
         let (mut b, mut b_off) = (0, 0);
         for (run, &(off, len)) in runs.iter().enumerate() {
             let mut done = 0;
@@ -1042,22 +1042,6 @@ impl Reservation {
                 self.write(off + done, &data[b][b_off..b_off + n]).map_err(|error| RunsError { run, done, error })?;
                 (done, b_off) = (done + n, b_off + n);
             }
-        }
-        Ok(())
-    }
-
-    /// Checks that every run lies inside the window and that the buffers' `lens` add up to the
-    /// runs' length.
-    fn check_runs(&self, runs: &[(usize, usize)], lens: impl Iterator<Item = usize>) -> Result<(), RunsError> {
-        let mut total = 0usize;
-        for (run, &(off, len)) in runs.iter().enumerate() {
-            match off.checked_add(len) {
-                Some(end) if end <= self.len => total += len,
-                _ => return Err(RunsError { run, done: 0, error: einval() }),
-            }
-        }
-        if lens.sum::<usize>() != total {
-            return Err(RunsError { run: 0, done: 0, error: einval() });
         }
         Ok(())
     }

@@ -4,22 +4,22 @@
 use std::sync::Arc;
 
 use emuhost::rng::Rng;
-use emuhost::snapshot::{SnapshotConfig, SnapshotError, SnapshotId, Snapshots};
+use emuhost::snapshot::{SnapshotConfig, SnapshotError, SnapshotId, SnapshotMode, Snapshots};
 use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
 use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
 
 use crate::watch_gate::usable;
 
-fn p() -> u64 {
+pub(crate) fn p() -> u64 {
     page_size()
 }
 
 /// Pages in the snapshots' range.
-const PAGES: u64 = 64;
+pub(crate) const PAGES: u64 = 64;
 
 /// A space with `PAGES` pages committed read-write at page 16, a tracker of `kind`, and the
 /// range.
-fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
+pub(crate) fn setup(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
     if !usable(kind) {
         return None;
     }
@@ -37,9 +37,9 @@ fn snapshots(t: &Arc<Tracker>, r: GuestRange) -> Snapshots {
 /// What a full copy sees: each page's protection (`None`: not committed) and bytes (read where
 /// readable).
 #[derive(Debug, PartialEq, Eq)]
-struct Full(Vec<(Option<Prot>, Vec<u8>)>);
+pub(crate) struct Full(pub(crate) Vec<(Option<Prot>, Vec<u8>)>);
 
-fn full(s: &Space, r: GuestRange) -> Full {
+pub(crate) fn full(s: &Space, r: GuestRange) -> Full {
     let prots = s.protections(r);
     let mut pages = Vec::new();
     for i in 0..r.pages() {
@@ -54,8 +54,20 @@ fn full(s: &Space, r: GuestRange) -> Full {
     Full(pages)
 }
 
-/// `n` random stores of 8 bytes into the range's writable pages.
-fn scribble(s: &Space, r: GuestRange, rng: &mut Rng, n: u64) {
+/// A store by the CPU (the fault handler's path), or through the kernel (`Space::store`).
+pub(crate) fn store(s: &Space, at: u64, v: u64, cpu: bool) {
+    if cpu {
+        // SAFETY: the tests store only into committed writable (armed) pages, and no thread
+        // decommits or protects them meanwhile.
+        unsafe { s.store_unchecked(GuestAddr(at), &v.to_le_bytes()) }.unwrap();
+    } else {
+        s.store(GuestAddr(at), &v.to_le_bytes()).unwrap();
+    }
+}
+
+/// `n` random stores of 8 bytes into the range's writable pages: through the kernel, or where
+/// `cpu_too`, half of them (at random) by the CPU.
+pub(crate) fn scribble(s: &Space, r: GuestRange, rng: &mut Rng, n: u64, cpu_too: bool) {
     let writable: Vec<u64> = s
         .protections(r)
         .iter()
@@ -64,7 +76,8 @@ fn scribble(s: &Space, r: GuestRange, rng: &mut Rng, n: u64) {
         .collect();
     for _ in 0..n {
         let at = rng.pick(&writable) + rng.below(p() / 8) * 8;
-        s.store(GuestAddr(at), &rng.next_u64().to_le_bytes()).unwrap();
+        let cpu = cpu_too && rng.below(2) == 0;
+        store(s, at, rng.next_u64(), cpu);
     }
 }
 
@@ -104,20 +117,34 @@ fn decommitted_pages_are_freed_with_the_last_snapshot_that_had_them(kind: Backen
 /// under a budget: every restore and every read matches the full copy made at the take.
 fn random_takes_restores_and_releases_match_full_copies(kind: BackendKind) {
     let Some((s, t, r)) = setup(kind) else { return };
+    random_run(&s, &t, r, SnapshotConfig::default(), 6, 400, false);
+}
+
+/// [`random_takes_restores_and_releases_match_full_copies`] in `config`'s mode (its budget set
+/// here), from `seed`, `steps` steps; `cpu_too`: half the stores by the CPU.
+pub(crate) fn random_run(
+    s: &Arc<Space>,
+    t: &Arc<Tracker>,
+    r: GuestRange,
+    config: SnapshotConfig,
+    seed: u64,
+    steps: u32,
+    cpu_too: bool,
+) {
     let budget = (PAGES + 40) * p();
-    let snaps = Snapshots::new(&t, r, &SnapshotConfig::default().budget_bytes(Some(budget))).unwrap();
-    let mut rng = Rng::new(6);
+    let snaps = Snapshots::new(t, r, &config.budget_bytes(Some(budget))).unwrap();
+    let mut rng = Rng::new(seed);
     let mut copies: std::collections::HashMap<SnapshotId, Full> = Default::default();
     let part = |first: u64, n: u64| s.range(r.start().0 + first * p(), n * p()).unwrap();
-    for step in 0..400 {
+    for step in 0..steps {
         match rng.below(10) {
             0..=3 => {
                 let n = rng.below(8) + 1;
-                scribble(&s, r, &mut rng, n);
+                scribble(s, r, &mut rng, n, cpu_too);
             }
             4 => {
                 let id = snaps.take().unwrap();
-                copies.insert(id, full(&s, r));
+                copies.insert(id, full(s, r));
             }
             5 | 6 => {
                 let live = snaps.live();
@@ -126,7 +153,7 @@ fn random_takes_restores_and_releases_match_full_copies(kind: BackendKind) {
                 }
                 let id = rng.pick(&live);
                 snaps.restore(id).unwrap();
-                assert!(full(&s, r) == copies[&id], "step {step}: restore of {id}");
+                assert!(full(s, r) == copies[&id], "step {step}: restore of {id}");
             }
             7 => {
                 let live = snaps.live();
@@ -166,7 +193,14 @@ fn random_takes_restores_and_releases_match_full_copies(kind: BackendKind) {
                 }
             }
         }
-        assert!(snaps.stats().bytes_kept <= budget || snaps.live().len() == 1, "step {step}: {:?}", snaps.stats());
+        // Copy at take keeps the budget at every step. Copy before write copies after the take,
+        // so its bytes kept pass the budget until the next take drops the oldest.
+        let cow = config.mode == SnapshotMode::CopyBeforeWrite;
+        assert!(
+            cow || snaps.stats().bytes_kept <= budget || snaps.live().len() == 1,
+            "step {step}: {:?}",
+            snaps.stats()
+        );
     }
     let st = snaps.stats();
     assert!(st.taken > 20 && st.dropped_for_budget > 0 && st.released > 0, "{st:?}");
@@ -178,10 +212,10 @@ fn a_read_gives_a_snapshots_bytes_without_restoring(kind: BackendKind) {
     let mut rng = Rng::new(5);
     let gap = s.range(r.start().0 + 20 * p(), p()).unwrap();
     s.decommit(gap).unwrap();
-    scribble(&s, r, &mut rng, 100);
+    scribble(&s, r, &mut rng, 100, false);
     let first = snaps.take().unwrap();
     let want = full(&s, r);
-    scribble(&s, r, &mut rng, 100);
+    scribble(&s, r, &mut rng, 100, false);
     let second = snaps.take().unwrap();
     let now = full(&s, r);
     // Across a page end, from both snapshots; the range is untouched.
@@ -362,16 +396,16 @@ fn a_restore_puts_back_what_a_full_copy_saw(kind: BackendKind) {
     let Some((s, t, r)) = setup(kind) else { return };
     let snaps = snapshots(&t, r);
     let mut rng = Rng::new(1);
-    scribble(&s, r, &mut rng, 200);
+    scribble(&s, r, &mut rng, 200, false);
     let want = full(&s, r);
     let id = snaps.take().unwrap();
-    scribble(&s, r, &mut rng, 50);
+    scribble(&s, r, &mut rng, 50, false);
     assert_ne!(full(&s, r), want);
     let got = snaps.restore(id).unwrap();
     assert_eq!(full(&s, r), want);
     assert!(got.pages > 0 && got.pages <= PAGES, "{got:?}");
     // Again, from the restored state with more writes.
-    scribble(&s, r, &mut rng, 10);
+    scribble(&s, r, &mut rng, 10, false);
     snaps.restore(id).unwrap();
     assert_eq!(full(&s, r), want);
 }
@@ -382,21 +416,21 @@ fn a_restore_goes_back_over_several_snapshots(kind: BackendKind) {
     let mut rng = Rng::new(2);
     let mut taken = Vec::new();
     for round in 0..6 {
-        scribble(&s, r, &mut rng, 5 + round * 7);
+        scribble(&s, r, &mut rng, 5 + round * 7, false);
         taken.push((snaps.take().unwrap(), full(&s, r)));
     }
-    scribble(&s, r, &mut rng, 30);
+    scribble(&s, r, &mut rng, 30, false);
     // Back and forth: every snapshot stays valid after restores of others.
     for k in [1usize, 4, 0, 5, 2, 2, 3] {
         let (id, want) = &taken[k];
         snaps.restore(*id).unwrap();
         assert!(full(&s, r) == *want, "snapshot {id} (round {k})");
-        scribble(&s, r, &mut rng, 3);
+        scribble(&s, r, &mut rng, 3, false);
     }
     // A take after restores is exact too.
     let id = snaps.take().unwrap();
     let want = full(&s, r);
-    scribble(&s, r, &mut rng, 20);
+    scribble(&s, r, &mut rng, 20, false);
     snaps.restore(taken[0].0).unwrap();
     snaps.restore(id).unwrap();
     assert!(full(&s, r) == want);
@@ -410,7 +444,7 @@ fn a_restore_puts_back_commits_decommits_and_protections(kind: BackendKind) {
     s.decommit(part(40, 8)).unwrap();
     s.protect(part(4, 2), Prot::READ).unwrap();
     s.protect(part(10, 1), Prot::NONE).unwrap();
-    scribble(&s, r, &mut rng, 100);
+    scribble(&s, r, &mut rng, 100, false);
     let want = full(&s, r);
     let id = snaps.take().unwrap();
     // Decommit, recommit, protect between the take and the restore.
@@ -419,7 +453,7 @@ fn a_restore_puts_back_commits_decommits_and_protections(kind: BackendKind) {
     s.commit(part(40, 4), Prot::READ_WRITE).unwrap();
     s.protect(part(10, 1), Prot::READ_WRITE).unwrap();
     s.protect(part(20, 3), Prot::READ).unwrap();
-    scribble(&s, r, &mut rng, 100);
+    scribble(&s, r, &mut rng, 100, false);
     let got = snaps.restore(id).unwrap();
     assert_eq!(got.decommitted, 4, "{got:?}");
     // Bytes and protections, page by page.

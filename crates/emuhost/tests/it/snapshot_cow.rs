@@ -3,89 +3,28 @@
 //! back, release and the budget, writes racing takes, the copy before the first write, and the
 //! refusal of backends whose writes no handler sees.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 use emuhost::rng::Rng;
 use emuhost::snapshot::{SnapshotConfig, SnapshotError, SnapshotId, SnapshotMode, Snapshots};
-use emuhost::space::{GuestAddr, GuestRange, Prot, Space, page_size};
+use emuhost::space::{GuestAddr, GuestRange, Prot, Space};
 use emuhost::watch::{BackendKind, Tracker, TrackerConfig};
 
+use crate::snapshot::{PAGES, full, p, scribble, store};
 use crate::watch_gate::usable;
-
-fn p() -> u64 {
-    page_size()
-}
-
-const PAGES: u64 = 64;
 
 /// The platform's protection backend.
 fn guard_kind() -> BackendKind {
     if cfg!(windows) { BackendKind::Guard } else { BackendKind::Mprotect }
 }
 
-fn setup_with(kind: BackendKind) -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
-    if !usable(kind) {
-        return None;
-    }
-    let s = Arc::new(Space::with_window(64 << 20).unwrap());
-    let t = Tracker::new(&s, &TrackerConfig::default().backend(Some(kind)).skip_self_test(true)).unwrap();
-    let r = s.range(16 * p(), PAGES * p()).unwrap();
-    s.commit(r, Prot::READ_WRITE).unwrap();
-    Some((s, t, r))
-}
-
 fn setup() -> Option<(Arc<Space>, Arc<Tracker>, GuestRange)> {
-    setup_with(guard_kind())
+    crate::snapshot::setup(guard_kind())
 }
 
 fn cow() -> SnapshotConfig {
     SnapshotConfig::default().mode(SnapshotMode::CopyBeforeWrite)
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Full(Vec<(Option<Prot>, Vec<u8>)>);
-
-fn full(s: &Space, r: GuestRange) -> Full {
-    let prots = s.protections(r);
-    let mut pages = Vec::new();
-    for i in 0..r.pages() {
-        let at = r.start().0 + i * p();
-        let prot = prots.iter().find(|(run, _)| run.contains(GuestAddr(at))).map(|&(_, prot)| prot);
-        let mut bytes = vec![0; p() as usize];
-        if prot.is_some_and(|p| p.read) {
-            s.read(GuestAddr(at), &mut bytes).unwrap();
-        }
-        pages.push((prot, bytes));
-    }
-    Full(pages)
-}
-
-/// A store by the CPU (the fault handler's path), or through the kernel (`Space::store`).
-fn store(s: &Space, at: u64, v: u64, cpu: bool) {
-    if cpu {
-        // SAFETY: the tests store only into committed writable (armed) pages, and no thread
-        // decommits or protects them meanwhile.
-        unsafe { s.store_unchecked(GuestAddr(at), &v.to_le_bytes()) }.unwrap();
-    } else {
-        s.store(GuestAddr(at), &v.to_le_bytes()).unwrap();
-    }
-}
-
-/// `n` random stores of 8 bytes into the range's writable pages.
-fn scribble(s: &Space, r: GuestRange, rng: &mut Rng, n: u64) {
-    let writable: Vec<u64> = s
-        .protections(r)
-        .iter()
-        .filter(|(_, p)| p.write)
-        .flat_map(|(run, _)| (0..run.pages()).map(move |i| run.start().0 + i * page_size()))
-        .collect();
-    for _ in 0..n {
-        let at = rng.pick(&writable) + rng.below(p() / 8) * 8;
-        let cpu = rng.below(2) == 0;
-        store(s, at, rng.next_u64(), cpu);
-    }
 }
 
 /// The first take keeps no bytes; the first write after it, by the CPU, copies its page before
@@ -125,16 +64,16 @@ fn cow_restores_several_snapshots_back_and_releases() {
     let mut rng = Rng::new(39);
     let mut copies = Vec::new();
     for _ in 0..6 {
-        scribble(&s, r, &mut rng, 40);
+        scribble(&s, r, &mut rng, 40, true);
         let id = snaps.take().unwrap();
         copies.push((id, full(&s, r)));
     }
-    scribble(&s, r, &mut rng, 40);
+    scribble(&s, r, &mut rng, 40, true);
     for &k in &[0usize, 5, 2, 4, 1, 3, 0] {
         let (id, want) = &copies[k];
         snaps.restore(*id).unwrap();
         assert!(full(&s, r) == *want, "restore of {id}");
-        scribble(&s, r, &mut rng, 10);
+        scribble(&s, r, &mut rng, 10, true);
     }
     snaps.release(copies[2].0).unwrap();
     for (id, want) in [&copies[1], &copies[3], &copies[5]] {
@@ -148,7 +87,7 @@ fn cow_restores_several_snapshots_back_and_releases() {
     // And again from nothing.
     let id = snaps.take().unwrap();
     let want = full(&s, r);
-    scribble(&s, r, &mut rng, 40);
+    scribble(&s, r, &mut rng, 40, true);
     snaps.restore(id).unwrap();
     assert!(full(&s, r) == want);
 }
@@ -158,69 +97,7 @@ fn cow_restores_several_snapshots_back_and_releases() {
 #[test]
 fn cow_random_takes_restores_and_releases_match_full_copies() {
     let Some((s, t, r)) = setup() else { return };
-    let budget = (PAGES + 40) * p();
-    let snaps = Snapshots::new(&t, r, &cow().budget_bytes(Some(budget))).unwrap();
-    let mut rng = Rng::new(7);
-    let mut copies: HashMap<SnapshotId, Full> = HashMap::new();
-    let part = |first: u64, n: u64| s.range(r.start().0 + first * p(), n * p()).unwrap();
-    for step in 0..500 {
-        match rng.below(10) {
-            0..=3 => {
-                let n = rng.below(8) + 1;
-                scribble(&s, r, &mut rng, n);
-            }
-            4 => {
-                let id = snaps.take().unwrap();
-                copies.insert(id, full(&s, r));
-            }
-            5 | 6 => {
-                let live = snaps.live();
-                if live.is_empty() {
-                    continue;
-                }
-                let id = rng.pick(&live);
-                snaps.restore(id).unwrap();
-                assert!(full(&s, r) == copies[&id], "step {step}: restore of {id}");
-            }
-            7 => {
-                let live = snaps.live();
-                if live.len() > 1 {
-                    snaps.release(rng.pick(&live)).unwrap();
-                }
-            }
-            8 => {
-                let (first, n) = (rng.below(PAGES - 4), rng.below(4) + 1);
-                match rng.below(3) {
-                    0 => s.decommit(part(first, n)).unwrap(),
-                    1 => drop(s.commit(part(first, n), Prot::READ_WRITE).unwrap()),
-                    _ => s
-                        .commit(part(first, n), rng.pick(&[Prot::READ, Prot::NONE, Prot::READ_WRITE]))
-                        .map(drop)
-                        .unwrap(),
-                }
-            }
-            _ => {
-                let live = snaps.live();
-                if live.is_empty() {
-                    continue;
-                }
-                let id = rng.pick(&live);
-                let i = rng.below(PAGES);
-                let (prot, want) = &copies[&id].0[i as usize];
-                let mut buf = vec![0; p() as usize];
-                let got = snaps.read(id, GuestAddr(r.start().0 + i * p()), &mut buf);
-                match prot {
-                    Some(prot) => {
-                        assert!(got.is_ok(), "step {step}: {got:?}");
-                        assert!(!prot.read || buf == *want, "step {step}: read of page {i} of {id}");
-                    }
-                    None => assert!(matches!(got, Err(SnapshotError::NoBytes { .. })), "step {step}: {got:?}"),
-                }
-            }
-        }
-    }
-    let st = snaps.stats();
-    assert!(st.taken > 20 && st.dropped_for_budget > 0 && st.released > 0, "{st:?}");
+    crate::snapshot::random_run(&s, &t, r, cow(), 7, 500, true);
 }
 
 /// Writers on several threads store rising values by the CPU while takes run: each snapshot
@@ -288,7 +165,7 @@ fn cow_writes_racing_takes_are_in_the_snapshot_or_the_next() {
 #[test]
 fn cow_is_refused_where_no_handler_sees_the_writes() {
     let kind = if cfg!(windows) { BackendKind::WriteWatch } else { BackendKind::Uffd };
-    let Some((_s, t, r)) = setup_with(kind) else { return };
+    let Some((_s, t, r)) = crate::snapshot::setup(kind) else { return };
     let err = Snapshots::new(&t, r, &cow()).unwrap_err();
     assert!(matches!(err, SnapshotError::Mode { mode: SnapshotMode::CopyBeforeWrite, .. }), "{err:?}");
     assert!(err.to_string().contains(kind.name()), "{err}");

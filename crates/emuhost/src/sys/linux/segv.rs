@@ -7,6 +7,10 @@
 //! `SIGSEGV` sent by a process (`si_code <= 0`, `kill -SEGV`) is no fault: it is passed on, and
 //! our handler stays installed whatever the previous one does to the disposition. The handler
 //! keeps `errno` as it found it.
+//!
+//! The handler also makes [`copy`] survive faults: a copy with the CPU that returns what it had
+//! left where a page refused it, as `process_vm_readv` does but without a system call per batch
+//! or the kernel's walk of each page.
 
 use std::io;
 use std::sync::OnceLock;
@@ -147,7 +151,7 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     if code > 0 {
         // SAFETY: for a fault (si_code > 0) si_addr is the faulting address.
         let addr = unsafe { (*info).si_addr() } as usize;
-        if !CLAIM.get().is_some_and(|claim| claim(addr)) {
+        if !CLAIM.get().is_some_and(|claim| claim(addr)) && !guarded::resume(ctx) {
             chain_fault(sig, info, ctx);
         }
     } else {
@@ -211,5 +215,158 @@ fn chain_sent(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_vo
             let act = our_action();
             libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut());
         }
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` with the CPU; returns the bytes copied (fewer where a
+/// page refused the access that no tracker claimed: the next byte of `dst` or `src` lies in it),
+/// or `None` where this build or process cannot (not x86-64, or the handler could not be
+/// installed): the caller copies through the kernel then.
+///
+/// A fault a tracker claims (an armed page, with the `mprotect` or guard backend) is handled as
+/// for a guest store, and the copy goes on. The copy relies on this handler seeing the fault: a
+/// `SIGSEGV` handler installed after ours that does not chain to it turns a refused page into
+/// that handler's fault.
+///
+/// # Safety
+/// Both ranges must be memory no Rust reference conflicts with (guest memory, or the caller's
+/// own buffer borrowed for the call); a fault in either is survived, nothing else is checked.
+pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> Option<usize> {
+    guarded::site()?;
+    // SAFETY: the caller's contract; a fault at the copy instruction returns early.
+    Some(len - unsafe { guarded::copy_bytes(dst, src, len, 0) })
+}
+
+/// The copy instruction the handler resumes past, and the function around it.
+#[cfg(target_arch = "x86_64")]
+mod guarded {
+    use std::sync::OnceLock;
+
+    /// `copy_bytes(dst, src, len, 0)` copies and returns the bytes left (0: all copied);
+    /// `copy_bytes(_, _, _, 1)` returns the address of its `rep movsb`, the one instruction
+    /// [`resume`] moves past (`rep movsb` stops at the exact byte that faulted, `rcx` the bytes
+    /// left).
+    ///
+    /// # Safety
+    /// As [`super::copy`]'s; with `site` set nothing is read or written.
+    #[unsafe(naked)]
+    pub(super) unsafe extern "sysv64" fn copy_bytes(dst: *mut u8, src: *const u8, len: usize, site: usize) -> usize {
+        core::arch::naked_asm!(
+            "test rcx, rcx",
+            "jnz 3f",
+            "mov rcx, rdx",
+            "2:",
+            "rep movsb",
+            "mov rax, rcx",
+            "ret",
+            "3:",
+            "lea rax, [rip + 2b]",
+            "ret",
+        )
+    }
+
+    static SITE: OnceLock<Option<usize>> = OnceLock::new();
+
+    /// The address of `copy_bytes`'s `rep movsb`, with the handler installed (`None` where it
+    /// could not be: then nothing may be copied this way).
+    pub(super) fn site() -> Option<usize> {
+        *SITE.get_or_init(|| {
+            // SAFETY: with `site` set the function only returns an address; nothing is copied.
+            let at = unsafe { copy_bytes(std::ptr::null_mut(), std::ptr::null(), 0, 1) };
+            super::install(crate::sys::guard::fault).ok().map(|()| at)
+        })
+    }
+
+    /// Moves a fault at `copy_bytes`'s `rep movsb` past it (2 bytes: `f3 a4`), so the copy
+    /// returns what it had left; false for a fault anywhere else. Async-signal-safe.
+    pub(super) fn resume(ctx: *mut libc::c_void) -> bool {
+        // Set before the handler is installed for the copy (a fault at the site can only come
+        // after): a plain read of the cell.
+        let Some(Some(at)) = SITE.get() else { return false };
+        // SAFETY: for SA_SIGINFO handlers the kernel passes the interrupted thread's ucontext.
+        let rip = unsafe { &mut (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] };
+        if *rip as usize != *at {
+            return false;
+        }
+        *rip += 2;
+        true
+    }
+}
+
+/// No copy with the CPU on other architectures: the kernel copies.
+#[cfg(not(target_arch = "x86_64"))]
+mod guarded {
+    pub(super) fn site() -> Option<usize> {
+        None
+    }
+
+    pub(super) fn resume(_: *mut libc::c_void) -> bool {
+        false
+    }
+
+    pub(super) unsafe fn copy_bytes(_: *mut u8, _: *const u8, len: usize, _: usize) -> usize {
+        len
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// Three pages: read-write, then none, then read-only.
+    struct Pages(usize, usize);
+
+    impl Pages {
+        fn new() -> Pages {
+            let p = crate::sys::linux::mm::page_size();
+            // SAFETY: a fresh anonymous mapping chosen by the kernel touches no existing memory.
+            let at = unsafe {
+                rustix::mm::mmap_anonymous(
+                    std::ptr::null_mut(),
+                    3 * p,
+                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                    rustix::mm::MapFlags::PRIVATE,
+                )
+            }
+            .unwrap() as usize;
+            // SAFETY: the pages are this test's own mapping, referenced by nothing.
+            unsafe {
+                std::ptr::write_bytes(at as *mut u8, 7, 3 * p);
+                assert_eq!(libc::mprotect((at + p) as *mut libc::c_void, p, libc::PROT_NONE), 0);
+                assert_eq!(libc::mprotect((at + 2 * p) as *mut libc::c_void, p, libc::PROT_READ), 0);
+            }
+            Pages(at, p)
+        }
+    }
+
+    impl Drop for Pages {
+        fn drop(&mut self) {
+            // SAFETY: the mapping is this test's own, unused after.
+            unsafe { libc::munmap(self.0 as *mut libc::c_void, 3 * self.1) };
+        }
+    }
+
+    /// A copy with the CPU that runs into a page it may not read, or write, stops at that page's
+    /// first byte and returns the bytes copied; the process goes on (without the handler's
+    /// resume it dies of the fault), and a whole copy of readable bytes is whole.
+    #[test]
+    fn a_copy_with_the_cpu_stops_at_the_page_that_refuses_and_the_process_goes_on() {
+        let m = Pages::new();
+        let (at, p) = (m.0, m.1);
+        let mut buf = vec![0u8; 2 * p];
+        // SAFETY: `buf` is this test's, borrowed for the copy; the pages are its own mapping.
+        let n = unsafe { copy(buf.as_mut_ptr(), (at + 100) as *const u8, 2 * p) };
+        assert_eq!(n, Some(p - 100), "read up to the page without access");
+        assert!(buf[..p - 100].iter().all(|&b| b == 7) && buf[p - 100..].iter().all(|&b| b == 0));
+        // SAFETY: as above.
+        let n = unsafe { copy((at + 2 * p - 8) as *mut u8, buf.as_ptr(), 16) };
+        assert_eq!(n, Some(0), "no byte written into the page without access");
+        // SAFETY: as above.
+        let n = unsafe { copy((at + 3 * p - 16) as *mut u8, buf.as_ptr(), 16) };
+        assert_eq!(n, Some(0), "no byte written into the read-only page");
+        // SAFETY: as above.
+        let n = unsafe { copy(buf.as_mut_ptr(), (at + 2 * p) as *const u8, p) };
+        assert_eq!(n, Some(p), "a readable page read whole");
+        assert!(buf[..p].iter().all(|&b| b == 7));
     }
 }

@@ -146,8 +146,8 @@ struct State {
     base: Option<u64>,
     /// Pages known to have changed since `base` that the consumer will not report again.
     dirty: PageSet,
-    /// A collect's words, and a copy's bytes, kept between calls.
-    words: Vec<u64>,
+    /// A collect's runs, and a copy's bytes, kept between calls.
+    runs: Vec<(u64, u64)>,
     scratch: Vec<u8>,
     stats: SnapshotStats,
     /// Copy before write's machinery ([`SnapshotMode::CopyBeforeWrite`]).
@@ -194,7 +194,7 @@ impl Snapshots {
             consumer,
             base: None,
             dirty: PageSet::new(),
-            words: vec![0; range.pages().div_ceil(64) as usize],
+            runs: Vec::new(),
             scratch: Vec::new(),
             stats: SnapshotStats::default(),
             cow,
@@ -231,13 +231,14 @@ impl Snapshots {
 
     /// The pages of the range this consumer's collect reports (written since its last).
     fn collect(&self, st: &mut State) -> Result<PageSet, SnapshotError> {
-        // `words` is all zero between collects (taken into the set); a failed collect may
-        // leave bits in it.
-        if let Err(e) = st.consumer.collect_into(self.range, page(), &mut st.words) {
-            st.words.fill(0);
-            return Err(e.into());
+        st.runs.clear();
+        st.consumer.collect_runs(self.range, &mut st.runs)?;
+        let mut set = PageSet::new();
+        let a = self.range.start().0;
+        for &(s, e) in &st.runs {
+            set.set_run((s - a) / page(), (e - a) / page());
         }
-        Ok(PageSet::take_dense(&mut st.words))
+        Ok(set)
     }
 
     /// Takes a snapshot of the range: which pages are committed, with their protections, and

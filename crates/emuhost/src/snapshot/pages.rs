@@ -20,24 +20,6 @@ impl PageSet {
         PageSet::default()
     }
 
-    /// The set of the bits of a range-sized bitmap `dense` (bit `i` is page `i`), leaving
-    /// `dense` all zero: its cost follows the bitmap's length, read once, and the pages in it.
-    pub(super) fn take_dense(dense: &mut [u64]) -> PageSet {
-        let mut out = PageSet::new();
-        // Blocks of words first: most of a large range's bitmap is zero.
-        for (b, block) in dense.chunks_mut(8).enumerate() {
-            if block.iter().fold(0, |a, w| a | w) == 0 {
-                continue;
-            }
-            for (j, w) in block.iter_mut().enumerate() {
-                if *w != 0 {
-                    out.words.insert((b * 8 + j) as u64, std::mem::take(w));
-                }
-            }
-        }
-        out
-    }
-
     pub(super) fn set(&mut self, i: u64) {
         *self.words.entry(i / 64).or_insert(0) |= 1 << (i % 64);
     }
@@ -203,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn page_set_runs_and_dense_bitmaps_match_a_bit_at_a_time() {
+    fn page_set_runs_match_a_bit_at_a_time() {
         for a in [0, 1, 63, 64, 65, 127, 130] {
             for n in [0, 1, 2, 63, 64, 65, 128, 200] {
                 let mut s = PageSet::new();
@@ -211,13 +193,11 @@ mod tests {
                 assert_eq!(s.iter().collect::<Vec<_>>(), (a..a + n).collect::<Vec<_>>(), "{a} + {n}");
             }
         }
-        let mut dense = vec![0u64; 40];
+        let mut s = PageSet::new();
         for i in [3, 64 * 9 + 5, 64 * 39 + 63] {
-            dense[(i / 64) as usize] |= 1 << (i % 64);
+            s.set(i);
         }
-        let mut s = PageSet::take_dense(&mut dense);
         assert_eq!(s.iter().collect::<Vec<_>>(), [3, 64 * 9 + 5, 64 * 39 + 63]);
-        assert!(dense.iter().all(|&w| w == 0));
         let mut o = PageSet::new();
         o.set_run(2, 5);
         s.or(&o);

@@ -209,6 +209,19 @@ fn two_consumers_both_see_every_write(kind: BackendKind) {
     assert_eq!(bits(&words), vec![8]);
     assert_eq!(take(&textures), vec![120]);
     assert_eq!(take(&late), vec![8, 120]);
+    // A collect into runs: consecutive pages joined, in order, appended, and taken from this
+    // consumer alone.
+    for i in [12, 10, 11, 40, 127] {
+        poke(&s, i);
+    }
+    let mut runs = vec![(1, 2)];
+    let w = late.collect_runs(r, &mut runs).unwrap();
+    let at = |i: u64| r.start().0 + i * p();
+    assert_eq!(runs, [(1, 2), (at(10), at(13)), (at(40), at(41)), (at(127), at(128))]);
+    assert_eq!(w.pages, 5);
+    runs.clear();
+    assert_eq!((late.collect_runs(r, &mut runs).unwrap().pages, runs.len()), (0, 0));
+    assert_eq!(take(&textures), vec![10, 11, 12, 40, 127]);
 }
 
 /// Issue 33, item 1: the tracker's own collect is one more reader. A consumer's collect (which

@@ -9,8 +9,7 @@ use anyhow::{Context, bail};
 use emuhost::settings::{self, Settings};
 pub(crate) use emuhost_lab::bench::{ms, quantile};
 use emuhost_lab::replay::{
-    MAX_REWIND, MAX_SNAPSHOT_EVERY, REWIND_INTERVAL, ReplayConfig, ReplayReport, SnapshotFigures, replay_default,
-    replay_file,
+    MAX_REWIND, MAX_SNAPSHOT_EVERY, ReplayConfig, ReplayReport, SnapshotFigures, replay_default, replay_file,
 };
 
 use crate::Outcome;
@@ -71,6 +70,11 @@ pub struct Args {
     #[arg(long, value_name = "K", requires = "snapshot_every",
           value_parser = clap::value_parser!(u64).range(1..=MAX_REWIND))]
     pub rewind: Option<u64>,
+    /// With --rewind K: rewind every M frames instead of every 4·K (M a multiple of K, at least
+    /// 2·K; each rewind reads the whole guest memory four times for its checks, so a large M
+    /// times short rewinds over a whole session).
+    #[arg(long, value_name = "M", requires = "rewind", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rewind_every: Option<u64>,
 }
 
 impl Args {
@@ -112,9 +116,12 @@ pub fn run(a: Args, settings: Settings) -> anyhow::Result<Outcome> {
     }
     let mut cfg = ReplayConfig::default();
     (cfg.paced, cfg.settings) = (a.paced, settings);
-    (cfg.snapshot_every, cfg.rewind) = (a.snapshot_every, a.rewind);
+    (cfg.snapshot_every, cfg.rewind, cfg.rewind_every) = (a.snapshot_every, a.rewind, a.rewind_every);
     // A rewind that is not a multiple of the snapshots' interval, before the replay.
-    cfg.check().map_err(|e| anyhow::anyhow!("--rewind {}: {e}", a.rewind.unwrap_or(0)))?;
+    cfg.check().map_err(|e| match a.rewind_every {
+        Some(m) => anyhow::anyhow!("--rewind {} --rewind-every {m}: {e}", a.rewind.unwrap_or(0)),
+        None => anyhow::anyhow!("--rewind {}: {e}", a.rewind.unwrap_or(0)),
+    })?;
     if let Some(d) = soak {
         return crate::soak::run(d, a.trace.as_deref(), &cfg, !a.no_trim, a.json);
     }
@@ -302,6 +309,7 @@ pub struct SnapshotSummary {
     pub snapshot_restore_ms_p50: f64,
     pub snapshot_restore_ms_max: f64,
     pub rewind: u64,
+    pub rewind_every: u64,
     pub rewinds: u64,
     pub rewind_checks: u64,
     pub rewind_mismatched_snapshots: u64,
@@ -338,6 +346,7 @@ pub fn snapshot_summary(f: &SnapshotFigures) -> SnapshotSummary {
         snapshot_restore_ms_p50: quantile(&restore, 0.5),
         snapshot_restore_ms_max: restore.last().copied().unwrap_or(0.0),
         rewind: f.rewind,
+        rewind_every: f.every_rewind,
         rewinds: f.rewinds,
         rewind_checks: f.checks,
         rewind_mismatched_snapshots: f.mismatched_snapshots,
@@ -584,7 +593,7 @@ fn print_snapshots(s: &SnapshotSummary) {
         outln!(
             "  rewind {} frames every {} frames: {} rewinds, restore p50 {:.3} ms   max {:.3} ms; imports released {} times",
             s.rewind,
-            REWIND_INTERVAL * s.rewind,
+            s.rewind_every,
             s.rewinds,
             s.snapshot_restore_ms_p50,
             s.snapshot_restore_ms_max,

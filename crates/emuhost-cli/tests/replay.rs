@@ -454,7 +454,7 @@ fn replay_with_snapshots_and_rewinds_finds_the_memory_the_same() {
     let v =
         json(&emuhost().args(["replay", "--json", "--snapshot-every", "1", "--rewind", "2"]).arg(&t).output().unwrap());
     let u = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {v}"));
-    assert_eq!((u("snapshot_every"), u("snapshots_taken"), u("rewind")), (1, 9, 2), "{v}");
+    assert_eq!((u("snapshot_every"), u("snapshots_taken"), u("rewind"), u("rewind_every")), (1, 9, 2, 8), "{v}");
     assert_eq!((u("rewinds"), u("snapshot_restores"), u("rewind_checks")), (1, 1, 2), "{v}");
     assert_eq!((u("rewind_mismatched_snapshots"), u("rewind_mismatched_bytes")), (0, 0), "{v}");
     assert!(v["rewind_first_mismatch_frame"].is_null(), "{v}");
@@ -472,6 +472,26 @@ fn replay_with_snapshots_and_rewinds_finds_the_memory_the_same() {
         "snapshot_restore_ms_max",
     ] {
         assert!(v[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {v}");
+    }
+    // --rewind-every: a rewind of one frame every 3 (boundaries 3, 6 and 9), each checked; an
+    // interval that is not a multiple of the rewind, or under twice it, is refused naming both.
+    let args = ["replay", "--json", "--snapshot-every", "1", "--rewind", "1", "--rewind-every", "3"];
+    let w = json(&emuhost().args(args).arg(&t).output().unwrap());
+    let n = |k: &str| w[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {w}"));
+    assert_eq!((n("rewind"), n("rewind_every"), n("rewinds"), n("rewind_checks")), (1, 3, 3, 6), "{w}");
+    assert_eq!(n("rewind_mismatched_snapshots"), 0, "{w}");
+    for m in ["3", "2"] {
+        let out = emuhost()
+            .args(["replay", "--snapshot-every", "1", "--rewind", "2", "--rewind-every", m])
+            .arg(&t)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("--rewind 2 --rewind-every {m}: a rewind of 2 frames every {m} frames")),
+            "{err}"
+        );
     }
     // The table has them too; a replay without snapshots has none of the keys.
     let out = emuhost().args(["replay", "--snapshot-every", "3"]).arg(&t).output().unwrap();

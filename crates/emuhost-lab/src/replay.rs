@@ -123,6 +123,10 @@ pub struct ReplayConfig {
     /// restored, those frames' changes of guest memory are made again and the memory is compared
     /// with the first time's (1 to [`MAX_REWIND`], a multiple of `snapshot_every`, which it needs).
     pub rewind: Option<u64>,
+    /// With `rewind` K: a rewind every this many frames instead of [`REWIND_INTERVAL`]·K (a
+    /// multiple of K, at least 2·K): fewer rewinds, each checked the same (each check reads the
+    /// whole guest memory twice), so short rewinds can be timed over a whole session.
+    pub rewind_every: Option<u64>,
     /// Test hook: rewinds do not restore, to show that the check catches it.
     #[cfg(test)]
     pub(crate) skip_restore: bool,
@@ -133,13 +137,23 @@ impl ReplayConfig {
     ///
     /// # Errors
     /// [`ReplayError::Config`]: `snapshot_every` or `rewind` 0 or past its cap, `rewind` without
-    /// `snapshot_every` or not a multiple of it.
+    /// `snapshot_every` or not a multiple of it, `rewind_every` without `rewind`, not a multiple
+    /// of it or under twice it.
     pub fn check(&self) -> Result<(), ReplayError> {
         let bad = |what: String| Err(ReplayError::Config { what });
         if let Some(n) = self.snapshot_every
             && !(1..=MAX_SNAPSHOT_EVERY).contains(&n)
         {
             return bad(format!("a snapshot every {n} frames: 1 to {MAX_SNAPSHOT_EVERY} frames"));
+        }
+        match (self.rewind_every, self.rewind) {
+            (Some(m), None) => return bad(format!("a rewind every {m} frames needs a rewind (rewind)")),
+            (Some(m), Some(k)) if !m.is_multiple_of(k) || m / 2 < k => {
+                return bad(format!(
+                    "a rewind of {k} frames every {m} frames: the interval must be a multiple of the rewind and at least twice it"
+                ));
+            }
+            _ => {}
         }
         match (self.rewind, self.snapshot_every) {
             (Some(k), _) if !(1..=MAX_REWIND).contains(&k) => {
@@ -1158,7 +1172,7 @@ fn replay_with(
                     source: Box::new(e),
                 }
             })?;
-        let run = SnapRun::new(snaps, every, cfg.rewind);
+        let run = SnapRun::new(snaps, every, cfg.rewind.map(|k| (k, cfg.rewind_every.unwrap_or(REWIND_INTERVAL * k))));
         #[cfg(test)]
         let run = run.skipping_restores(cfg.skip_restore);
         sh.snap = Some(Mutex::new(run));
@@ -1540,6 +1554,32 @@ mod tests {
         assert!(check(Some(1), Some(0)).unwrap().starts_with("a rewind of 0 frames"));
         assert!(check(Some(1), Some(u64::MAX)).unwrap().starts_with("a rewind of 18446744073709551615 frames"));
         assert!(check(Some(3), Some(4)).unwrap().contains("must be a multiple"));
+        let every = |rewind, m| {
+            let cfg = ReplayConfig { snapshot_every: Some(1), rewind, rewind_every: m, ..Default::default() };
+            cfg.check().err().map(|e| e.to_string())
+        };
+        assert_eq!(every(Some(2), Some(4)), None);
+        assert_eq!(every(Some(1), Some(u64::MAX)), None);
+        assert!(every(None, Some(8)).unwrap().contains("needs a rewind"));
+        for m in [0, 2, 3, 5] {
+            let e = every(Some(2), Some(m)).unwrap();
+            assert!(e.starts_with(&format!("a rewind of 2 frames every {m} frames")), "{e}");
+        }
+        let e = every(Some(4), Some(u64::MAX)).unwrap();
+        assert!(e.contains("18446744073709551615"), "{e}");
+    }
+
+    #[test]
+    fn a_rewind_interval_of_its_own_spaces_the_rewinds() {
+        let mut cfg = plain_cfg();
+        (cfg.snapshot_every, cfg.rewind, cfg.rewind_every) = (Some(1), Some(1), Some(6));
+        let header = Header { window: 1 << 32, ..Header::default() };
+        let r = replay_with(&header, rewinding_trace(20).into_iter().map(Ok), &cfg, None).unwrap();
+        let s = r.snapshots.unwrap();
+        // Rewinds at boundaries 6, 12 and 18 (not every 4 frames), each restoring the previous
+        // frame's snapshot and checking twice.
+        assert_eq!((s.rewinds, s.checks, s.every_rewind), (3, 6, 6), "{s:?}");
+        assert_eq!((s.mismatched_snapshots, s.mismatched_bytes), (0, 0), "{s:?}");
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct SnapshotFigures {
     pub every: u64,
     /// `--rewind`: frames gone back at each rewind (0: no rewind check).
     pub rewind: u64,
+    /// `--rewind-every`: a rewind at the end of every this many frames (0: no rewind check).
+    pub every_rewind: u64,
     /// Snapshots taken.
     pub taken: u64,
     /// Pages the takes copied ([`emuhost::snapshot::SnapshotStats::pages_copied`]).
@@ -157,7 +159,8 @@ struct Point {
 /// The snapshots of a replay and the rewind check's state (the render thread's, at boundaries).
 pub(super) struct SnapRun {
     snaps: Snapshots,
-    rewind: Option<u64>,
+    /// The rewind check: frames gone back, and a rewind every this many frames.
+    rewind: Option<(u64, u64)>,
     ring: VecDeque<Kept>,
     points: VecDeque<Point>,
     pub(super) fig: SnapshotFigures,
@@ -183,8 +186,9 @@ fn fail(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'stat
 }
 
 impl SnapRun {
-    pub(super) fn new(snaps: Snapshots, every: u64, rewind: Option<u64>) -> Self {
-        let fig = SnapshotFigures { every, rewind: rewind.unwrap_or(0), ..Default::default() };
+    pub(super) fn new(snaps: Snapshots, every: u64, rewind: Option<(u64, u64)>) -> Self {
+        let (k, m) = rewind.unwrap_or((0, 0));
+        let fig = SnapshotFigures { every, rewind: k, every_rewind: m, ..Default::default() };
         SnapRun {
             snaps,
             rewind,
@@ -220,15 +224,14 @@ impl SnapRun {
         self.fig.bytes_kept_peak = self.fig.bytes_kept_peak.max(kept);
         let pos = rt.log.lock().unwrap_or_else(|p| p.into_inner()).end();
         self.ring.push_back(Kept { b, frame, id, pos });
-        let keep_from = b.saturating_sub(self.rewind.unwrap_or(0));
+        let keep_from = b.saturating_sub(self.rewind.map_or(0, |(k, _)| k));
         while self.ring.front().is_some_and(|k| k.b < keep_from) {
             let old = self.ring.pop_front().expect("checked");
             self.snaps
                 .release(old.id)
                 .map_err(|e| fail(format!("releasing the snapshot of frame {}", old.frame), e))?;
         }
-        let Some(k) = self.rewind else { return Ok(took) };
-        let interval = REWIND_INTERVAL * k;
+        let Some((k, interval)) = self.rewind else { return Ok(took) };
         // The states a rewind at the next multiple of the interval compares: K frames before it,
         // and its own. (Not each snapshot's between: each state is a full read of the guest's
         // memory, some 1.3 GB on the built-in session.)

@@ -219,6 +219,12 @@ impl Snapshots {
         }
     }
 
+    /// Whether copies go through the CPU (emuhost's fault handler makes them survive a refused
+    /// page; not where the embedder owns `SIGSEGV`) or the kernel.
+    fn cpu(&self) -> bool {
+        self.tracker.owns_fault_handler()
+    }
+
     /// The guest address of the range's page `i`.
     fn addr(&self, i: u64) -> u64 {
         self.range.start().0 + i * page()
@@ -387,11 +393,11 @@ impl Snapshots {
                 [(_, _, prot)] if !prot.read => {
                     let (run, prot) = (ranges[0], *prot);
                     self.space.protect(run, Prot { read: true, ..prot })?;
-                    let read = self.space.read_runs(&ranges, &mut into);
+                    let read = self.space.read_runs(&ranges, &mut into, self.cpu());
                     self.space.protect(run, prot)?;
                     read?;
                 }
-                _ => self.space.read_runs(&ranges, &mut into)?,
+                _ => self.space.read_runs(&ranges, &mut into, self.cpu())?,
             }
         }
         Ok(())
@@ -527,7 +533,7 @@ impl Snapshots {
             };
             let _writes: Vec<_> =
                 hosted.iter().map(|&run| self.tracker.host_write_owned(run)).collect::<Result<_, _>>()?;
-            self.space.write_runs(&ranges, &data)?;
+            self.space.write_runs(&ranges, &data, self.cpu())?;
         }
         Ok(())
     }
@@ -575,7 +581,7 @@ impl Snapshots {
             from = to;
             let ranges: Vec<GuestRange> = batch.iter().map(|r| self.pages(r[0].0, r[r.len() - 1].0 + 1)).collect();
             buf.resize(buf.len().max(pages * p), 0);
-            let together = self.space.read_runs(&ranges, &mut [&mut buf[..pages * p]]).is_ok();
+            let together = self.space.read_runs(&ranges, &mut [&mut buf[..pages * p]], self.cpu()).is_ok();
             let mut at = 0;
             for (run, range) in batch.iter().zip(&ranges) {
                 let got = &mut buf[at..at + run.len() * p];

@@ -88,22 +88,23 @@ impl Space {
     }
 
     /// Copies the guest `runs`, one after the other, into `bufs`, filled in turn (their lengths
-    /// add up to the runs'), in as few kernel calls as the OS allows (a snapshot's take). The
-    /// errors of [`Space::read`] over the first run that failed, from the byte where the
-    /// copy stopped, naming its first pages not committed or not readable (the runs and bytes
-    /// before it are copied).
-    pub(crate) fn read_runs(&self, runs: &[GuestRange], bufs: &mut [&mut [u8]]) -> Result<(), SpaceError> {
+    /// add up to the runs'), with the CPU where `cpu` allows emuhost's fault handler (a copy that
+    /// survives a refused page), else in as few kernel calls as the OS allows (a snapshot's
+    /// take). The errors of [`Space::read`] over the first run that failed, from the byte where
+    /// the copy stopped, naming its first pages not committed or not readable (the runs and
+    /// bytes before it are copied).
+    pub(crate) fn read_runs(&self, runs: &[GuestRange], bufs: &mut [&mut [u8]], cpu: bool) -> Result<(), SpaceError> {
         let offs = self.run_offsets(runs)?;
-        self.res.read_runs(&offs, bufs).map_err(|e| self.runs_failed("read", runs, e, |p| p.read))
+        self.res.read_runs(&offs, bufs, cpu).map_err(|e| self.runs_failed("read", runs, e, |p| p.read))
     }
 
     /// Copies `data`, taken in turn, into the guest `runs` one after the other (their lengths
-    /// add up), in as few kernel calls as the OS allows (a snapshot's restore). The errors of
+    /// add up), as [`Space::read_runs`] copies (a snapshot's restore). The errors of
     /// [`Space::write`] over the first run that failed, from the byte where the copy
     /// stopped (the runs and bytes before it are written).
-    pub(crate) fn write_runs(&self, runs: &[GuestRange], data: &[&[u8]]) -> Result<(), SpaceError> {
+    pub(crate) fn write_runs(&self, runs: &[GuestRange], data: &[&[u8]], cpu: bool) -> Result<(), SpaceError> {
         let offs = self.run_offsets(runs)?;
-        self.res.write_runs(&offs, data).map_err(|e| self.runs_failed("write", runs, e, |p| p.write))
+        self.res.write_runs(&offs, data, cpu).map_err(|e| self.runs_failed("write", runs, e, |p| p.write))
     }
 
     /// The runs as offsets and lengths in the reservation, each checked inside the window.
@@ -208,7 +209,8 @@ mod tests {
     }
 
     /// More runs than one kernel call takes (on either side), and buffers that split across runs
-    /// and pages anywhere: every byte lands where it belongs, both ways.
+    /// and pages anywhere: every byte lands where it belongs, both ways, with the CPU and through
+    /// the kernel.
     #[test]
     fn runs_are_copied_across_calls_and_any_split_of_the_buffers() {
         let p = page_size();
@@ -220,31 +222,40 @@ mod tests {
             (0..n / 2 - 2).map(|i| pages(&space, 2 * i, 2 * i + if i % 100 == 7 { 2 } else { 1 })).collect();
         assert!(runs.len() > 2 * 1024 + 2);
         let total: usize = runs.iter().map(|r| r.len() as usize).sum();
-        let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4093) as u8).collect();
-        // Written from pieces of 3000 bytes (across pages and runs), read back into pages.
-        let pieces: Vec<&[u8]> = data.chunks(3000).collect();
-        space.write_runs(&runs, &pieces).unwrap();
-        let mut at = 0;
-        for r in &runs {
-            let mut got = vec![0; r.len() as usize];
-            space.read(r.start(), &mut got).unwrap();
-            assert_eq!(got, data[at..at + got.len()], "run at {:#x}", r.start().0);
-            at += got.len();
+        for (round, cpu) in [(0usize, true), (1, false)] {
+            let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4093 + round) as u8).collect();
+            // Written from pieces of 3000 bytes (across pages and runs), read back into pages.
+            let pieces: Vec<&[u8]> = data.chunks(3000).collect();
+            space.write_runs(&runs, &pieces, cpu).unwrap();
+            let mut at = 0;
+            for r in &runs {
+                let mut got = vec![0; r.len() as usize];
+                space.read(r.start(), &mut got).unwrap();
+                assert_eq!(got, data[at..at + got.len()], "run at {:#x}, cpu {cpu}", r.start().0);
+                at += got.len();
+            }
+            let mut back = vec![0u8; total];
+            let mut bufs: Vec<&mut [u8]> = back.chunks_mut(p as usize + 5).collect();
+            space.read_runs(&runs, &mut bufs, cpu).unwrap();
+            assert!(back == data, "cpu {cpu}");
+            // The pages between the runs were not touched.
+            let mut gap = vec![1u8; p as usize];
+            space.read(GuestAddr(p), &mut gap).unwrap();
+            assert!(gap.iter().all(|&b| b == 0));
         }
-        let mut back = vec![0u8; total];
-        let mut bufs: Vec<&mut [u8]> = back.chunks_mut(p as usize + 5).collect();
-        space.read_runs(&runs, &mut bufs).unwrap();
-        assert!(back == data);
-        // The pages between the runs were not touched.
-        let mut gap = vec![1u8; p as usize];
-        space.read(GuestAddr(p), &mut gap).unwrap();
-        assert!(gap.iter().all(|&b| b == 0));
     }
 
     /// A run with a page the copy cannot use: the error names its pages as `Space::read` and
-    /// `Space::write` do, every run before it is copied and none after.
+    /// `Space::write` do, every run before it is copied and none after, with the CPU (which
+    /// faults there, and goes on) and through the kernel.
     #[test]
     fn a_copy_of_runs_stops_at_the_first_run_that_fails_naming_its_pages() {
+        for cpu in [true, false] {
+            copy_of_runs_stops_at_the_first_run_that_fails(cpu);
+        }
+    }
+
+    fn copy_of_runs_stops_at_the_first_run_that_fails(cpu: bool) {
         let p = page_size();
         let space = Space::with_window(1 << 20).unwrap();
         space.commit(pages(&space, 0, 16), Prot::READ_WRITE).unwrap();
@@ -255,7 +266,7 @@ mod tests {
         }
         let runs = [pages(&space, 0, 1), pages(&space, 2, 3), pages(&space, 4, 6), pages(&space, 7, 8)];
         let mut buf = vec![0xee; 5 * p as usize];
-        let err = space.read_runs(&runs, &mut [&mut buf[..]]).unwrap_err();
+        let err = space.read_runs(&runs, &mut [&mut buf[..]], cpu).unwrap_err();
         match err {
             SpaceError::NotCommitted { op: "read", addr, lo, hi, .. } => {
                 assert_eq!((lo, hi), (5 * p, 6 * p));
@@ -271,7 +282,7 @@ mod tests {
         // Writes: a page committed read-only is a protection error; the runs before are written.
         let runs = [pages(&space, 0, 1), pages(&space, 9, 10), pages(&space, 7, 8)];
         let data = vec![0x42u8; 3 * up];
-        match space.write_runs(&runs, &[&data]).unwrap_err() {
+        match space.write_runs(&runs, &[&data], cpu).unwrap_err() {
             SpaceError::Protection { op: "write", lo, hi, prot, .. } => {
                 assert_eq!((lo, hi, prot), (9 * p, 10 * p, Prot::READ));
             }
@@ -285,8 +296,11 @@ mod tests {
 
         // Out of the window, or lengths that do not add up: refused before any copy.
         let outside = [pages(&space, 0, 1), GuestRange::from_bounds(1 << 20, (1 << 20) + p).unwrap()];
-        assert!(matches!(space.read_runs(&outside, &mut [&mut buf[..2 * up]]), Err(SpaceError::OutOfWindow { .. })));
-        assert!(space.write_runs(&runs[..1], &[&data[..up - 1]]).is_err());
+        assert!(matches!(
+            space.read_runs(&outside, &mut [&mut buf[..2 * up]], cpu),
+            Err(SpaceError::OutOfWindow { .. })
+        ));
+        assert!(space.write_runs(&runs[..1], &[&data[..up - 1]], cpu).is_err());
         space.read(GuestAddr(0), &mut got).unwrap();
         assert!(got.iter().all(|&b| b == 0x42));
     }

@@ -203,6 +203,9 @@ pub struct Tracker {
     layout: Mutex<Layout>,
     /// The process that made the tracker: its userfaultfd and pagemap act on that process's pages.
     pid: u32,
+    /// Whether emuhost may install its fault handler for this tracker's work (not where the
+    /// embedder owns `SIGSEGV`: [`TrackerConfig::embedder_handles_faults`]).
+    own_handler: bool,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -252,7 +255,15 @@ impl Tracker {
             _claim: claim,
             layout: Mutex::default(),
             pid: std::process::id(),
+            own_handler: !config.embedder_handles_faults,
         }))
+    }
+
+    /// Whether emuhost may install its own fault handler for work on this tracker's memory: false
+    /// where the embedder owns `SIGSEGV` ([`TrackerConfig::embedder_handles_faults`]), so a
+    /// snapshot's copies go through the kernel instead of the CPU.
+    pub(crate) fn owns_fault_handler(&self) -> bool {
+        self.own_handler
     }
 
     /// The space it tracks.

@@ -567,3 +567,53 @@ fn take_cost_over_a_large_window() {
         times[times.len() * 99 / 100]
     );
 }
+
+/// The SIGSEGV action's handler now (Rust's own, for stack overflows, where emuhost's is not in).
+#[cfg(target_os = "linux")]
+fn segv_handler() -> libc::sighandler_t {
+    // SAFETY: a query of the action only (null new action) into a zeroed local.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old), 0);
+        old.sa_sigaction
+    }
+}
+
+/// A take, a write and a restore with a uffd tracker (whose writes never fault), the embedder
+/// owning `SIGSEGV` or not: the round trip is exact either way; emuhost's handler goes in for the
+/// copies with the CPU only where the embedder does not own the signal (alone in a child: no
+/// other test's handler is in yet).
+#[cfg(target_os = "linux")]
+#[test]
+fn copies_with_the_cpu_install_no_handler_where_the_embedder_owns_sigsegv() {
+    if std::env::var_os(crate::watch_gate::ALONE).is_none() {
+        crate::watch_gate::in_child_alone(
+            "snapshot::copies_with_the_cpu_install_no_handler_where_the_embedder_owns_sigsegv",
+        );
+        return;
+    }
+    if !usable(BackendKind::Uffd) {
+        return;
+    }
+    let first = segv_handler();
+    for embedder in [true, false] {
+        assert_eq!(segv_handler(), first, "emuhost's handler in before the round trip (embedder {embedder})");
+        let s = Arc::new(Space::with_window(64 << 20).unwrap());
+        let config = TrackerConfig::default().backend(Some(BackendKind::Uffd)).skip_self_test(true);
+        let t = Tracker::new(&s, &config.embedder_handles_faults(embedder)).unwrap();
+        let r = s.range(16 * p(), PAGES * p()).unwrap();
+        s.commit(r, Prot::READ_WRITE).unwrap();
+        s.write(GuestAddr(r.start().0 + 5), b"first").unwrap();
+        let before = full(&s, r);
+        let snaps = snapshots(&t, r);
+        let id = snaps.take().unwrap();
+        s.write(GuestAddr(r.start().0 + 5), b"later").unwrap();
+        snaps.restore(id).unwrap();
+        assert_eq!(full(&s, r), before, "embedder {embedder}");
+        let installed = segv_handler() != first;
+        assert_eq!(
+            installed, !embedder,
+            "emuhost's handler installed: {installed}, the embedder owning SIGSEGV: {embedder}"
+        );
+    }
+}

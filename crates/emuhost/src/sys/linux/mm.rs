@@ -432,17 +432,19 @@ impl Reservation {
 
 impl Reservation {
     /// Copies the runs `runs` (`(offset, len)` in the reservation, in any order) one after the
-    /// other into `bufs`, filled in turn (their lengths add up to the runs'), with as few
-    /// `process_vm_readv` as [`IOV_MAX`] iovecs a side allow. Fails, never faults, where a page
-    /// is not readable: the error names the run that refused and the bytes of it copied before
-    /// (every earlier run was copied whole). `EINVAL` (nothing copied) for a run outside the
-    /// reservation or lengths that do not add up.
-    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
+    /// other into `bufs`, filled in turn (their lengths add up to the runs'): with the CPU where
+    /// `cpu` lets this install emuhost's `SIGSEGV` handler ([`cpu_runs`]; the caller's embedder
+    /// does not own the signal) and the build can, else with as few `process_vm_readv` as
+    /// [`IOV_MAX`] iovecs a side allow. Fails, never faults, where a page is not readable: the
+    /// error names the run that refused and the bytes of it copied before (every earlier run was
+    /// copied whole). `EINVAL` (nothing copied) for a run outside the reservation or lengths that
+    /// do not add up.
+    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]], cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, bufs.iter().map(|b| b.len()), einval)?;
         let pieces: Vec<(usize, usize)> = bufs.iter_mut().map(|b| (b.as_mut_ptr() as usize, b.len())).collect();
         // SAFETY: every piece is a live slice borrowed mutably for the call; the runs were checked
         // to lie inside this reservation, which no Rust reference points into.
-        if let Some(done) = unsafe { cpu_runs(&pieces, self.base, runs, false) } {
+        if let Some(done) = cpu.then(|| unsafe { cpu_runs(&pieces, self.base, runs, false) }).flatten() {
             return done;
         }
         let local: Vec<libc::iovec> =
@@ -453,15 +455,15 @@ impl Reservation {
     }
 
     /// [`Reservation::read_runs`] the other way: copies `data`, taken in turn, into the runs one
-    /// after the other with as few `process_vm_writev` as possible. Fails with `EFAULT`, never
+    /// after the other, with the CPU or as few `process_vm_writev` as possible. Fails with `EFAULT`, never
     /// faults, where a page is not writable: the error names the run and the bytes of it
     /// written before (every earlier run was written whole, no later one touched).
-    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
+    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]], cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, data.iter().map(|b| b.len()), einval)?;
         let pieces: Vec<(usize, usize)> = data.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
         // SAFETY: every piece is a live slice (only read from); the runs were checked to lie
         // inside this reservation, guest memory no Rust reference points into.
-        if let Some(done) = unsafe { cpu_runs(&pieces, self.base, runs, true) } {
+        if let Some(done) = cpu.then(|| unsafe { cpu_runs(&pieces, self.base, runs, true) }).flatten() {
             return done;
         }
         let local: Vec<libc::iovec> =

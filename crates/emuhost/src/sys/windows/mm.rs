@@ -1005,7 +1005,7 @@ impl Reservation {
     /// per piece. Fails, never faults, where a page is not readable: the error names the run that
     /// refused and the bytes of it copied before at least (every earlier run was copied whole).
     /// `EINVAL` (nothing copied) for a run outside the window or lengths that do not add up.
-    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]]) -> Result<(), RunsError> {
+    pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]], _cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, bufs.iter().map(|b| b.len()), einval)?;
         let (mut b, mut b_off) = (0, 0);
         for (run, &(off, len)) in runs.iter().enumerate() {
@@ -1029,7 +1029,7 @@ impl Reservation {
     /// [`Reservation::read_runs`] the other way: copies `data`, taken in turn, into the runs one
     /// after the other, one [`Reservation::write`] per piece; the error names the run that
     /// refused and the bytes of it written before at least.
-    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]]) -> Result<(), RunsError> {
+    pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]], _cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, data.iter().map(|b| b.len()), einval)?;
         let (mut b, mut b_off) = (0, 0);
         for (run, &(off, len)) in runs.iter().enumerate() {

@@ -759,6 +759,23 @@ EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_restore(const struct 
 // nothing changes.
 EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_release(const struct emuhost_snapshots_t *snapshots, uint64_t id);
 
+// Copies snapshot `id`'s bytes at guest `addr` into `buf` (`len` bytes), without restoring it:
+// a save state written to a file, a check. Bytes outside the snapshots' range, or on a page the
+// snapshot did not have committed, are `EMUHOST_ERROR_OUT_OF_RANGE` naming the first such byte
+// (`buf` is filled up to it); an id no live snapshot has is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+//
+// # Safety
+// `buf` points to `len` writable bytes (may be NULL where `len` is 0).
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_read(const struct emuhost_snapshots_t *snapshots, uint64_t id, uint64_t addr, uint8_t *buf, size_t len);
+
+// The live snapshots' ids, oldest first: the first `cap` of them into `ids` (may be NULL where
+// `cap` is 0), and how many are live into `count` (may be NULL): ask with `cap` 0 for the
+// count, then again with room for it.
+//
+// # Safety
+// `ids` points to `cap` writable `uint64_t`s; `count` is NULL or writable.
+EMUHOST_MUST_USE struct emuhost_error_t *emuhost_snapshots_live(const struct emuhost_snapshots_t *snapshots, uint64_t *ids, size_t cap, size_t *count);
+
 // The snapshots object's counters.
 //
 // # Safety

@@ -28,6 +28,7 @@
 #error "emuhost.hpp reports errors as exceptions: built with -fno-exceptions, use emuhost.h (every call returns its error)"
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -462,6 +463,21 @@ public:
         return r;
     }
     void release(std::uint64_t id) const { detail::check(emuhost_snapshots_release(get(), id)); }
+    // Snapshot `id`'s bytes at guest `addr`, without restoring it (a save state).
+    std::vector<std::uint8_t> read(std::uint64_t id, std::uint64_t addr, std::size_t len) const {
+        std::vector<std::uint8_t> buf(len);
+        detail::check(emuhost_snapshots_read(get(), id, addr, buf.data(), len));
+        return buf;
+    }
+    // The live snapshots' ids, oldest first.
+    std::vector<std::uint64_t> live() const {
+        std::size_t n = 0;
+        detail::check(emuhost_snapshots_live(get(), nullptr, 0, &n));
+        std::vector<std::uint64_t> ids(n);
+        detail::check(emuhost_snapshots_live(get(), ids.data(), ids.size(), &n));
+        ids.resize(std::min(n, ids.size()));
+        return ids;
+    }
     emuhost_snapshot_stats_t stats() const {
         emuhost_snapshot_stats_t s{};
         detail::check(emuhost_snapshots_stats(get(), &s));

@@ -224,6 +224,11 @@ int snapshot_round_trip(const emuhost::Space &space, const emuhost::Tracker &tra
     auto id = snapshots.take();
     for (std::uint64_t i = 0; i < len; i += 64) guest[i] = static_cast<std::uint8_t>(~guest[i]);
     space.read(at, over);
+    // A save state: the snapshot's bytes without a restore; the live ids.
+    if (snapshots.read(id, at, len) != taken || snapshots.live() != std::vector<std::uint64_t>{id}) {
+        std::fprintf(stderr, "smoke: the snapshot's bytes or ids read back other than taken\n");
+        return 1;
+    }
     auto restored = snapshots.restore(id);
     space.read(at, back);
     if (over == taken || back != taken) {
@@ -232,6 +237,7 @@ int snapshot_round_trip(const emuhost::Space &space, const emuhost::Tracker &tra
     }
     snapshots.release(id);
     expect("restore of a released snapshot", EMUHOST_ERROR_INVALID_ARGUMENT, [&] { snapshots.restore(id); });
+    expect("read of a released snapshot", EMUHOST_ERROR_INVALID_ARGUMENT, [&] { snapshots.read(id, at, 1); });
     auto st = snapshots.stats();
     std::printf("snapshot: %llu pages taken, written over and restored (%llu put back): bytes equal\n",
                 static_cast<unsigned long long>(st.pages_copied), static_cast<unsigned long long>(restored.pages));

@@ -11,7 +11,7 @@ use emuhost::space::{GuestAddr, GuestRange};
 
 use crate::entry;
 use crate::error::{Error, emuhost_error_t};
-use crate::ffi::{put, put_opt};
+use crate::ffi::{put, put_opt, slice_mut};
 use crate::handle::{self, Kind};
 use crate::settings::emuhost_settings_t;
 use crate::watch::emuhost_tracker_t;
@@ -200,6 +200,61 @@ pub extern "C" fn emuhost_snapshots_release(snapshots: *const emuhost_snapshots_
     entry(|| {
         let s = get(snapshots, "emuhost_snapshots_release")?;
         Ok(s.release(SnapshotId::new(id))?)
+    })
+}
+
+/// Copies snapshot `id`'s bytes at guest `addr` into `buf` (`len` bytes), without restoring it:
+/// a save state written to a file, a check. Bytes outside the snapshots' range, or on a page the
+/// snapshot did not have committed, are `EMUHOST_ERROR_OUT_OF_RANGE` naming the first such byte
+/// (`buf` is filled up to it); an id no live snapshot has is `EMUHOST_ERROR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes (may be NULL where `len` is 0).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_snapshots_read(
+    snapshots: *const emuhost_snapshots_t,
+    id: u64,
+    addr: u64,
+    buf: *mut u8,
+    len: usize,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let s = get(snapshots, "emuhost_snapshots_read")?;
+        // SAFETY: as the caller vouches.
+        let buf = unsafe { slice_mut(buf, len, "buf") }?;
+        Ok(s.read(SnapshotId::new(id), GuestAddr(addr), buf)?)
+    })
+}
+
+/// The live snapshots' ids, oldest first: the first `cap` of them into `ids` (may be NULL where
+/// `cap` is 0), and how many are live into `count` (may be NULL): ask with `cap` 0 for the
+/// count, then again with room for it.
+///
+/// # Safety
+/// `ids` points to `cap` writable `uint64_t`s; `count` is NULL or writable.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn emuhost_snapshots_live(
+    snapshots: *const emuhost_snapshots_t,
+    ids: *mut u64,
+    cap: usize,
+    count: *mut usize,
+) -> *mut emuhost_error_t {
+    entry(|| {
+        let s = get(snapshots, "emuhost_snapshots_live")?;
+        // Both checked before anything is written.
+        // SAFETY: as the caller vouches.
+        let ids = unsafe { slice_mut(ids, cap, "ids") }?;
+        if !count.is_null() {
+            crate::ffi::check_ptr(count, "count")?;
+        }
+        let live = s.live();
+        for (out, id) in ids.iter_mut().zip(&live) {
+            *out = id.get();
+        }
+        // SAFETY: as the caller vouches.
+        unsafe { put_opt(count, "count", live.len()) }
     })
 }
 

@@ -152,7 +152,9 @@ fn the_librarys_exports_are_the_headers_functions() {
     let missing = differences(&declared, &exported, &library);
     assert!(missing.is_empty(), "{missing}");
     // The snapshots (issue 39), by name: the header's reading finds them, the library exports them.
-    for name in ["new", "take", "restore", "release", "stats", "delete"].map(|f| format!("emuhost_snapshots_{f}")) {
+    for name in ["new", "take", "restore", "release", "read", "live", "stats", "delete"]
+        .map(|f| format!("emuhost_snapshots_{f}"))
+    {
         assert!(declared.contains(&name) && exported.contains(&name), "{name}: declared or exported no more");
     }
 }

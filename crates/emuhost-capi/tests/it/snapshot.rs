@@ -148,6 +148,70 @@ fn released_and_unknown_ids_are_invalid_arguments() {
     ok(emuhost_space_delete(x.space));
 }
 
+/// A snapshot's bytes read without a restore (a save state), and the live ids listed oldest
+/// first: bytes outside the range or on a page not committed at the take are `OUT_OF_RANGE`
+/// naming the first, an id not live `INVALID_ARGUMENT`, a NULL buffer of non-zero length or
+/// misaligned ids `NULL`/`INVALID_ARGUMENT`, and a short `cap` gets the first ids and the count.
+#[test]
+fn a_snapshots_bytes_are_read_without_a_restore_and_the_live_ids_listed() {
+    let p = page();
+    let x = setup(8, 6, EMUHOST_WATCH_AUTO, null());
+    guest_fill(x.base, p, 16, 0x11);
+    let a = take(x.snapshots);
+    guest_fill(x.base, p, 16, 0x22);
+    let b = take(x.snapshots);
+    let c = take(x.snapshots);
+    ok(emuhost_snapshots_release(x.snapshots, b));
+    let snap_read = |id: u64, addr: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        // SAFETY: a local buffer and its length.
+        let e = unsafe { emuhost_snapshots_read(x.snapshots, id, addr, buf.as_mut_ptr(), len) };
+        (e, buf)
+    };
+    let (e, buf) = snap_read(a, p - 4, 24);
+    ok(e);
+    assert_eq!(buf, [&[0u8; 4][..], &[0x11; 16], &[0; 4]].concat());
+    let (e, buf) = snap_read(c, p, 16);
+    ok(e);
+    assert_eq!(buf, [0x22; 16]);
+    // The memory is not restored by a read.
+    assert_eq!(host_bytes(x.base, p, 16), [0x22; 16]);
+    // Pages 6 and 7 were never committed; past the range is out too.
+    let (e, buf) = snap_read(a, 6 * p - 2, 8);
+    fails(e, EMUHOST_ERROR_OUT_OF_RANGE, &format!("{:#x}", 6 * p));
+    assert_eq!(&buf[..2], &[0, 0]);
+    fails(snap_read(a, 8 * p, 1).0, EMUHOST_ERROR_OUT_OF_RANGE, "");
+    fails(snap_read(a, u64::MAX, 1).0, EMUHOST_ERROR_OUT_OF_RANGE, "");
+    fails(snap_read(b, 0, 1).0, EMUHOST_ERROR_INVALID_ARGUMENT, "snapshot 2 is not live");
+    // SAFETY: NULL with a length is checked; NULL with none reads nothing.
+    unsafe {
+        fails(emuhost_snapshots_read(x.snapshots, a, 0, null_mut(), 1), EMUHOST_ERROR_NULL, "buf is NULL");
+        ok(emuhost_snapshots_read(x.snapshots, a, 0, null_mut(), 0));
+        fails(emuhost_snapshots_read(null(), a, 0, null_mut(), 0), EMUHOST_ERROR_NULL, "snapshots handle is NULL");
+    }
+
+    // SAFETY: local out-pointers and their lengths (or NULL where none is wanted).
+    unsafe {
+        let mut n = 0usize;
+        ok(emuhost_snapshots_live(x.snapshots, null_mut(), 0, &mut n));
+        assert_eq!(n, 2);
+        let mut ids = [0u64; 4];
+        ok(emuhost_snapshots_live(x.snapshots, ids.as_mut_ptr(), ids.len(), &mut n));
+        assert_eq!((n, ids), (2, [a, c, 0, 0]));
+        let mut one = [0u64; 1];
+        ok(emuhost_snapshots_live(x.snapshots, one.as_mut_ptr(), 1, null_mut()));
+        assert_eq!(one, [a]);
+        fails(emuhost_snapshots_live(x.snapshots, null_mut(), 2, &mut n), EMUHOST_ERROR_NULL, "ids is NULL");
+        let odd = std::ptr::without_provenance_mut::<usize>(1);
+        let mut keep = [7u64; 2];
+        fails(emuhost_snapshots_live(x.snapshots, keep.as_mut_ptr(), 2, odd), EMUHOST_ERROR_INVALID_ARGUMENT, "count");
+        assert_eq!(keep, [7, 7], "nothing written before the check");
+    }
+    ok(emuhost_snapshots_delete(x.snapshots));
+    ok(emuhost_tracker_delete(x.tracker));
+    ok(emuhost_space_delete(x.space));
+}
+
 /// NULL handles and out-pointers are `NULL` errors (a NULL id pointer is refused before anything
 /// is taken); deleted, mistyped and made-up handles are `BAD_HANDLE`; a double delete changes
 /// nothing; deleting NULL does nothing; bad ranges have the space's codes.

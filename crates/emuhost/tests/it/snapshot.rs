@@ -617,3 +617,25 @@ fn copies_with_the_cpu_install_no_handler_where_the_embedder_owns_sigsegv() {
         );
     }
 }
+
+/// A take whose copy with the CPU meets an armed page without access (a decommit beside it that
+/// has made the page inaccessible before the tracker's state table heard of it; here the
+/// embedder's own `mprotect`): the take fails, as the kernel's copy does, and the page stays
+/// without access. (The fault was once claimed as an armed page's write, which made the page
+/// writable again: a reserved page then showed as foreign memory to the space's next commit.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_take_that_meets_an_armed_page_without_access_fails_and_leaves_it_so() {
+    let Some((s, t, r)) = setup(BackendKind::Mprotect) else { return };
+    let snaps = snapshots(&t, r);
+    let at = r.start().0 + 3 * p();
+    {
+        let _change = s.changing();
+        let host = s.host_addr(GuestAddr(at)).unwrap() as *mut libc::c_void;
+        // SAFETY: a committed page of this test's own space; no reference points into it.
+        assert_eq!(unsafe { libc::mprotect(host, p() as usize, libc::PROT_NONE) }, 0);
+    }
+    assert!(snaps.take().is_err(), "a take read a page without access");
+    let mut b = [0u8; 1];
+    assert!(s.read(GuestAddr(at), &mut b).is_err(), "the page was given access back by the take's fault");
+}

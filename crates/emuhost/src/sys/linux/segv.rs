@@ -151,7 +151,12 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     if code > 0 {
         // SAFETY: for a fault (si_code > 0) si_addr is the faulting address.
         let addr = unsafe { (*info).si_addr() } as usize;
-        if !CLAIM.get().is_some_and(|claim| claim(addr)) && !guarded::resume(ctx) {
+        // A fault of the copy with the CPU is never a tracker's to claim (its reads need no
+        // write access, and a restore's writes are prepared before): it ends the copy, as the
+        // kernel's copy fails, and nothing changes a page's protection for it. (Claimed, a read
+        // of a page that a decommit beside it had just taken away made the page writable again
+        // under a state table that still said armed.)
+        if !guarded::resume(ctx) && !CLAIM.get().is_some_and(|claim| claim(addr)) {
             chain_fault(sig, info, ctx);
         }
     } else {
@@ -223,10 +228,10 @@ fn chain_sent(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_vo
 /// or `None` where this build or process cannot (not x86-64, or the handler could not be
 /// installed): the caller copies through the kernel then.
 ///
-/// A fault a tracker claims (an armed page, with the `mprotect` or guard backend) is handled as
-/// for a guest store, and the copy goes on. The copy relies on this handler seeing the fault: a
-/// `SIGSEGV` handler installed after ours that does not chain to it turns a refused page into
-/// that handler's fault.
+/// A fault ends the copy whatever the page: no tracker is asked to claim it (a write into pages
+/// a tracker armed is prepared before, as for the kernel's copy). The copy relies on this
+/// handler seeing the fault: a `SIGSEGV` handler installed after ours that does not chain to it
+/// turns a refused page into that handler's fault.
 ///
 /// # Safety
 /// Both ranges must be memory no Rust reference conflicts with (guest memory, or the caller's

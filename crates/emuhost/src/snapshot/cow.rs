@@ -232,19 +232,21 @@ impl Cow {
     /// the copies made so far complete, and hands the pages to the copier.
     /// Those of them `written` since the previous take (likely to be written again) go to the
     /// copier, which copies them ahead of the writes.
-    pub(super) fn taken(&mut self, id: u64, pending: Vec<u64>, written: &PageSet, store: &mut Store) {
+    /// Returns the pages filled.
+    pub(super) fn taken(&mut self, id: u64, pending: Vec<u64>, written: &PageSet, store: &mut Store) -> u64 {
         debug_assert_eq!(id, self.attempt - self.failed.len() as u64);
         self.open = false;
         for &i in &pending {
             self.shared.arena.set_pending(i as usize);
         }
         self.shared.arena.all_pending();
-        self.fill(store);
+        let filled = self.fill(store);
         let ahead: Vec<u64> = pending.into_iter().filter(|&i| written.has(i)).collect();
         if !ahead.is_empty() {
             Shared::lock(&self.shared.work).0 = ahead;
             self.shared.wake.notify_one();
         }
+        filled
     }
 
     /// Copies page `i` now if it has no copy since the newest take (see `Snapshots::resolve`).
@@ -252,37 +254,43 @@ impl Cow {
         self.shared.arena.copy_now(i as usize, false);
     }
 
-    /// Puts every copy made so far into its pending version (a restore, a read: all of them).
-    pub(super) fn settle(&self, store: &mut Store) {
+    /// Puts every copy made so far into its pending version (a restore, a read: all of them);
+    /// returns the pages filled.
+    pub(super) fn settle(&self, store: &mut Store) -> u64 {
         self.shared.harvest();
-        self.fill(store);
+        self.fill(store)
     }
 
     /// Puts the copies moved out of the arena into the versions they complete: a copy holds the
     /// page's bytes at a take ([`Cow::take_of`]), and fills the page's newest version at or before
     /// that take where it is pending (else the store has the bytes already, and the copy goes).
-    fn fill(&self, store: &mut Store) {
+    /// Returns the versions filled.
+    fn fill(&self, store: &mut Store) -> u64 {
         let mut out = Shared::lock(&self.shared.out);
         let out = &mut *out;
         let p = crate::space::page_size() as usize;
+        let mut filled = 0;
         for (&(i, a), bytes) in out.pages.iter().zip(out.bytes.chunks_exact(p)) {
-            fill(store, i, self.take_of(a), bytes);
+            filled += u64::from(fill(store, i, self.take_of(a), bytes));
         }
         out.pages.clear();
         out.bytes.clear();
+        filled
     }
 }
 
 /// Fills page `i`'s version covering take `k` with `bytes` (a page) where it is pending: the
-/// bytes go into a slot of the store's slab.
-pub(super) fn fill(store: &mut Store, i: u64, k: u64, bytes: &[u8]) {
-    let Some(chain) = store.versions.get_mut(&i) else { return };
+/// bytes go into a slot of the store's slab. Returns whether it filled one.
+pub(super) fn fill(store: &mut Store, i: u64, k: u64, bytes: &[u8]) -> bool {
+    let Some(chain) = store.versions.get_mut(&i) else { return false };
     let n = chain.partition_point(|v| v.epoch <= k);
-    let Some(v) = n.checked_sub(1).and_then(|at| chain.get_mut(at)) else { return };
-    if v.bytes == Some(PENDING) {
-        v.bytes = Some(store.slab.put(bytes));
-        store.bytes += bytes.len() as u64;
+    let Some(v) = n.checked_sub(1).and_then(|at| chain.get_mut(at)) else { return false };
+    if v.bytes != Some(PENDING) {
+        return false;
     }
+    v.bytes = Some(store.slab.put(bytes));
+    store.bytes += bytes.len() as u64;
+    true
 }
 
 impl Drop for Cow {
@@ -334,7 +342,7 @@ impl super::Snapshots {
     /// Puts every copy made so far into its pending version.
     pub(super) fn settle(&self, st: &mut super::State) {
         if let Some(c) = &st.cow {
-            c.settle(&mut st.store);
+            st.stats.pages_copied += c.settle(&mut st.store);
             st.stats.bytes_kept = st.store.bytes;
         }
     }
@@ -352,7 +360,7 @@ impl super::Snapshots {
         pages: impl Iterator<Item = u64>,
     ) -> Result<(), SnapshotError> {
         let Some(cow) = &st.cow else { return Ok(()) };
-        cow.settle(&mut st.store);
+        st.stats.pages_copied += cow.settle(&mut st.store);
         let pending = |st: &super::State, i: u64| st.store.slot_at(i, k) == Some(PENDING);
         let wanted: Vec<u64> = pages.filter(|&i| pending(st, i)).collect();
         if wanted.is_empty() {
@@ -365,7 +373,7 @@ impl super::Snapshots {
         let mut b = vec![0u8; p];
         for i in left {
             self.space.read(crate::space::GuestAddr(self.addr(i)), &mut b)?;
-            fill(&mut st.store, i, k, &b);
+            st.stats.pages_copied += u64::from(fill(&mut st.store, i, k, &b));
         }
         Ok(())
     }

@@ -122,7 +122,9 @@ pub struct SnapshotStats {
     pub released: u64,
     /// Snapshots dropped to keep [`SnapshotStats::bytes_kept`] within the budget (oldest first).
     pub dropped_for_budget: u64,
-    /// Pages copied by takes.
+    /// Pages copied: by takes, and with copy before write by the fault handler and the thread
+    /// copying ahead, counted as the snapshots keep the copies (at takes, restores, releases and
+    /// reads); a page still to be copied (pending) is not counted.
     pub pages_copied: u64,
     /// Bytes of page copies kept now (each page's bytes once for all the snapshots that share
     /// them).
@@ -292,7 +294,7 @@ impl Snapshots {
         st.store.takes.insert(epoch, take);
         st.store.live.insert(epoch);
         if let Some(c) = &mut st.cow {
-            c.taken(epoch, pending, &changed, &mut st.store);
+            st.stats.pages_copied += c.taken(epoch, pending, &changed, &mut st.store);
         }
         if let Some(old) = st.store.head.replace(epoch).filter(|h| !st.store.live.contains(h)) {
             st.store.unpin(old);
@@ -339,7 +341,7 @@ impl Snapshots {
         let copies = self.copies(st, copy, &runs)?;
         gone.sort_unstable();
         gone.dedup();
-        st.stats.pages_copied += copies.len() as u64;
+        st.stats.pages_copied += copies.iter().filter(|c| c.1 != store::PENDING).count() as u64;
         let mut copied = Vec::with_capacity(copies.len() + gone.len());
         for (i, slot) in copies {
             st.store.push(i, epoch, Some(slot));

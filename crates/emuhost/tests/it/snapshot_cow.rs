@@ -38,8 +38,8 @@ fn cow_copies_a_page_before_its_first_write_after_a_take() {
     }
     let id = snaps.take().unwrap();
     let want = full(&s, r);
-    // No copy at the take (every page is pending).
-    assert_eq!(snaps.stats().bytes_kept, 0, "{:?}", snaps.stats());
+    // No copy at the take (every page is pending), and none counted.
+    assert_eq!((snaps.stats().bytes_kept, snaps.stats().pages_copied), (0, 0), "{:?}", snaps.stats());
     // Right after the take, each page's first write: by the CPU, and through the kernel.
     for i in 0..PAGES {
         store(&s, r.start().0 + i * p(), 1000 + i, i % 2 == 0);
@@ -50,9 +50,11 @@ fn cow_copies_a_page_before_its_first_write_after_a_take() {
         assert_eq!(u64::from_le_bytes(b), i + 1, "page {i}: the snapshot holds the bytes before the write");
     }
     assert!(full(&s, r) != want);
+    // The reads kept every page's copy: each counted once.
+    assert_eq!(snaps.stats().pages_copied, PAGES, "{:?}", snaps.stats());
     snaps.restore(id).unwrap();
     assert!(full(&s, r) == want);
-    assert_eq!(snaps.stats().bytes_kept, PAGES * p(), "{:?}", snaps.stats());
+    assert_eq!((snaps.stats().bytes_kept, snaps.stats().pages_copied), (PAGES * p(), PAGES), "{:?}", snaps.stats());
 }
 
 /// Several snapshots back, in any order, each against the full copy made at its take; then

@@ -49,7 +49,7 @@ pub fn split_refused(e: &io::Error, addr: usize, len: usize) -> bool {
 
 /// Whether every page of `addr..addr + len` is mapped (`mincore` fails with `ENOMEM` on a hole).
 fn all_mapped(addr: usize, len: usize) -> bool {
-    let page = 1usize << super::mm::page_size().trailing_zeros();
+    let page = rustix::param::page_size();
     let mut vec = [0u8; 256];
     let mut a = addr;
     while a < addr + len {
@@ -323,7 +323,7 @@ mod tests {
 
     impl Pages {
         fn new() -> Pages {
-            let p = crate::sys::linux::mm::page_size();
+            let p = rustix::param::page_size();
             // SAFETY: a fresh anonymous mapping chosen by the kernel touches no existing memory.
             let at = unsafe {
                 rustix::mm::mmap_anonymous(

@@ -97,6 +97,35 @@ pub struct RunsError {
 }
 
 impl RunsError {
+    /// Pairs the `runs` (`(offset, len)`) with buffers of the lengths `lens`, taken in turn
+    /// (their lengths add up, [`RunsError::check`]), a piece at a time: `copy(run, done, buf,
+    /// at, n)` copies `n` bytes between run `run` from its byte `done` and buffer `buf` from its
+    /// byte `at`, and says how many it copied. A piece copied short ends the walk with the run
+    /// and its bytes copied, and `refused()` as the error.
+    pub fn walk(
+        runs: &[(usize, usize)],
+        lens: &[usize],
+        refused: fn() -> std::io::Error,
+        mut copy: impl FnMut(usize, usize, usize, usize, usize) -> usize,
+    ) -> Result<(), RunsError> {
+        let (mut b, mut at) = (0, 0);
+        for (run, &(_, len)) in runs.iter().enumerate() {
+            let mut done = 0;
+            while done < len {
+                while lens[b] == at {
+                    (b, at) = (b + 1, 0);
+                }
+                let n = (len - done).min(lens[b] - at);
+                let copied = copy(run, done, b, at, n);
+                if copied < n {
+                    return Err(RunsError { run, done: done + copied, error: refused() });
+                }
+                (done, at) = (done + n, at + n);
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that every run of `runs` lies inside `0..len` (a reservation's or a window's
     /// bytes) and that the buffers' `lens` add up to the runs' length; `invalid` makes the
     /// platform's error for a bad argument.

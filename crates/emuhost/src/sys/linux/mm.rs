@@ -492,26 +492,14 @@ unsafe fn cpu_runs(
 ) -> Option<Result<(), RunsError>> {
     // SAFETY: an empty copy touches no memory; it says whether the copy is available.
     unsafe { super::segv::copy(std::ptr::null_mut(), std::ptr::null(), 0) }?;
-    let (mut b, mut b_off) = (0, 0);
-    for (run, &(off, len)) in runs.iter().enumerate() {
-        let mut done = 0;
-        while done < len {
-            while pieces[b].1 == b_off {
-                (b, b_off) = (b + 1, 0);
-            }
-            let n = (len - done).min(pieces[b].1 - b_off);
-            let (local, remote) = (pieces[b].0 + b_off, base + off + done);
-            let (dst, src) = if write { (remote, local) } else { (local, remote) };
-            // SAFETY: the caller's contract covers both sides; a refused page ends the copy early.
-            let copied = unsafe { super::segv::copy(dst as *mut u8, src as *const u8, n) }.unwrap_or(0);
-            if copied < n {
-                let error = io::Error::from_raw_os_error(libc::EFAULT);
-                return Some(Err(RunsError { run, done: done + copied, error }));
-            }
-            (done, b_off) = (done + n, b_off + n);
-        }
-    }
-    Some(Ok(()))
+    let lens: Vec<usize> = pieces.iter().map(|p| p.1).collect();
+    let efault = || io::Error::from_raw_os_error(libc::EFAULT);
+    Some(RunsError::walk(runs, &lens, efault, |run, done, b, at, n| {
+        let (local, remote) = (pieces[b].0 + at, base + runs[run].0 + done);
+        let (dst, src) = if write { (remote, local) } else { (local, remote) };
+        // SAFETY: the caller's contract covers both sides; a refused page ends the copy early.
+        unsafe { super::segv::copy(dst as *mut u8, src as *const u8, n) }.unwrap_or(0)
+    }))
 }
 
 /// The most iovecs one `process_vm_readv`/`process_vm_writev` takes on either side (Linux's

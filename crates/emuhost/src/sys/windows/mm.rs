@@ -1007,23 +1007,14 @@ impl Reservation {
     /// `EINVAL` (nothing copied) for a run outside the window or lengths that do not add up.
     pub fn read_runs(&self, runs: &[(usize, usize)], bufs: &mut [&mut [u8]], _cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, bufs.iter().map(|b| b.len()), einval)?;
-        let (mut b, mut b_off) = (0, 0);
-        for (run, &(off, len)) in runs.iter().enumerate() {
-            let mut done = 0;
-            while done < len {
-                while bufs[b].len() == b_off {
-                    (b, b_off) = (b + 1, 0);
-                }
-                let n = (len - done).min(bufs[b].len() - b_off);
-                self.read(off + done, &mut bufs[b][b_off..b_off + n]).map_err(|error| RunsError {
-                    run,
-                    done,
-                    error,
-                })?;
-                (done, b_off) = (done + n, b_off + n);
-            }
-        }
-        Ok(())
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        let start = |run: usize| self.base + runs[run].0;
+        RunsError::walk(runs, &lens, noaccess, |run, done, b, at, n| {
+            let piece = &mut bufs[b][at..at + n];
+            // SAFETY: `piece` is a live slice borrowed mutably for the call; the run was checked
+            // to lie inside the window, and a read changes none of it.
+            unsafe { cpu_copy(piece.as_mut_ptr(), start(run) + done, n, false) }
+        })
     }
 
     /// [`Reservation::read_runs`] the other way: copies `data`, taken in turn, into the runs one
@@ -1031,19 +1022,14 @@ impl Reservation {
     /// refused and the bytes of it written before at least.
     pub fn write_runs(&self, runs: &[(usize, usize)], data: &[&[u8]], _cpu: bool) -> Result<(), RunsError> {
         RunsError::check(self.len, runs, data.iter().map(|b| b.len()), einval)?;
-        let (mut b, mut b_off) = (0, 0);
-        for (run, &(off, len)) in runs.iter().enumerate() {
-            let mut done = 0;
-            while done < len {
-                while data[b].len() == b_off {
-                    (b, b_off) = (b + 1, 0);
-                }
-                let n = (len - done).min(data[b].len() - b_off);
-                self.write(off + done, &data[b][b_off..b_off + n]).map_err(|error| RunsError { run, done, error })?;
-                (done, b_off) = (done + n, b_off + n);
-            }
-        }
-        Ok(())
+        let lens: Vec<usize> = data.iter().map(|b| b.len()).collect();
+        let start = |run: usize| self.base + runs[run].0;
+        RunsError::walk(runs, &lens, noaccess, |run, done, b, at, n| {
+            let piece = &data[b][at..at + n];
+            // SAFETY: `piece` is a live slice, only read from; the run was checked to lie inside
+            // the window, guest memory no Rust reference points into.
+            unsafe { cpu_copy(piece.as_ptr().cast_mut(), start(run) + done, n, true) }
+        })
     }
 
     /// Copies bytes out of the window at `off` into `buf`. Fails with `ERROR_NOACCESS` where a
